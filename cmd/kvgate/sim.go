@@ -2,21 +2,103 @@ package main
 
 import (
 	"fmt"
+	"log/slog"
+	"os"
 	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/kvgate/kvgate/internal/sim"
+	"github.com/kvgate/kvgate/internal/simserver"
 )
 
 func newSimCmd() *cobra.Command {
+	var (
+		fleetFile, listen, admin, logLevel string
+		spec                               simserver.ServerSpec
+		seed                               uint64
+		engine                             string
+		loraLoad                           time.Duration
+	)
 	cmd := &cobra.Command{
 		Use:   "sim",
 		Short: "Run simulated model servers (vLLM, SGLang or TensorRT-LLM look-alikes)",
+		Long: `Runs one simulated model server, or a whole fleet from a fleet file, on loopback. Each server
+speaks the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models, LoRA loading) and exports
+its engine's Prometheus metrics; latencies come from a virtual-time engine with continuous batching,
+a paged KV cache with prefix caching, and LoRA slots (docs/simulator.md).`,
+		Example: `  kvgate sim --listen 127.0.0.1:8001 --model meta-llama/Llama-3.1-8B-Instruct --gpu h100 --model-size 8b
+  kvgate sim --fleet deploy/examples/sim-fleet.yaml --admin 127.0.0.1:8000`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			log := newLogger(logLevel)
+			var fs simserver.FleetSpec
+			if fleetFile != "" {
+				var err error
+				if fs, err = simserver.LoadFleet(fleetFile); err != nil {
+					return err
+				}
+			} else {
+				spec.Name, spec.Listen, spec.Engine, spec.LoRALoadTime = "sim", listen, simserver.Dialect(engine), simserver.Duration(loraLoad)
+				spec.Seed = &seed
+				fs = simserver.FleetSpec{Servers: []simserver.ServerSpec{spec}}
+			}
+			if admin != "" {
+				fs.Admin = admin
+			}
+			opts, addrs, err := fs.Options(log)
+			if err != nil {
+				return err
+			}
+			fleet, err := simserver.NewFleet(opts, addrs, fs.Admin)
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			for _, s := range fleet.Servers {
+				c := s.Engine()
+				fmt.Fprintf(out, "kvgate sim: %s serving on http://%s (%s x%d, %s, %s metrics)\n", s.Name(), s.Addr(), c.GPU, c.TensorParallel, c.ModelSize, dialectOf(s))
+			}
+			if a := fleet.AdminAddr(); a != "" {
+				fmt.Fprintf(out, "kvgate sim: admin API on http://%s/admin/servers\n", a)
+			}
+			return fleet.Serve(cmd.Context())
+		},
 	}
+	f := cmd.Flags()
+	f.StringVar(&fleetFile, "fleet", "", "fleet file (YAML) describing several servers; the single-server flags are then ignored")
+	f.StringVar(&admin, "admin", "", "address of the fleet admin API (GET /admin/servers, PUT /admin/servers/NAME/faults)")
+	f.StringVar(&listen, "listen", "127.0.0.1:8001", "address to serve on")
+	f.StringVar(&spec.Model, "model", "meta-llama/Llama-3.1-8B-Instruct", "base model name")
+	f.StringVar(&spec.ServedName, "served-model-name", "", "name clients use for the base model (default: --model)")
+	f.StringVar(&spec.GPU, "gpu", "h100", fmt.Sprintf("GPU profile %v", sim.GPUNames()))
+	f.StringVar(&spec.ModelSize, "model-size", "8b", fmt.Sprintf("model size %v", sim.ModelSizes()))
+	f.IntVar(&spec.TensorParallel, "tensor-parallel", 1, "GPUs per server (tensor-parallel degree)")
+	f.StringSliceVar(&spec.LoRAModules, "lora-modules", nil, "LoRA adapters servable from the start (comma-separated names)")
+	f.IntVar(&spec.MaxLoRAs, "max-loras", 0, "adapters resident at once (default 1 when adapters are used)")
+	f.DurationVar(&loraLoad, "lora-load-time", sim.DefaultLoRALoadTime, "time to load an adapter into a slot")
+	f.StringVar(&engine, "engine", "vllm", "metric dialect: vllm, sglang, trtllm or triton")
+	f.BoolVar(&spec.LegacyMetricNames, "legacy-metric-names", false, "vLLM: export gpu_cache_usage_perc instead of kv_cache_usage_perc")
+	f.IntVar(&spec.MaxNumSeqs, "max-num-seqs", 0, "running sequences at most (default 256)")
+	f.IntVar(&spec.MaxNumBatchedTokens, "max-num-batched-tokens", 0, "token budget of one engine step (default 8192)")
+	f.IntVar(&spec.MaxModelLen, "max-model-len", 0, "longest prompt + output (default: the model's, capped by KV capacity)")
+	f.IntVar(&spec.NumGPUBlocks, "num-gpu-blocks", 0, "KV cache size in 16-token blocks (default: derived from GPU memory)")
+	f.IntVar(&spec.OutputMedian, "output-median", 0, "median output length when neither max_tokens nor ignore_eos decides it (default 200)")
+	f.Uint64Var(&seed, "seed", 0, "seed for output lengths, answers and faults")
+	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	cmd.AddCommand(newSimCalibrateCmd())
 	return cmd
+}
+
+func dialectOf(s *simserver.Server) string { return string(s.Dialect()) }
+
+func newLogger(level string) *slog.Logger {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(level)); err != nil {
+		l = slog.LevelInfo
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: l}))
 }
 
 func newSimCalibrateCmd() *cobra.Command {
