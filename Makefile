@@ -31,11 +31,11 @@ tools:
 
 ## demo: a simulated fleet on loopback, real traffic through it, and what it did.
 demo: build
-	./hack/demo.sh $(BIN)
+	$(BIN) demo
 
 ## bench: the simulator's cost benchmarks (docs/benchmarks.md quotes them).
 bench: build
-	$(GO) test -run '^$$' -bench . -benchtime 1x -count 1 ./internal/sim/... ./internal/simserver/...
+	$(GO) test -run '^$$' -bench . -benchtime 1x -count 1 ./...
 
 clean:
 	rm -rf bin

@@ -36,7 +36,7 @@ func newRoot() *cobra.Command {
 			return bindEnv(cmd)
 		},
 	}
-	root.AddCommand(newVersionCmd(), newSimCmd())
+	root.AddCommand(newVersionCmd(), newSimCmd(), newDemoCmd())
 	return root
 }
 

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"runtime/pprof"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -15,6 +16,7 @@ import (
 func newSimCmd() *cobra.Command {
 	var (
 		fleetFile, listen, admin, logLevel string
+		cpuProfile                         string
 		spec                               simserver.ServerSpec
 		seed                               uint64
 		engine                             string
@@ -62,6 +64,13 @@ a paged KV cache with prefix caching, and LoRA slots (docs/simulator.md).`,
 			if a := fleet.AdminAddr(); a != "" {
 				fmt.Fprintf(out, "kvgate sim: admin API on http://%s/admin/servers\n", a)
 			}
+			if cpuProfile != "" {
+				stop, err := startCPUProfile(cpuProfile)
+				if err != nil {
+					return err
+				}
+				defer stop()
+			}
 			return fleet.Serve(cmd.Context())
 		},
 	}
@@ -86,8 +95,21 @@ a paged KV cache with prefix caching, and LoRA slots (docs/simulator.md).`,
 	f.IntVar(&spec.OutputMedian, "output-median", 0, "median output length when neither max_tokens nor ignore_eos decides it (default 200)")
 	f.Uint64Var(&seed, "seed", 0, "seed for output lengths, answers and faults")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	f.StringVar(&cpuProfile, "cpu-profile", "", "write a Go CPU profile to this file until the process stops")
 	cmd.AddCommand(newSimCalibrateCmd())
 	return cmd
+}
+
+func startCPUProfile(path string) (stop func(), err error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		_ = f.Close()
+		return nil, err
+	}
+	return func() { pprof.StopCPUProfile(); _ = f.Close() }, nil
 }
 
 func dialectOf(s *simserver.Server) string { return string(s.Dialect()) }

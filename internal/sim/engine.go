@@ -251,8 +251,13 @@ func (e *Engine) AdvanceTo(t time.Duration) {
 	}
 }
 
-// Submit queues a request at the current virtual time.
-func (e *Engine) Submit(req Request) (*Seq, error) {
+// Submit queues a request arriving at the current virtual time.
+func (e *Engine) Submit(req Request) (*Seq, error) { return e.SubmitAt(req, e.now) }
+
+// SubmitAt queues a request that arrived at virtual time at, which may lie inside the
+// step in progress (at < Now): the request waits for that step to end, and its
+// latencies count from at.
+func (e *Engine) SubmitAt(req Request, at time.Duration) (*Seq, error) {
 	if req.PromptTokens < 1 {
 		return nil, fmt.Errorf("prompt must contain at least one token")
 	}
@@ -276,7 +281,7 @@ func (e *Engine) Submit(req Request) (*Seq, error) {
 		target = min(e.drawOutputLen(), limit)
 	}
 	e.nextID++
-	s := &Seq{ID: e.nextID, Req: req, Target: target, Arrival: e.now}
+	s := &Seq{ID: e.nextID, Req: req, Target: target, Arrival: min(at, e.now)}
 	e.waiting.pushBack(s)
 	return s, nil
 }

@@ -40,6 +40,15 @@ since white ever paper hard near best today sure knew try told young sun thing w
 hear heard room sea top learn point city play five money seen car body upon later turn
 move face door cut done group true leave color red eat front feel fact hour rock open`)
 
+// spaced are the words with the space that makes each one token.
+var spaced = func() []string {
+	out := make([]string, len(words))
+	for i, w := range words {
+		out[i] = " " + w
+	}
+	return out
+}()
+
 // tokenText is the text of output token i of a sequence; it depends only on the
 // server's seed, the sequence and i, so the same seed replays the same answers.
 func tokenText(seed, seq uint64, i int) string {
@@ -47,7 +56,7 @@ func tokenText(seed, seq uint64, i int) string {
 	binary.LittleEndian.PutUint64(b[:], seed)
 	binary.LittleEndian.PutUint64(b[8:], seq)
 	binary.LittleEndian.PutUint64(b[16:], uint64(i))
-	return " " + words[xxhash.Sum64(b[:])%uint64(len(words))]
+	return spaced[xxhash.Sum64(b[:])%uint64(len(spaced))]
 }
 
 // responder writes a completion or chat response, whole or as server-sent events.

@@ -16,6 +16,7 @@ import (
 	"net/http"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -64,9 +65,11 @@ type Server struct {
 // stream is a request's view of its sequence, published by the driver once wall
 // time reaches the step that produced each token.
 type stream struct {
-	seq     *sim.Seq
-	visible int  // tokens the client may see
-	done    bool // the sequence finished (or was aborted)
+	seq *sim.Seq
+	// visible (tokens the client may see) and done (the sequence ended) are written
+	// by the driver under s.mu and read by the request without it.
+	visible atomic.Int64
+	done    atomic.Bool
 	notify  chan struct{}
 }
 
@@ -143,6 +146,7 @@ func (s *Server) Run(ctx context.Context) {
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	var emitted []*sim.Seq
+	var wake []chan struct{}
 	for {
 		s.mu.Lock()
 		if !s.eng.Busy() {
@@ -168,22 +172,22 @@ func (s *Server) Run(ctx context.Context) {
 				return
 			}
 		}
-		s.publish(emitted)
+		wake = s.publish(emitted, wake[:0])
 	}
 }
 
-// publish makes the tokens of a finished step visible to their requests.
-func (s *Server) publish(seqs []*sim.Seq) {
+// publish makes the tokens of a finished step visible to their requests; wake is
+// scratch space, returned for reuse.
+func (s *Server) publish(seqs []*sim.Seq, wake []chan struct{}) []chan struct{} {
 	s.mu.Lock()
-	var wake []chan struct{}
 	for _, q := range seqs {
 		st, ok := s.streams[q.ID]
 		if !ok {
 			continue
 		}
-		st.visible = q.Generated
-		if q.Finish != "" && !st.done {
-			st.done = true
+		st.visible.Store(int64(q.Generated))
+		if q.Finish != "" && !st.done.Load() {
+			st.done.Store(true)
 			s.metrics.observeFinished(q)
 		}
 		if q.Generated == 1 {
@@ -198,6 +202,7 @@ func (s *Server) publish(seqs []*sim.Seq) {
 		default:
 		}
 	}
+	return wake
 }
 
 // submit queues a request in the engine and wakes the driver.
@@ -234,9 +239,9 @@ func (s *Server) release(st *stream) {
 
 // progress returns what the client of st may see now.
 func (s *Server) progress(st *stream) (visible int, done bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return st.visible, st.done
+	// done first: a stream seen done has all its tokens visible.
+	done = st.done.Load()
+	return int(st.visible.Load()), done
 }
 
 func (s *Server) abortAll() {
@@ -246,7 +251,7 @@ func (s *Server) abortAll() {
 		if st.seq.Finish == "" {
 			s.eng.Abort(st.seq)
 		}
-		st.done = true
+		st.done.Store(true)
 		select {
 		case st.notify <- struct{}{}:
 		default:
@@ -350,3 +355,10 @@ func (s *Server) loraEnabled() bool {
 
 // Dialect is the metric dialect the server exports.
 func (s *Server) Dialect() Dialect { return s.opts.Dialect }
+
+// Waiting is the engine's queue length now.
+func (s *Server) Waiting() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.eng.Snapshot().Waiting
+}

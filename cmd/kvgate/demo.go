@@ -1,0 +1,28 @@
+package main
+
+import (
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kvgate/kvgate/internal/demo"
+)
+
+func newDemoCmd() *cobra.Command {
+	var opts demo.Options
+	cmd := &cobra.Command{
+		Use:   "demo",
+		Short: "Run the end-to-end demonstration on an embedded simulated fleet",
+		Long: "Starts a simulated mixed fleet (2 H100 and 2 A10G servers of an 8B model) on loopback,\n" +
+			"sends real streaming OpenAI requests to it and reports latencies, prefix-cache and LoRA\n" +
+			"behaviour, and what round-robin load balancing does to a mixed fleet. No GPU needed.",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return demo.Run(cmd.Context(), cmd.OutOrStdout(), opts)
+		},
+	}
+	cmd.Flags().DurationVar(&opts.LoadDuration, "duration", 15*time.Second, "length of the load phase")
+	cmd.Flags().Float64Var(&opts.Rate, "rate", 6, "requests per second in the load phase")
+	cmd.Flags().Uint64Var(&opts.Seed, "seed", 1, "seed of the traffic")
+	return cmd
+}
