@@ -91,3 +91,21 @@ func TestWriteError(t *testing.T) {
 		t.Errorf("content type %q", ct)
 	}
 }
+
+func FuzzParsePrompt(f *testing.F) {
+	for _, s := range []string{`"x"`, `[1,2]`, `[[1]]`, `["a"]`, `null`, `{}`, `[`, `[[[]]]`, `[-1]`, `1e400`} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, raw string) {
+		p, err := ParsePrompt(json.RawMessage(raw))
+		if err != nil || p.IsIDs {
+			return
+		}
+		// A text prompt survives a round trip through JSON unchanged.
+		enc, _ := json.Marshal(p.Text)
+		again, err := ParsePrompt(enc)
+		if err != nil || again.Text != p.Text {
+			t.Fatalf("%q: text %q does not round-trip: %q, %v", raw, p.Text, again.Text, err)
+		}
+	})
+}

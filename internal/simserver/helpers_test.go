@@ -21,7 +21,7 @@ import (
 const testModel = "meta-llama/Llama-3.1-8B-Instruct"
 
 // startServer runs a server on a loopback port for the duration of the test.
-func startServer(t *testing.T, opts Options) (*Server, string) {
+func startServer(t testing.TB, opts Options) (*Server, string) {
 	t.Helper()
 	if opts.Model == "" {
 		opts.Model = testModel

@@ -269,8 +269,13 @@ func (s *Server) Listen(addr string) error {
 	s.mu.Lock()
 	s.ln = ln
 	s.addr = ln.Addr().String()
+	// HTTP/1.1 and HTTP/2 without TLS (h2c, prior knowledge) on the same port, as
+	// model servers behind a gateway with appProtocol kubernetes.io/h2c are served.
+	var protocols http.Protocols
+	protocols.SetHTTP1(true)
+	protocols.SetUnencryptedHTTP2(true)
 	s.httpSrv = &http.Server{
-		Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second, ConnState: s.trackConn,
+		Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second, ConnState: s.trackConn, Protocols: &protocols,
 		ConnContext: func(ctx context.Context, c net.Conn) context.Context { return context.WithValue(ctx, connKey{}, c) },
 	}
 	s.mu.Unlock()

@@ -2,8 +2,10 @@ package simserver
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"slices"
 	"strings"
@@ -502,4 +504,66 @@ func TestSameSeedSameAnswers(t *testing.T) {
 	if a == c {
 		t.Error("different seeds, same answer")
 	}
+}
+
+func TestH2C(t *testing.T) {
+	_, base := startServer(t, Options{})
+	var protocols http.Protocols
+	protocols.SetUnencryptedHTTP2(true)
+	client := &http.Client{Transport: &http.Transport{Protocols: &protocols}}
+	c := sdk(base, option.WithHTTPClient(client))
+	stream := c.Chat.Completions.NewStreaming(context.Background(), openai.ChatCompletionNewParams{
+		Model: testModel, Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("hi")}, MaxTokens: openai.Int(5),
+	}, option.WithJSONSet("ignore_eos", true), option.WithMiddleware(func(r *http.Request, next option.MiddlewareNext) (*http.Response, error) {
+		resp, err := next(r)
+		if err == nil && resp.ProtoMajor != 2 {
+			t.Errorf("served over %s, want HTTP/2", resp.Proto)
+		}
+		return resp, err
+	}))
+	n := 0
+	for stream.Next() {
+		if ch := stream.Current(); len(ch.Choices) > 0 && ch.Choices[0].Delta.Content != "" {
+			n++
+		}
+	}
+	if err := stream.Err(); err != nil || n != 5 {
+		t.Fatalf("h2c stream: %d tokens, %v", n, err)
+	}
+}
+
+// FuzzRequestBodies sends arbitrary bodies to both generation endpoints: every
+// answer is a success or an OpenAI-shaped error whose code is the HTTP status, and
+// nothing hangs or panics. A 256-token context keeps every request short.
+func FuzzRequestBodies(f *testing.F) {
+	for _, s := range []string{
+		`{"model":"` + testModel + `","messages":[{"role":"user","content":"hi"}],"max_tokens":3}`,
+		`{"model":"` + testModel + `","prompt":"hi","max_tokens":2,"stream":true}`,
+		`{"model":"` + testModel + `","prompt":[1,2,3],"max_tokens":300}`,
+		`{"model":1}`, `{`, `[]`, `null`, `{"model":"` + testModel + `","messages":[{"role":"user","content":[{"type":"text","text":"x"}]}]}`,
+	} {
+		f.Add(s)
+	}
+	_, base := startServer(f, Options{Engine: sim.Config{GPU: "h100", ModelSize: "8b", MaxModelLen: 256}})
+	client := &http.Client{Timeout: 20 * time.Second}
+	f.Fuzz(func(t *testing.T, body string) {
+		for _, path := range []string{"/v1/chat/completions", "/v1/completions"} {
+			resp, err := client.Post(base+path, "application/json", strings.NewReader(body))
+			if err != nil {
+				t.Fatalf("%s %q: %v", path, body, err)
+			}
+			raw, err := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if err != nil {
+				t.Fatalf("%s %q: reading: %v", path, body, err)
+			}
+			if resp.StatusCode == http.StatusOK {
+				continue
+			}
+			var e openaiError
+			if json.Unmarshal(raw, &e) != nil || e.Error.Message == "" || e.Error.Code != resp.StatusCode {
+				t.Fatalf("%s %q: status %d with body %q", path, body, resp.StatusCode, raw)
+			}
+		}
+	})
 }

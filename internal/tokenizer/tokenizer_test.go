@@ -76,3 +76,23 @@ func BenchmarkCount220KB(b *testing.B) {
 		Count(text)
 	}
 }
+
+func FuzzSplit(f *testing.F) {
+	for _, s := range []string{english, "", "<|eot_id|>", "<|", "a<|b|>c", "\xff\xfe", "  \n\n\t\t  x", "日本語テキスト"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, text string) {
+		pieces := Split(text)
+		if strings.Join(pieces, "") != text {
+			t.Fatalf("pieces of %q do not join back", text)
+		}
+		for _, p := range pieces {
+			if p == "" {
+				t.Fatalf("empty piece in %q", text)
+			}
+		}
+		if Count(text) != len(pieces) || len(Encode(nil, text)) != len(pieces) {
+			t.Fatalf("Count, Encode and Split disagree on %q", text)
+		}
+	})
+}
