@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"os"
 	"strings"
 	"testing"
 )
@@ -53,5 +54,22 @@ func TestFlagsFromEnvironment(t *testing.T) {
 func TestSimRejectsBadFleetFile(t *testing.T) {
 	if _, err := run(t, "sim", "--fleet", "/nonexistent.yaml"); err == nil {
 		t.Fatal("missing fleet file accepted")
+	}
+}
+
+// docs/simulator.md quotes `kvgate sim calibrate`; this keeps the copy current.
+func TestSimulatorDocQuotesCalibration(t *testing.T) {
+	doc, err := os.ReadFile("../../docs/simulator.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	if err := writeCalibration(&out); err != nil {
+		t.Fatal(err)
+	}
+	for _, table := range strings.Split(strings.TrimSpace(out.String()), "\n\n") {
+		if !strings.Contains(string(doc), table) {
+			t.Errorf("docs/simulator.md does not hold the current table; rerun `kvgate sim calibrate` and paste:\n%s", table)
+		}
 	}
 }

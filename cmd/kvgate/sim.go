@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"runtime/pprof"
@@ -132,33 +133,38 @@ func newSimCalibrateCmd() *cobra.Command {
 			"Markdown; docs/simulator.md holds a copy.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			rows, err := sim.CalibrationTable()
-			if err != nil {
-				return err
-			}
-			out := cmd.OutOrStdout()
-			fmt.Fprintln(out, "| deployment | figure | published | simulated | deviation | source |")
-			fmt.Fprintln(out, "|---|---|---:|---:|---:|---|")
-			for _, r := range rows {
-				dev := fmt.Sprintf("%+.0f%%", r.Deviation*100)
-				if r.Excluded != "" {
-					dev += " (not held: " + r.Excluded + ")"
-				}
-				fmt.Fprintf(out, "| %s | %s | %.4g %s | %.4g %s | %s | %s |\n", r.Deployment, r.Figure, r.Published, r.Unit, r.Simulated, r.Unit, dev, r.Source)
-			}
-			fmt.Fprintln(out)
-			fmt.Fprintln(out, "| deployment | TTFT 1k | TTFT 4k | ITL batch 1 | ITL batch 64 | KV blocks |")
-			fmt.Fprintln(out, "|---|---:|---:|---:|---:|---:|")
-			for _, d := range sim.ProfileDeployments {
-				p, err := sim.Profile(d)
-				if err != nil {
-					return err
-				}
-				fmt.Fprintf(out, "| %s | %s | %s | %s | %s | %d |\n", d, msStr(p.TTFT1k), msStr(p.TTFT4k), msStr(p.ITL1), msStr(p.ITL64), p.KVBlocks)
-			}
-			return nil
+			return writeCalibration(cmd.OutOrStdout())
 		},
 	}
+}
+
+// writeCalibration prints the calibration and profile tables as Markdown;
+// docs/simulator.md carries the same text between its calibrate markers.
+func writeCalibration(out io.Writer) error {
+	rows, err := sim.CalibrationTable()
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(out, "| deployment | figure | published | simulated | deviation | source |")
+	fmt.Fprintln(out, "|---|---|---:|---:|---:|---|")
+	for _, r := range rows {
+		dev := fmt.Sprintf("%+.0f%%", r.Deviation*100)
+		if r.Excluded != "" {
+			dev += " (not held: " + r.Excluded + ")"
+		}
+		fmt.Fprintf(out, "| %s | %s | %.4g %s | %.4g %s | %s | %s |\n", r.Deployment, r.Figure, r.Published, r.Unit, r.Simulated, r.Unit, dev, r.Source)
+	}
+	fmt.Fprintln(out)
+	fmt.Fprintln(out, "| deployment | TTFT 1k | TTFT 4k | ITL batch 1 | ITL batch 64 | KV blocks |")
+	fmt.Fprintln(out, "|---|---:|---:|---:|---:|---:|")
+	for _, d := range sim.ProfileDeployments {
+		p, err := sim.Profile(d)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(out, "| %s | %s | %s | %s | %s | %d |\n", d, msStr(p.TTFT1k), msStr(p.TTFT4k), msStr(p.ITL1), msStr(p.ITL64), p.KVBlocks)
+	}
+	return nil
 }
 
 func msStr(d time.Duration) string { return fmt.Sprintf("%.1f ms", d.Seconds()*1000) }

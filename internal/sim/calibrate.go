@@ -63,6 +63,17 @@ var References = []Reference{
 		"vLLM nightly CI benchmark_throughput, Llama-3.1-8B, A100-SXM4-80GB", offlineShareGPT(200, reqPerSec), ""},
 	{Deployment{"a100", "8b", 1}, "TTFT of a 500-token prompt at concurrency 1", 48.3, "ms",
 		"NVIDIA NIM 1.10.1 (TensorRT-LLM), Llama-3.1-8B architecture, bf16, A100 80GB", ttftMs(500), ""},
+	// A validation run on one A100 80GB (N=1): vLLM 0.8.5, --max-num-seqs 64, Qwen2.5-7B
+	// fp16 as the 8B-class model, ~200 prompt tokens and 128 output tokens; ITL is
+	// derived from the published per-stream tokens/s.
+	{Deployment{"a100", "8b", 1}, "ITL at concurrency 1, ~200 in / 128 out", 1000 / 72.1, "ms",
+		qwenA100, closedLoop(1, 200, 128, itlMs), ""},
+	{Deployment{"a100", "8b", 1}, "output throughput at concurrency 16, ~200 in / 128 out", 950, "tok/s",
+		qwenA100, closedLoop(16, 200, 128, runTokPerSec), ""},
+	{Deployment{"a100", "8b", 1}, "ITL at concurrency 64, ~200 in / 128 out", 1000 / 40.1, "ms",
+		qwenA100, closedLoop(64, 200, 128, itlMs), ""},
+	{Deployment{"a100", "8b", 1}, "output throughput at concurrency 64, ~200 in / 128 out", 2564, "tok/s",
+		qwenA100, closedLoop(64, 200, 128, runTokPerSec), ""},
 	{Deployment{"a10g", "8b", 1}, "TTFT at concurrency 1, 550 in / 150 out", 137.3, "ms",
 		"llmperf on g5.2xlarge, vLLM 0.4.3, Llama-3-8B bf16", closedLoop(1, 550, 150, ttftOfRun), ""},
 	{Deployment{"a10g", "8b", 1}, "ITL at concurrency 1, 550 in / 150 out", 30.65, "ms",
@@ -89,6 +100,8 @@ var References = []Reference{
 	{Deployment{"a10g", "8b", 1}, "output throughput at concurrency 64 (21 in flight)", 301.2, "tok/s",
 		"llmperf on g5.2xlarge, vLLM 0.4.3, Llama-3-8B bf16", closedLoop(21, 550, 150, runTokPerSec), ""},
 }
+
+const qwenA100 = "inference-bench A100 validation, vLLM 0.8.5, Qwen2.5-7B fp16 (8B-class proxy)"
 
 const clientLimited = "the client held fewer requests than asked; its TTFT includes time spent queued inside the client"
 
