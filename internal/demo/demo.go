@@ -40,10 +40,14 @@ func Run(ctx context.Context, out io.Writer, opts Options) error {
 	if opts.Rate == 0 {
 		opts.Rate = 6
 	}
-	fleet, err := startFleet(ctx)
+	// The fleet lives as long as the demo: cancelling stops its servers.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	fleet, stopped, err := startFleet(ctx)
 	if err != nil {
 		return err
 	}
+	defer func() { cancel(); <-stopped }()
 	fmt.Fprintln(out, "kvgate demo: a simulated fleet on loopback, driven by real streaming HTTP traffic")
 	fmt.Fprintln(out)
 	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
@@ -114,8 +118,9 @@ func kvBlocks(c sim.Config) int {
 	return e.NumBlocks()
 }
 
-// startFleet runs the example fleet (2 H100, 2 A10G) on free loopback ports.
-func startFleet(ctx context.Context) ([]*simserver.Server, error) {
+// startFleet runs the example fleet (2 H100, 2 A10G) on free loopback ports until
+// ctx ends; stopped closes once every server has stopped.
+func startFleet(ctx context.Context) (servers []*simserver.Server, stopped <-chan struct{}, err error) {
 	log := slog.New(slog.DiscardHandler)
 	var opts []simserver.Options
 	for i, gpu := range []string{"h100", "h100", "a10g", "a10g"} {
@@ -133,10 +138,11 @@ func startFleet(ctx context.Context) ([]*simserver.Server, error) {
 	addrs := []string{"127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"}
 	fleet, err := simserver.NewFleet(opts, addrs, "")
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	go func() { _ = fleet.Serve(ctx) }()
-	return fleet.Servers, nil
+	done := make(chan struct{})
+	go func() { _ = fleet.Serve(ctx); close(done) }()
+	return fleet.Servers, done, nil
 }
 
 // longPrompt builds an English-looking prompt of about n tokens, distinct per seed.
@@ -242,7 +248,11 @@ func roundRobin(ctx context.Context, fleet []*simserver.Server, opts Options) (m
 	errs := make(chan error, 1)
 	deadline := time.Now().Add(opts.LoadDuration)
 	stopPoll := make(chan struct{})
-	go func() {
+	var poller sync.WaitGroup
+	defer poller.Wait()
+	defer close(stopPoll)
+	defer wg.Wait()
+	poller.Go(func() {
 		t := time.NewTicker(100 * time.Millisecond)
 		defer t.Stop()
 		for {
@@ -259,7 +269,7 @@ func roundRobin(ctx context.Context, fleet []*simserver.Server, opts Options) (m
 				}
 			}
 		}
-	}()
+	})
 	for i := 0; time.Now().Before(deadline); i++ {
 		s := fleet[i%len(fleet)]
 		prompt := longPrompt(1000+i, 1000+rng.IntN(2000))
@@ -285,7 +295,6 @@ func roundRobin(ctx context.Context, fleet []*simserver.Server, opts Options) (m
 		}
 	}
 	wg.Wait()
-	close(stopPoll)
 	select {
 	case err := <-errs:
 		return nil, err

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"time"
 )
 
@@ -356,30 +357,31 @@ func (e *Engine) Step() StepResult {
 		var skipped []*Seq
 		for budget > 0 && len(e.running) < e.cfg.MaxNumSeqs && e.waiting.len() > 0 {
 			s := e.waiting.popFront()
-			load, ok := e.lora.acquire(s.Req.Adapter)
+			load, evicted, ok := e.lora.acquire(s.Req.Adapter)
 			if !ok {
 				skipped = append(skipped, s)
 				continue
 			}
-			if !s.admitted {
-				e.stats.PrefixQueries += int64(s.Req.PromptTokens)
-			}
 			hits := e.matchPrefix(s)
 			n := min(s.tokens()-s.computed, budget)
 			if !e.grow(s, n) {
+				// No room: undo the admission entirely, including the adapter slot.
 				e.kv.release(s.blocks)
 				s.blocks = s.blocks[:0]
 				s.computed = 0
 				e.lora.release(s.Req.Adapter)
 				if load {
 					e.lora.evict(s.Req.Adapter)
+					e.lora.restore(evicted)
 				}
 				e.waiting.pushFront(s)
 				break
 			}
 			if !s.admitted {
+				// Counted once per request, as vLLM counts a lookup and its hits.
 				s.admitted = true
 				s.CachedTokens = hits
+				e.stats.PrefixQueries += int64(s.Req.PromptTokens)
 				e.stats.PrefixHits += int64(hits)
 			}
 			if load {
@@ -544,14 +546,7 @@ func (e *Engine) Snapshot() Snapshot {
 	for k, v := range e.stats.FinishedByReason {
 		st.FinishedByReason[k] = v
 	}
-	running := map[string]bool{}
-	var ra, wa []string
-	for _, s := range e.running {
-		if a := s.Req.Adapter; a != "" && !running[a] {
-			running[a] = true
-			ra = append(ra, a)
-		}
-	}
+	var wa []string
 	waiting := map[string]bool{}
 	e.waiting.each(func(s *Seq) {
 		if a := s.Req.Adapter; a != "" && !waiting[a] {
@@ -559,6 +554,8 @@ func (e *Engine) Snapshot() Snapshot {
 			wa = append(wa, a)
 		}
 	})
+	slices.Sort(wa)
+	ra := e.lora.running()
 	return Snapshot{
 		Now: e.now, Waiting: e.waiting.len(), Running: len(e.running), KVUsage: e.kv.usage(),
 		NumBlocks: e.kv.total(), BlockSize: e.cfg.BlockSize, MaxLoRAs: e.cfg.MaxLoRAs,

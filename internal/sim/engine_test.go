@@ -27,7 +27,8 @@ func mustSubmit(t *testing.T, e *Engine, r Request) *Seq {
 	return s
 }
 
-// drain steps the engine until it is idle and returns the number of steps.
+// drain steps the engine until it is idle, checking its invariants after every
+// step, and returns the number of steps.
 func drain(t *testing.T, e *Engine) int {
 	t.Helper()
 	n := 0
@@ -35,6 +36,7 @@ func drain(t *testing.T, e *Engine) int {
 		if r := e.Step(); r.Idle {
 			t.Fatal("busy engine made an idle step")
 		}
+		checkInvariants(t, e)
 		n++
 		if n > 10_000_000 {
 			t.Fatal("engine does not finish")
@@ -133,6 +135,7 @@ func TestKVExhaustionPreempts(t *testing.T) {
 	maxUsage := 0.0
 	for e.Busy() {
 		e.Step()
+		checkInvariants(t, e)
 		maxUsage = max(maxUsage, e.Snapshot().KVUsage)
 	}
 	st := e.Snapshot().Stats
@@ -142,19 +145,18 @@ func TestKVExhaustionPreempts(t *testing.T) {
 	if maxUsage < 0.9 {
 		t.Errorf("peak KV usage %.2f, want near 1", maxUsage)
 	}
-	preempted := 0
 	for i, s := range seqs {
 		if s.Generated != 400 || s.Finish != FinishLength {
 			t.Errorf("seq %d: generated %d finish %q", i, s.Generated, s.Finish)
 		}
-		preempted += s.Preemptions
 	}
-	if int64(preempted) != st.Preemptions {
-		t.Errorf("per-sequence preemptions %d != counter %d", preempted, st.Preemptions)
-	}
-	// The newest running sequence is the victim: the first one never is.
+	// The newest running sequence is the victim: the oldest never is, and the
+	// newest is preempted at least as often as any other.
 	if seqs[0].Preemptions != 0 {
 		t.Errorf("oldest sequence was preempted %d times", seqs[0].Preemptions)
+	}
+	if seqs[7].Preemptions == 0 {
+		t.Error("newest sequence never preempted")
 	}
 	if u := e.Snapshot().KVUsage; u != 0 {
 		t.Errorf("KV usage %.3f after all finished", u)
@@ -391,20 +393,161 @@ func TestOutputLength(t *testing.T) {
 }
 
 func TestAbortFreesBlocks(t *testing.T) {
-	e := mustEngine(t, h100)
+	cfg := h100
+	cfg.MaxNumSeqs = 1
+	e := mustEngine(t, cfg)
 	s := mustSubmit(t, e, Request{PromptTokens: 1000, MaxTokens: 1000, IgnoreEOS: true})
 	queued := mustSubmit(t, e, Request{PromptTokens: 1000})
 	e.Step()
+	if snap := e.Snapshot(); snap.Running != 1 || snap.Waiting != 1 {
+		t.Fatalf("running %d waiting %d, want 1 and 1", snap.Running, snap.Waiting)
+	}
 	e.Abort(queued)
+	if e.Snapshot().Waiting != 0 {
+		t.Fatal("aborted request still queued")
+	}
 	e.Step()
+	checkInvariants(t, e)
 	if e.Snapshot().KVUsage == 0 {
 		t.Fatal("running sequence holds no blocks")
 	}
 	e.Abort(s)
+	checkInvariants(t, e)
 	if u := e.Snapshot().KVUsage; u != 0 || e.Busy() {
 		t.Fatalf("after abort: usage %.3f busy %v", u, e.Busy())
 	}
 	if s.Finish != FinishAbort || queued.Finish != FinishAbort {
 		t.Errorf("finish reasons %q %q", s.Finish, queued.Finish)
+	}
+}
+
+// checkInvariants verifies the engine's bookkeeping: every block's reference count
+// equals the running sequences holding it, unreferenced blocks sit in exactly one
+// free list, the hash index points at blocks holding those hashes, waiting sequences
+// hold nothing, and adapter users match running sequences.
+func checkInvariants(t *testing.T, e *Engine) {
+	t.Helper()
+	c := e.kv
+	holders := make([]int32, c.total())
+	adapters := map[string]int{}
+	for _, s := range e.running {
+		for _, b := range s.blocks {
+			holders[b]++
+		}
+		if s.Req.Adapter != "" {
+			adapters[s.Req.Adapter]++
+		}
+		if len(s.blocks)*e.cfg.BlockSize < s.computed {
+			t.Fatalf("seq %d computed %d tokens in %d blocks", s.ID, s.computed, len(s.blocks))
+		}
+	}
+	e.waiting.each(func(s *Seq) {
+		if len(s.blocks) != 0 || s.computed != 0 {
+			t.Fatalf("waiting seq %d holds %d blocks, %d computed", s.ID, len(s.blocks), s.computed)
+		}
+	})
+	inFree := make([]int, c.total())
+	for _, b := range c.plain {
+		inFree[b]++
+		if c.hashed[b] {
+			t.Fatalf("block %d is hashed but in the plain free list", b)
+		}
+	}
+	n := 0
+	for b := c.head; b != none; b = c.next[b] {
+		inFree[b]++
+		n++
+		if !c.hashed[b] {
+			t.Fatalf("block %d is in the LRU list without a hash", b)
+		}
+	}
+	if n != c.evictable {
+		t.Fatalf("LRU list holds %d blocks, evictable says %d", n, c.evictable)
+	}
+	for b := range c.refs {
+		if c.refs[b] != holders[b] {
+			t.Fatalf("block %d: refs %d, held by %d running sequences", b, c.refs[b], holders[b])
+		}
+		if want := 0; c.refs[b] == 0 {
+			want = 1
+			if inFree[b] != want {
+				t.Fatalf("free block %d is in %d free lists", b, inFree[b])
+			}
+		} else if inFree[b] != 0 {
+			t.Fatalf("block %d with %d refs is in a free list", b, c.refs[b])
+		}
+	}
+	for h, b := range c.cached {
+		if !c.hashed[b] || c.hash[b] != h {
+			t.Fatalf("hash index points %x at block %d holding %x", h, b, c.hash[b])
+		}
+	}
+	for a, users := range e.lora.users {
+		if users != adapters[a] {
+			t.Fatalf("adapter %s: %d users, %d running sequences", a, users, adapters[a])
+		}
+	}
+}
+
+// TestRandomisedBookkeeping drives a small engine through arrivals with shared
+// prefixes, adapters competing for slots, KV pressure and aborts, checking the
+// invariants after every step.
+func TestRandomisedBookkeeping(t *testing.T) {
+	for seed := range uint64(20) {
+		t.Run(fmt.Sprint(seed), func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(seed, 1))
+			e := mustEngine(t, Config{GPU: "h100", ModelSize: "8b", NumGPUBlocks: 300, MaxLoRAs: 2, MaxNumSeqs: 16, MaxNumBatchedTokens: 1024, Seed: seed})
+			var live []*Seq
+			finished := 0
+			for step := 0; step < 200_000 && (step < 1500 || e.Busy()); step++ {
+				if step < 1500 && rng.IntN(3) == 0 {
+					n := 20 + rng.IntN(1500)
+					adapter := []string{"", "", "a", "b", "c"}[rng.IntN(5)]
+					s, err := e.Submit(Request{PromptTokens: n, BlockHashes: hashes(uint64(rng.IntN(4)), n), MaxTokens: 1 + rng.IntN(300), Adapter: adapter})
+					if err == nil {
+						live = append(live, s)
+					}
+				}
+				if len(live) > 0 && rng.IntN(25) == 0 {
+					i := rng.IntN(len(live))
+					e.Abort(live[i])
+					live = append(live[:i], live[i+1:]...)
+				}
+				if e.Busy() {
+					finished += len(e.Step().Finished)
+				}
+				checkInvariants(t, e)
+			}
+			if e.Busy() {
+				t.Fatal("engine still busy after the arrivals stopped")
+			}
+			if finished == 0 || e.Snapshot().Stats.Preemptions == 0 || e.Snapshot().Stats.PrefixHits == 0 {
+				t.Errorf("run did not exercise the cache: finished %d, stats %+v", finished, e.Snapshot().Stats)
+			}
+			if u := e.Snapshot().KVUsage; u != 0 {
+				t.Errorf("KV usage %.3f when idle", u)
+			}
+		})
+	}
+}
+
+// A request that cannot get KV room must not cost a resident adapter its slot.
+func TestFailedAdmissionKeepsResidentAdapter(t *testing.T) {
+	e := mustEngine(t, Config{GPU: "h100", ModelSize: "8b", NumGPUBlocks: 100, MaxLoRAs: 1})
+	warm := mustSubmit(t, e, Request{PromptTokens: 16, MaxTokens: 1, Adapter: "a"})
+	drain(t, e)
+	if warm.Finish == "" || !slices.Equal(e.ResidentAdapters(), []string{"a"}) {
+		t.Fatalf("adapter a not resident: %v", e.ResidentAdapters())
+	}
+	hog := mustSubmit(t, e, Request{PromptTokens: 1500, MaxTokens: 50, IgnoreEOS: true})
+	e.Step() // hog holds 94 of 100 blocks
+	mustSubmit(t, e, Request{PromptTokens: 500, MaxTokens: 1, Adapter: "b"})
+	e.Step() // b cannot fit: its admission is undone
+	if got := e.ResidentAdapters(); !slices.Equal(got, []string{"a"}) {
+		t.Fatalf("resident %v after a failed admission for b, want [a]", got)
+	}
+	drain(t, e)
+	if hog.Finish == "" {
+		t.Fatal("hog never finished")
 	}
 }

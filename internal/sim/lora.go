@@ -16,16 +16,17 @@ func newLoRASlots(max int) *loraSlots {
 }
 
 // acquire takes a slot for adapter on behalf of a sequence about to run. load says
-// the adapter had to be brought in (the step pays the load time); ok is false when
-// every slot is held by an adapter with running sequences.
-func (l *loraSlots) acquire(adapter string) (load, ok bool) {
+// the adapter had to be brought in (the step pays the load time) and evicted names
+// the idle adapter it displaced, if any; ok is false when every slot is held by an
+// adapter with running sequences.
+func (l *loraSlots) acquire(adapter string) (load bool, evicted string, ok bool) {
 	if adapter == "" {
-		return false, true
+		return false, "", true
 	}
 	if i := slices.Index(l.order, adapter); i >= 0 {
 		l.touch(i)
 		l.users[adapter]++
-		return false, true
+		return false, "", true
 	}
 	if len(l.order) >= l.max {
 		victim := -1
@@ -36,14 +37,25 @@ func (l *loraSlots) acquire(adapter string) (load, ok bool) {
 			}
 		}
 		if victim < 0 {
-			return false, false
+			return false, "", false
 		}
-		delete(l.users, l.order[victim])
+		evicted = l.order[victim]
+		delete(l.users, evicted)
 		l.order = slices.Delete(l.order, victim, victim+1)
 	}
 	l.order = append(l.order, adapter)
 	l.users[adapter] = 1
-	return true, true
+	return true, evicted, true
+}
+
+// restore puts back, as least recently used, an adapter that acquire displaced for a
+// sequence that then could not start.
+func (l *loraSlots) restore(adapter string) {
+	if adapter == "" || len(l.order) >= l.max || slices.Contains(l.order, adapter) {
+		return
+	}
+	l.order = slices.Insert(l.order, 0, adapter)
+	l.users[adapter] = 0
 }
 
 // release returns the slot use of a sequence that stopped running.
@@ -71,3 +83,16 @@ func (l *loraSlots) touch(i int) {
 }
 
 func (l *loraSlots) resident() []string { return slices.Clone(l.order) }
+
+// running lists the adapters with running sequences, sorted, so that the same
+// state always reads the same.
+func (l *loraSlots) running() []string {
+	var out []string
+	for _, a := range l.order {
+		if l.users[a] > 0 {
+			out = append(out, a)
+		}
+	}
+	slices.Sort(out)
+	return out
+}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"slices"
 	"strconv"
@@ -70,8 +71,8 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) {
 	if p.IsIDs {
 		j.promptTokens = make([]uint32, len(p.Tokens))
 		for i, t := range p.Tokens {
-			if t < 0 {
-				openai.WriteError(w, http.StatusBadRequest, openai.TypeInvalidRequest, fmt.Sprintf("token id %d at prompt[%d] is negative", t, i))
+			if t < 0 || t > math.MaxUint32 {
+				openai.WriteError(w, http.StatusBadRequest, openai.TypeInvalidRequest, fmt.Sprintf("token id %d at prompt[%d] is out of range", t, i))
 				return
 			}
 			j.promptTokens[i] = uint32(t)
@@ -214,6 +215,10 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, j job) {
 		return
 	}
 	st, err := s.submit(req)
+	if errors.Is(err, errClosed) {
+		openai.WriteError(w, http.StatusServiceUnavailable, openai.TypeServer, err.Error())
+		return
+	}
 	if err != nil {
 		openai.WriteError(w, http.StatusBadRequest, openai.TypeInvalidRequest, strings.TrimPrefix(err.Error(), sim.ErrContextLength.Error()+": "))
 		return
@@ -250,10 +255,13 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, j job) {
 	}
 	q := st.seq
 	if q.Finish == sim.FinishAbort {
-		if sent == 0 && !j.stream {
-			openai.WriteError(w, http.StatusServiceUnavailable, openai.TypeServer, "the server is shutting down")
+		// The server stopped under this request. Say so with a 503 while nothing was
+		// sent; afterwards cut the stream so the client sees it truncated, not ended.
+		if sent == 0 {
+			openai.WriteError(w, http.StatusServiceUnavailable, openai.TypeServer, errClosed.Error())
+			return
 		}
-		return
+		panic(http.ErrAbortHandler)
 	}
 	u := usage{Prompt: q.Req.PromptTokens, Completion: q.Generated, Cached: q.CachedTokens}
 	if j.stream {

@@ -96,8 +96,13 @@ func (m *metrics) observeFinished(q *sim.Seq) {
 	if m.e2e != nil {
 		m.e2e.Observe((q.Done - q.Arrival).Seconds())
 	}
-	if m.itl != nil && q.Generated > 1 {
-		m.itl.Observe((q.Done - q.FirstToken).Seconds() / float64(q.Generated-1))
+}
+
+// observeTokenGap records the time between two tokens of a sequence, once per
+// token as vLLM does, so that stalls show in the buckets.
+func (m *metrics) observeTokenGap(d time.Duration) {
+	if m.itl != nil {
+		m.itl.Observe(d.Seconds())
 	}
 }
 

@@ -99,8 +99,9 @@ func (r *responder) start() {
 	h.Set("Cache-Control", "no-cache")
 	r.w.WriteHeader(http.StatusOK)
 	if r.j.chat {
-		r.buf = fmt.Appendf(r.buf, `data: {"id":"%s","object":"chat.completion.chunk","created":%d,"model":%q,"choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}`+"\n\n",
-			r.id, r.created, r.j.model)
+		model, _ := json.Marshal(r.j.model)
+		r.buf = fmt.Appendf(r.buf, `data: {"id":"%s","object":"chat.completion.chunk","created":%d,"model":%s,"choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}`+"\n\n",
+			r.id, r.created, model)
 	}
 }
 

@@ -60,6 +60,7 @@ type Server struct {
 	addr     string
 	httpSrv  *http.Server
 	conns    map[net.Conn]struct{}
+	closed   bool // the driver has stopped: no more requests are taken
 }
 
 // stream is a request's view of its sequence, published by the driver once wall
@@ -71,6 +72,7 @@ type stream struct {
 	visible atomic.Int64
 	done    atomic.Bool
 	notify  chan struct{}
+	lastTok time.Duration // engine time of the last published token, under s.mu
 }
 
 // New builds a server; it starts serving with Serve or ListenAndServe.
@@ -148,6 +150,10 @@ func (s *Server) Run(ctx context.Context) {
 	var emitted []*sim.Seq
 	var wake []chan struct{}
 	for {
+		if ctx.Err() != nil {
+			s.abortAll()
+			return
+		}
 		s.mu.Lock()
 		if !s.eng.Busy() {
 			s.mu.Unlock()
@@ -172,19 +178,23 @@ func (s *Server) Run(ctx context.Context) {
 				return
 			}
 		}
-		wake = s.publish(emitted, wake[:0])
+		wake = s.publish(emitted, res.End, wake[:0])
 	}
 }
 
-// publish makes the tokens of a finished step visible to their requests; wake is
-// scratch space, returned for reuse.
-func (s *Server) publish(seqs []*sim.Seq, wake []chan struct{}) []chan struct{} {
+// publish makes the tokens of a step that ended at engine time end visible to their
+// requests; wake is scratch space, returned for reuse.
+func (s *Server) publish(seqs []*sim.Seq, end time.Duration, wake []chan struct{}) []chan struct{} {
 	s.mu.Lock()
 	for _, q := range seqs {
 		st, ok := s.streams[q.ID]
 		if !ok {
 			continue
 		}
+		if q.Generated > 1 {
+			s.metrics.observeTokenGap(end - st.lastTok)
+		}
+		st.lastTok = end
 		st.visible.Store(int64(q.Generated))
 		if q.Finish != "" && !st.done.Load() {
 			st.done.Store(true)
@@ -205,13 +215,23 @@ func (s *Server) publish(seqs []*sim.Seq, wake []chan struct{}) []chan struct{} 
 	return wake
 }
 
+// errClosed is returned by submit once the server has stopped.
+var errClosed = errors.New("the server is shutting down")
+
 // submit queues a request in the engine and wakes the driver.
 func (s *Server) submit(req sim.Request) (*stream, error) {
 	s.mu.Lock()
-	if !s.eng.Busy() {
-		s.eng.AdvanceTo(s.now())
+	if s.closed {
+		s.mu.Unlock()
+		return nil, errClosed
 	}
-	q, err := s.eng.Submit(req)
+	now := s.now()
+	if !s.eng.Busy() {
+		s.eng.AdvanceTo(now)
+	}
+	// While a step is under way the engine's clock is at its end; the request's
+	// latencies still count from now.
+	q, err := s.eng.SubmitAt(req, now)
 	if err != nil {
 		s.mu.Unlock()
 		return nil, err
@@ -247,6 +267,7 @@ func (s *Server) progress(st *stream) (visible int, done bool) {
 func (s *Server) abortAll() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.closed = true
 	for _, st := range s.streams {
 		if st.seq.Finish == "" {
 			s.eng.Abort(st.seq)
