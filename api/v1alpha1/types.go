@@ -1,0 +1,172 @@
+// Package v1alpha1 holds the InferenceGatewayConfig API: the resource a Kubernetes
+// user applies and the file `kvgate serve --config` reads are the same document.
+//
+// +kubebuilder:object:generate=true
+// +groupName=gateway.kvgate.io
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// Group, version and kind of the resource.
+const (
+	Group   = "gateway.kvgate.io"
+	Version = "v1alpha1"
+	Kind    = "InferenceGatewayConfig"
+)
+
+// APIVersion is the apiVersion field documents must carry.
+const APIVersion = Group + "/" + Version
+
+// InferenceGatewayConfig configures one kvgate gateway: its model pools
+// (schedulers), how requests are routed to them, and how each pool picks a pod.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:shortName=igwc
+type InferenceGatewayConfig struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Spec   InferenceGatewayConfigSpec   `json:"spec"`
+	Status InferenceGatewayConfigStatus `json:"status,omitempty"`
+}
+
+// InferenceGatewayConfigSpec is the desired configuration.
+type InferenceGatewayConfigSpec struct {
+	// BBR is the body-based router that reads the model from the request body.
+	// +optional
+	BBR BBRSpec `json:"bbr,omitempty"`
+
+	// Schedulers are the model pools, one per served model.
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=100
+	Schedulers []SchedulerSpec `json:"schedulers"`
+
+	// Gateway tunes kvgate's data plane; every field has a default.
+	// +optional
+	Gateway GatewaySpec `json:"gateway,omitempty"`
+}
+
+// BBRSpec configures body-based routing.
+type BBRSpec struct {
+	// Enabled turns on routing by the body's model field; required when there is
+	// more than one scheduler.
+	Enabled bool `json:"enabled"`
+	// Replicas of the body-based router when it runs as its own deployment.
+	// +optional
+	Replicas *int32 `json:"replicas,omitempty"`
+	// MaxRequestBodyBytes bounds a request body (default 268435456, 256 MiB).
+	// +optional
+	MaxRequestBodyBytes *int64 `json:"maxRequestBodyBytes,omitempty"`
+}
+
+// SchedulerSpec is one model pool and how it picks a pod.
+type SchedulerSpec struct {
+	// Name identifies the scheduler in metrics, headers and logs.
+	Name string `json:"name"`
+	// ModelName is the model clients ask for; unique across schedulers.
+	ModelName string `json:"modelName"`
+	// ModelSelector selects the model-server pods of the pool (in Kubernetes).
+	// +optional
+	ModelSelector *metav1.LabelSelector `json:"modelSelector,omitempty"`
+	// Endpoints lists the pool's servers as host:port outside Kubernetes.
+	// +optional
+	Endpoints []string `json:"endpoints,omitempty"`
+	// TargetPort is the model servers' port (default 8000).
+	// +optional
+	TargetPort int32 `json:"targetPort,omitempty"`
+	// AppProtocol of the model servers: http (default) or kubernetes.io/h2c.
+	// +optional
+	AppProtocol string `json:"appProtocol,omitempty"`
+	// EngineType selects the metric dialect: vllm, sglang, trtllm or triton; empty
+	// means detect it from the exposition.
+	// +optional
+	EngineType string `json:"engineType,omitempty"`
+	// Picker chooses how a pod is picked: kvgate (GPU-aware, the default) or a
+	// baseline for comparison: least-request, round-robin, random.
+	// +optional
+	Picker string `json:"picker,omitempty"`
+	// Profile names built-in weights: chat, batch or gie-default.
+	// +optional
+	Profile string `json:"profile,omitempty"`
+	// Weights of the scorers; set fields override the profile's.
+	// +optional
+	Weights *Weights `json:"weights,omitempty"`
+	// LoRAAdapters are adapter names served by this pool; a request naming one is
+	// routed here.
+	// +kubebuilder:validation:MaxItems=50
+	// +optional
+	LoRAAdapters []string `json:"loraAdapters,omitempty"`
+	// RouteTimeout bounds a request from arrival to its last byte; 0s disables it.
+	// +optional
+	RouteTimeout *metav1.Duration `json:"routeTimeout,omitempty"`
+	// Replicas of the endpoint picker when it runs as its own deployment.
+	// +optional
+	Replicas *int32 `json:"replicas,omitempty"`
+}
+
+// Weights of the scorers; each is a non-negative integer.
+type Weights struct {
+	// +kubebuilder:validation:Minimum=0
+	Queue *int32 `json:"queue,omitempty"`
+	// +kubebuilder:validation:Minimum=0
+	KVCache *int32 `json:"kvCache,omitempty"`
+	// +kubebuilder:validation:Minimum=0
+	Prefix *int32 `json:"prefix,omitempty"`
+	// +kubebuilder:validation:Minimum=0
+	LoRAAffinity *int32 `json:"loraAffinity,omitempty"`
+	// +kubebuilder:validation:Minimum=0
+	RunningRequests *int32 `json:"runningRequests,omitempty"`
+}
+
+// GatewaySpec tunes the data plane.
+type GatewaySpec struct {
+	// MaxAttempts is how many endpoints a request may try before its response
+	// starts (default 3; 1 disables retries).
+	// +optional
+	MaxAttempts *int32 `json:"maxAttempts,omitempty"`
+	// MaxInFlightPerEndpoint saturates an endpoint at this many requests in flight
+	// through this gateway (default 0: no limit).
+	// +optional
+	MaxInFlightPerEndpoint *int32 `json:"maxInFlightPerEndpoint,omitempty"`
+	// QueueTimeout is how long a request may wait for a saturated pool before 429
+	// (default 1s).
+	// +optional
+	QueueTimeout *metav1.Duration `json:"queueTimeout,omitempty"`
+	// ConnectTimeout bounds dialling an endpoint (default 2s).
+	// +optional
+	ConnectTimeout *metav1.Duration `json:"connectTimeout,omitempty"`
+	// ResponseHeaderTimeout bounds the wait for an endpoint's response headers,
+	// which for a streaming request come with the first token (default 0: none).
+	// +optional
+	ResponseHeaderTimeout *metav1.Duration `json:"responseHeaderTimeout,omitempty"`
+	// RetryBufferBytes is how much of a body is kept to replay it on a retry
+	// (default 8 MiB); a larger body is streamed once and not retried.
+	// +optional
+	RetryBufferBytes *int64 `json:"retryBufferBytes,omitempty"`
+}
+
+// InferenceGatewayConfigStatus is the observed state.
+type InferenceGatewayConfigStatus struct {
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+	// Conditions Accepted and Ready.
+	// +optional
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+	// Schedulers reports each scheduler's endpoints and rollout.
+	// +optional
+	Schedulers []SchedulerStatus `json:"schedulers,omitempty"`
+}
+
+// SchedulerStatus is one scheduler's observed state.
+type SchedulerStatus struct {
+	Name string `json:"name"`
+	// Endpoints is the number of ready endpoints.
+	Endpoints int32 `json:"endpoints"`
+	// RolloutState is Pending, Progressing, Available or Degraded.
+	RolloutState string `json:"rolloutState,omitempty"`
+	// +optional
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}

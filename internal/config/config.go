@@ -1,0 +1,292 @@
+// Package config reads InferenceGatewayConfig documents from files: strict decoding
+// (an unknown field or a value of the wrong type is an error naming the field and
+// its line), defaults and validation.
+package config
+
+import (
+	"bytes"
+	"encoding"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"reflect"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+
+	"go.yaml.in/yaml/v3"
+	sigsyaml "sigs.k8s.io/yaml"
+
+	"github.com/kvgate/kvgate/api/v1alpha1"
+)
+
+// Error lists every problem found in a document, each with its line.
+type Error struct {
+	File     string
+	Problems []Problem
+}
+
+// Problem is one error at a line (0 when the line is unknown).
+type Problem struct {
+	Line    int
+	Path    string
+	Message string
+}
+
+func (e *Error) Error() string {
+	var b strings.Builder
+	for i, p := range e.Problems {
+		if i > 0 {
+			b.WriteString("; ")
+		}
+		b.WriteString(e.File)
+		if p.Line > 0 {
+			fmt.Fprintf(&b, ":%d", p.Line)
+		}
+		b.WriteString(": ")
+		if p.Path != "" {
+			b.WriteString(p.Path + ": ")
+		}
+		b.WriteString(p.Message)
+	}
+	return b.String()
+}
+
+// Load reads and checks the document in path.
+func Load(path string) (*v1alpha1.InferenceGatewayConfig, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	return Parse(path, data)
+}
+
+// Parse decodes and checks a document; name labels the errors.
+func Parse(name string, data []byte) (*v1alpha1.InferenceGatewayConfig, error) {
+	fail := func(ps ...Problem) error { return &Error{File: name, Problems: ps} }
+	var root yaml.Node
+	if err := yaml.Unmarshal(data, &root); err != nil {
+		return nil, fail(yamlProblem(err))
+	}
+	if root.Kind == 0 || len(root.Content) == 0 {
+		return nil, fail(Problem{Message: "the document is empty"})
+	}
+	doc := root.Content[0]
+	if doc.Kind != yaml.MappingNode {
+		return nil, fail(Problem{Line: doc.Line, Message: "the document must be a mapping with apiVersion, kind, metadata and spec"})
+	}
+	var problems []Problem
+	walk(doc, reflect.TypeFor[v1alpha1.InferenceGatewayConfig](), "", &problems)
+	if len(problems) > 0 {
+		return nil, fail(problems...)
+	}
+	var cfg v1alpha1.InferenceGatewayConfig
+	if err := sigsyaml.UnmarshalStrict(data, &cfg); err != nil {
+		return nil, fail(Problem{Message: err.Error()})
+	}
+	if cfg.APIVersion != v1alpha1.APIVersion {
+		problems = append(problems, Problem{Line: lineOf(doc, "apiVersion"), Path: "apiVersion", Message: fmt.Sprintf("is %q, want %q", cfg.APIVersion, v1alpha1.APIVersion)})
+	}
+	if cfg.Kind != v1alpha1.Kind {
+		problems = append(problems, Problem{Line: lineOf(doc, "kind"), Path: "kind", Message: fmt.Sprintf("is %q, want %q", cfg.Kind, v1alpha1.Kind)})
+	}
+	for _, fe := range cfg.Validate() {
+		problems = append(problems, Problem{Line: lineOf(doc, fe.Path), Path: fe.Path, Message: fe.Message})
+	}
+	if len(problems) > 0 {
+		return nil, fail(problems...)
+	}
+	return &cfg, nil
+}
+
+var yamlLine = regexp.MustCompile(`line (\d+)`)
+
+func yamlProblem(err error) Problem {
+	p := Problem{Message: "not valid YAML: " + err.Error()}
+	if m := yamlLine.FindStringSubmatch(err.Error()); m != nil {
+		p.Line, _ = strconv.Atoi(m[1])
+	}
+	return p
+}
+
+var (
+	jsonUnmarshaler = reflect.TypeFor[json.Unmarshaler]()
+	textUnmarshaler = reflect.TypeFor[encoding.TextUnmarshaler]()
+)
+
+// walk checks a YAML node against the Go type it will decode into: unknown fields
+// and scalars of the wrong kind, with their lines.
+func walk(n *yaml.Node, t reflect.Type, path string, out *[]Problem) {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if n.Kind == yaml.AliasNode {
+		n = n.Alias
+	}
+	if n.Tag == "!!null" {
+		return
+	}
+	// Types that decode themselves (durations, quantities, times) accept scalars.
+	if reflect.PointerTo(t).Implements(jsonUnmarshaler) || reflect.PointerTo(t).Implements(textUnmarshaler) {
+		return
+	}
+	add := func(msg string) { *out = append(*out, Problem{Line: n.Line, Path: path, Message: msg}) }
+	switch t.Kind() {
+	case reflect.Struct:
+		if n.Kind != yaml.MappingNode {
+			add("must be a mapping")
+			return
+		}
+		fields := jsonFields(t)
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			k, v := n.Content[i], n.Content[i+1]
+			f, ok := fields[k.Value]
+			if !ok {
+				names := make([]string, 0, len(fields))
+				for name := range fields {
+					names = append(names, name)
+				}
+				slices.Sort(names)
+				*out = append(*out, Problem{Line: k.Line, Path: join(path, k.Value), Message: "unknown field (known: " + strings.Join(names, ", ") + ")"})
+				continue
+			}
+			walk(v, f, join(path, k.Value), out)
+		}
+	case reflect.Slice:
+		if n.Kind != yaml.SequenceNode {
+			add("must be a list")
+			return
+		}
+		for i, item := range n.Content {
+			walk(item, t.Elem(), fmt.Sprintf("%s[%d]", path, i), out)
+		}
+	case reflect.Map:
+		if n.Kind != yaml.MappingNode {
+			add("must be a mapping")
+			return
+		}
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			walk(n.Content[i+1], t.Elem(), join(path, n.Content[i].Value), out)
+		}
+	case reflect.String:
+		if n.Kind != yaml.ScalarNode {
+			add("must be a string")
+		}
+	case reflect.Bool:
+		if n.Kind != yaml.ScalarNode || n.Tag != "!!bool" {
+			add(fmt.Sprintf("must be true or false, got %q", n.Value))
+		}
+	case reflect.Int, reflect.Int32, reflect.Int64, reflect.Uint32, reflect.Uint64:
+		if n.Kind != yaml.ScalarNode || n.Tag != "!!int" {
+			add(fmt.Sprintf("must be an integer, got %q", n.Value))
+		}
+	case reflect.Float32, reflect.Float64:
+		if n.Kind != yaml.ScalarNode || (n.Tag != "!!int" && n.Tag != "!!float") {
+			add(fmt.Sprintf("must be a number, got %q", n.Value))
+		}
+	}
+}
+
+// jsonFields maps a struct's JSON names to field types, following inlined fields.
+func jsonFields(t reflect.Type) map[string]reflect.Type {
+	out := map[string]reflect.Type{}
+	for i := range t.NumField() {
+		f := t.Field(i)
+		if !f.IsExported() {
+			continue
+		}
+		tag := f.Tag.Get("json")
+		name, opts, _ := strings.Cut(tag, ",")
+		if name == "-" {
+			continue
+		}
+		if f.Anonymous && (name == "" || strings.Contains(opts, "inline")) {
+			ft := f.Type
+			if ft.Kind() == reflect.Pointer {
+				ft = ft.Elem()
+			}
+			for k, v := range jsonFields(ft) {
+				out[k] = v
+			}
+			continue
+		}
+		if name == "" {
+			name = f.Name
+		}
+		out[name] = f.Type
+	}
+	return out
+}
+
+func join(path, key string) string {
+	if path == "" {
+		return key
+	}
+	return path + "." + key
+}
+
+// lineOf finds the line of a field path like spec.schedulers[1].modelName, or of its
+// nearest existing parent.
+func lineOf(doc *yaml.Node, path string) int {
+	n := doc
+	line := doc.Line
+	for _, part := range splitPath(path) {
+		var next *yaml.Node
+		switch {
+		case part.index >= 0 && n.Kind == yaml.SequenceNode && part.index < len(n.Content):
+			next = n.Content[part.index]
+		case part.index < 0 && n.Kind == yaml.MappingNode:
+			for i := 0; i+1 < len(n.Content); i += 2 {
+				if n.Content[i].Value == part.key {
+					line = n.Content[i].Line
+					next = n.Content[i+1]
+					break
+				}
+			}
+		}
+		if next == nil {
+			return line
+		}
+		n = next
+		if part.index >= 0 {
+			line = n.Line
+		}
+	}
+	return line
+}
+
+type pathPart struct {
+	key   string
+	index int
+}
+
+func splitPath(path string) []pathPart {
+	var out []pathPart
+	for _, seg := range strings.Split(path, ".") {
+		key, rest, _ := strings.Cut(seg, "[")
+		if key != "" {
+			out = append(out, pathPart{key: key, index: -1})
+		}
+		for rest != "" {
+			num, after, _ := strings.Cut(rest, "]")
+			i, err := strconv.Atoi(num)
+			if err != nil {
+				break
+			}
+			out = append(out, pathPart{index: i})
+			_, rest, _ = strings.Cut(after, "[")
+		}
+	}
+	return out
+}
+
+// Marshal renders a configuration as YAML, for /debug/config.
+func Marshal(cfg *v1alpha1.InferenceGatewayConfig) ([]byte, error) {
+	if cfg == nil {
+		return nil, errors.New("no configuration")
+	}
+	b, err := sigsyaml.Marshal(cfg)
+	return bytes.TrimSpace(b), err
+}

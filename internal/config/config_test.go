@@ -1,0 +1,105 @@
+package config
+
+import (
+	"errors"
+	"strings"
+	"testing"
+)
+
+const valid = `apiVersion: gateway.kvgate.io/v1alpha1
+kind: InferenceGatewayConfig
+metadata:
+  name: demo
+spec:
+  bbr:
+    enabled: true
+  schedulers:
+  - name: llama
+    modelName: meta-llama/Llama-3.1-8B-Instruct
+    endpoints: ["127.0.0.1:8001", "127.0.0.1:8002"]
+    loraAdapters: [sql-expert]
+    weights: {queue: 2, kvCache: 2, prefix: 3}
+    routeTimeout: 30s
+  - name: qwen
+    modelName: Qwen/Qwen2.5-32B
+    modelSelector:
+      matchLabels: {app: qwen}
+    appProtocol: kubernetes.io/h2c
+  gateway:
+    maxAttempts: 2
+    queueTimeout: 500ms
+`
+
+func TestParseValid(t *testing.T) {
+	cfg, err := Parse("igwc.yaml", []byte(valid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := cfg.Spec.Schedulers
+	if len(s) != 2 || s[0].Port() != 8000 || !s[1].H2C() || s[0].Timeout().String() != "30s" || *s[0].Weights.Prefix != 3 {
+		t.Fatalf("decoded %+v", s)
+	}
+	if cfg.Spec.Gateway.Attempts() != 2 || cfg.Spec.BBR.MaxBodyBytes() != 256<<20 {
+		t.Errorf("gateway %+v", cfg.Spec.Gateway)
+	}
+}
+
+func TestParseErrors(t *testing.T) {
+	for _, tc := range []struct {
+		name, from, to string
+		want           string // substring of the error, including file:line
+	}{
+		{"unknown field", "    weights: {queue: 2", "    weigths: {queue: 2", "igwc.yaml:13: spec.schedulers[0].weigths: unknown field"},
+		{"unknown top field", "  gateway:\n", "  gatewy:\n", "igwc.yaml:20: spec.gatewy: unknown field"},
+		{"wrong type", "    maxAttempts: 2", "    maxAttempts: two", `igwc.yaml:21: spec.gateway.maxAttempts: must be an integer, got "two"`},
+		{"bool type", "    enabled: true", "    enabled: yes please", "igwc.yaml:7: spec.bbr.enabled: must be true or false"},
+		{"list expected", `    loraAdapters: [sql-expert]`, `    loraAdapters: sql-expert`, "igwc.yaml:12: spec.schedulers[0].loraAdapters: must be a list"},
+		{"duplicate model", "    modelName: Qwen/Qwen2.5-32B", "    modelName: meta-llama/Llama-3.1-8B-Instruct", `igwc.yaml:16: spec.schedulers[1].modelName: "meta-llama/Llama-3.1-8B-Instruct" is already served`},
+		{"bbr required", "    enabled: true", "    enabled: false", "igwc.yaml:7: spec.bbr.enabled: must be true when there is more than one scheduler"},
+		{"negative weight", "{queue: 2, kvCache: 2", "{queue: -1, kvCache: 2", "spec.schedulers[0].weights.queue: must be ≥ 0"},
+		{"bad endpoint", `"127.0.0.1:8002"`, `"127.0.0.1:99999"`, "igwc.yaml:11: spec.schedulers[0].endpoints[1]"},
+		{"bad protocol", "kubernetes.io/h2c", "grpc", `spec.schedulers[1].appProtocol: "grpc" is not`},
+		{"bad picker", "    routeTimeout: 30s", "    routeTimeout: 30s\n    picker: best", `spec.schedulers[0].picker: "best" is not one of`},
+		{"bad timeout", "    routeTimeout: 30s", "    routeTimeout: -5s", "spec.schedulers[0].routeTimeout: must not be negative"},
+		{"bad duration", "    routeTimeout: 30s", "    routeTimeout: soon", "igwc.yaml"},
+		{"wrong api version", "gateway.kvgate.io/v1alpha1", "gateway.kvgate.io/v9", `igwc.yaml:1: apiVersion: is "gateway.kvgate.io/v9"`},
+		{"wrong kind", "kind: InferenceGatewayConfig", "kind: Gateway", `igwc.yaml:2: kind: is "Gateway"`},
+		{"no endpoints", `    endpoints: ["127.0.0.1:8001", "127.0.0.1:8002"]`, "", "spec.schedulers[0]: needs a modelSelector"},
+		{"bad name", "  - name: qwen", "  - name: Qwen_32B", `spec.schedulers[1].name: "Qwen_32B" must be a DNS label`},
+		{"adapter clash", "[sql-expert]", "[Qwen/Qwen2.5-32B]", "is already served"},
+		{"yaml syntax", "  bbr:\n", "  bbr: [\n", "not valid YAML"},
+		{"gateway attempts", "    maxAttempts: 2", "    maxAttempts: 0", "spec.gateway.maxAttempts: must be between 1 and 10"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			doc := strings.Replace(valid, tc.from, tc.to, 1)
+			if doc == valid {
+				t.Fatalf("test edit %q not applied", tc.from)
+			}
+			_, err := Parse("igwc.yaml", []byte(doc))
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err = %v\nwant it to contain %q", err, tc.want)
+			}
+			var ce *Error
+			if !errors.As(err, &ce) {
+				t.Errorf("error is %T, not *config.Error", err)
+			}
+		})
+	}
+}
+
+func TestParseReportsEveryProblem(t *testing.T) {
+	doc := strings.Replace(strings.Replace(valid, "weights: {queue: 2", "weigths: {queue: 2", 1), "queueTimeout: 500ms", "queueTimout: 500ms", 1)
+	_, err := Parse("x.yaml", []byte(doc))
+	var ce *Error
+	if !errors.As(err, &ce) || len(ce.Problems) != 2 {
+		t.Fatalf("want two problems, got %v", err)
+	}
+}
+
+func TestEmpty(t *testing.T) {
+	for _, doc := range []string{"", "   \n", "- a\n- b\n", "just text"} {
+		if _, err := Parse("e.yaml", []byte(doc)); err == nil {
+			t.Errorf("%q accepted", doc)
+		}
+	}
+}
