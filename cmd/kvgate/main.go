@@ -36,7 +36,7 @@ func newRoot() *cobra.Command {
 			return bindEnv(cmd)
 		},
 	}
-	root.AddCommand(newVersionCmd(), newSimCmd(), newDemoCmd())
+	root.AddCommand(newVersionCmd(), newServeCmd(), newSimCmd(), newDemoCmd())
 	return root
 }
 

@@ -1,0 +1,118 @@
+package gateway
+
+import (
+	"encoding/json"
+	"net/http"
+	"slices"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/kvgate/kvgate/internal/config"
+	"github.com/kvgate/kvgate/internal/openai"
+)
+
+// serveModels lists every model and adapter the gateway routes, in the OpenAI
+// list format.
+func (g *Gateway) serveModels(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodGet {
+		w.Header().Set("Allow", http.MethodGet)
+		openai.WriteError(w, http.StatusMethodNotAllowed, openai.TypeInvalidRequest, "use GET")
+		return
+	}
+	type model struct {
+		ID      string  `json:"id"`
+		Object  string  `json:"object"`
+		Created int64   `json:"created"`
+		OwnedBy string  `json:"owned_by"`
+		Parent  *string `json:"parent"`
+	}
+	data := []model{}
+	if rt := g.routes.Load(); rt != nil {
+		created := rt.cfg.CreationTimestamp.Unix()
+		for _, p := range rt.pools {
+			data = append(data, model{ID: p.spec.ModelName, Object: "model", Created: created, OwnedBy: "kvgate"})
+			for _, a := range p.spec.LoRAAdapters {
+				data = append(data, model{ID: a, Object: "model", Created: created, OwnedBy: "kvgate", Parent: &p.spec.ModelName})
+			}
+		}
+	}
+	writeJSON(w, map[string]any{"object": "list", "data": data})
+}
+
+// AdminHandler serves /metrics, /healthz, /readyz, /debug/config and /debug/fleet.
+func (g *Gateway) AdminHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(g.m.Registry, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		switch {
+		case g.draining.Load():
+			http.Error(w, "draining", http.StatusServiceUnavailable)
+		case g.routes.Load() == nil:
+			http.Error(w, "no configuration", http.StatusServiceUnavailable)
+		default:
+			_, _ = w.Write([]byte("ok\n"))
+		}
+	})
+	mux.HandleFunc("GET /debug/config", g.serveDebugConfig)
+	mux.HandleFunc("GET /debug/fleet", g.serveDebugFleet)
+	return mux
+}
+
+// serveDebugConfig shows the configuration serving now and the outcome of the
+// last attempt to load one.
+func (g *Gateway) serveDebugConfig(w http.ResponseWriter, _ *http.Request) {
+	g.mu.Lock()
+	lastErr, when := g.lastErr, g.lastReload
+	g.mu.Unlock()
+	out := map[string]any{"lastReload": when.UTC().Format(time.RFC3339Nano), "lastReloadAccepted": lastErr == nil}
+	if lastErr != nil {
+		out["lastReloadError"] = lastErr.Error()
+	}
+	if rt := g.routes.Load(); rt != nil {
+		y, err := config.Marshal(rt.cfg)
+		if err == nil {
+			out["active"] = string(y)
+		}
+	}
+	writeJSON(w, out)
+}
+
+// fleetView is one scheduler in /debug/fleet.
+type fleetView struct {
+	Scheduler string         `json:"scheduler"`
+	Model     string         `json:"model"`
+	Adapters  []string       `json:"adapters,omitempty"`
+	Picker    string         `json:"picker"`
+	Endpoints []endpointView `json:"endpoints"`
+}
+
+type endpointView struct {
+	Address  string `json:"address"`
+	InFlight int64  `json:"inFlight"`
+}
+
+func (g *Gateway) serveDebugFleet(w http.ResponseWriter, _ *http.Request) {
+	out := []fleetView{}
+	if rt := g.routes.Load(); rt != nil {
+		for _, p := range rt.pools {
+			v := fleetView{Scheduler: p.name, Model: p.spec.ModelName, Adapters: slices.Clone(p.spec.LoRAAdapters), Picker: p.spec.PickerName(), Endpoints: []endpointView{}}
+			for _, e := range p.endpoints {
+				v.Endpoints = append(v.Endpoints, endpointView{Address: e.addr, InFlight: e.inFlight.Load()})
+			}
+			out = append(out, v)
+		}
+	}
+	writeJSON(w, out)
+}
+
+func writeJSON(w http.ResponseWriter, v any) {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		openai.WriteError(w, http.StatusInternalServerError, openai.TypeServer, err.Error())
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write(append(b, '\n'))
+}

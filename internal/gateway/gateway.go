@@ -1,0 +1,230 @@
+// Package gateway is kvgate's HTTP data plane: one OpenAI-compatible endpoint in
+// front of many pools of model servers. A request's model (from the body, read only
+// as far as needed, or from x-gateway-model-name) selects the pool; the pool's
+// picker ranks its endpoints; the request streams to the best one and, if that one
+// fails before any byte reached the client, to the next.
+package gateway
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvgate/kvgate/api/v1alpha1"
+	"github.com/kvgate/kvgate/internal/schedule"
+	"github.com/kvgate/kvgate/internal/telemetry"
+)
+
+// Options configure a Gateway.
+type Options struct {
+	Logger  *slog.Logger
+	Metrics *telemetry.Gateway
+	// BodyReadTimeout bounds receiving a request body (default 60s): a client that
+	// trickles its body gets 408 instead of holding a connection forever.
+	BodyReadTimeout time.Duration
+	Seed            uint64
+}
+
+// Gateway routes OpenAI requests to model-server pools. Apply installs a
+// configuration; requests in flight keep the one they started with.
+type Gateway struct {
+	opts   Options
+	log    *slog.Logger
+	m      *telemetry.Gateway
+	routes atomic.Pointer[routes]
+
+	mu         sync.Mutex
+	endpoints  map[string]*endpoint // by scheduler and address; they outlive reloads
+	lastErr    error
+	lastReload time.Time
+	draining   atomic.Bool
+}
+
+// routes is one applied configuration, immutable once built.
+type routes struct {
+	cfg     *v1alpha1.InferenceGatewayConfig
+	byModel map[string]*pool // model names and adapter names
+	pools   []*pool
+	maxBody int64
+	gw      v1alpha1.GatewaySpec
+}
+
+// pool is one scheduler: its endpoints, picker and upstream transport.
+type pool struct {
+	name      string
+	spec      v1alpha1.SchedulerSpec
+	endpoints []*endpoint
+	picker    schedule.Picker
+	transport *http.Transport
+	freed     broadcast // signalled whenever a request to this pool ends
+}
+
+// endpoint is one model server as this gateway sees it.
+type endpoint struct {
+	addr     string
+	inFlight atomic.Int64
+	gauge    prometheus.Gauge
+}
+
+func (e *endpoint) acquire() { e.gauge.Set(float64(e.inFlight.Add(1))) }
+func (e *endpoint) release() { e.gauge.Set(float64(e.inFlight.Add(-1))) }
+
+// New returns a gateway with no configuration; it answers 503 until Apply.
+func New(opts Options) *Gateway {
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.Metrics == nil {
+		opts.Metrics = telemetry.NewGateway()
+	}
+	if opts.BodyReadTimeout == 0 {
+		opts.BodyReadTimeout = time.Minute
+	}
+	return &Gateway{opts: opts, log: opts.Logger, m: opts.Metrics, endpoints: map[string]*endpoint{}}
+}
+
+// Metrics returns the gateway's metrics.
+func (g *Gateway) Metrics() *telemetry.Gateway { return g.m }
+
+// Apply installs a validated configuration atomically. Endpoints that stay keep
+// their in-flight counts; requests in flight finish on the configuration they
+// started with.
+func (g *Gateway) Apply(cfg *v1alpha1.InferenceGatewayConfig) error {
+	if errs := cfg.Validate(); len(errs) > 0 {
+		return fmt.Errorf("invalid configuration: %w", errs[0])
+	}
+	gw := cfg.Spec.Gateway
+	rt := &routes{cfg: cfg, byModel: map[string]*pool{}, maxBody: cfg.Spec.BBR.MaxBodyBytes(), gw: gw}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for i, sc := range cfg.Spec.Schedulers {
+		picker, err := schedule.New(sc.PickerName(), g.opts.Seed+uint64(i))
+		if err != nil {
+			return fmt.Errorf("scheduler %s: %w", sc.Name, err)
+		}
+		p := &pool{name: sc.Name, spec: sc, picker: picker, transport: newTransport(gw, sc.H2C())}
+		for _, addr := range sc.Endpoints {
+			key := sc.Name + "|" + addr
+			ep, ok := g.endpoints[key]
+			if !ok {
+				ep = &endpoint{addr: addr, gauge: g.m.InFlight.WithLabelValues(sc.Name, addr)}
+				g.endpoints[key] = ep
+			}
+			p.endpoints = append(p.endpoints, ep)
+		}
+		rt.pools = append(rt.pools, p)
+		rt.byModel[sc.ModelName] = p
+		for _, a := range sc.LoRAAdapters {
+			rt.byModel[a] = p
+		}
+	}
+	old := g.routes.Swap(rt)
+	g.lastErr, g.lastReload = nil, time.Now()
+	g.m.ConfigAccepted.Set(1)
+	if old != nil {
+		// Idle connections of the old transports go; busy ones finish their request.
+		for _, p := range old.pools {
+			p.transport.CloseIdleConnections()
+		}
+	}
+	return nil
+}
+
+// RecordRejected notes a configuration that failed to load, for /debug/config and
+// the metrics; the previous configuration keeps serving.
+func (g *Gateway) RecordRejected(err error) {
+	g.mu.Lock()
+	g.lastErr, g.lastReload = err, time.Now()
+	g.mu.Unlock()
+	g.m.ConfigAccepted.Set(0)
+}
+
+// Drain marks the gateway as shutting down: /readyz fails from now on.
+func (g *Gateway) Drain() { g.draining.Store(true) }
+
+// newTransport builds the upstream transport of a pool, sized for thousands of
+// concurrent streams.
+func newTransport(gw v1alpha1.GatewaySpec, h2c bool) *http.Transport {
+	d := &net.Dialer{Timeout: gw.Connect(), KeepAlive: 30 * time.Second}
+	t := &http.Transport{
+		DialContext:           d.DialContext,
+		MaxIdleConns:          0, // no global cap
+		MaxIdleConnsPerHost:   1024,
+		MaxConnsPerHost:       0,
+		IdleConnTimeout:       90 * time.Second,
+		ResponseHeaderTimeout: gw.HeaderTimeout(),
+		DisableCompression:    true, // bodies pass through as the server sent them
+		WriteBufferSize:       32 << 10,
+		ReadBufferSize:        32 << 10,
+	}
+	if h2c {
+		var p http.Protocols
+		p.SetUnencryptedHTTP2(true)
+		t.Protocols = &p
+	}
+	return t
+}
+
+// broadcast wakes every waiter each time it is signalled.
+type broadcast struct {
+	mu sync.Mutex
+	ch chan struct{}
+}
+
+func (b *broadcast) wait() <-chan struct{} {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.ch == nil {
+		b.ch = make(chan struct{})
+	}
+	return b.ch
+}
+
+func (b *broadcast) signal() {
+	b.mu.Lock()
+	if b.ch != nil {
+		close(b.ch)
+		b.ch = nil
+	}
+	b.mu.Unlock()
+}
+
+// requestID returns the client's x-request-id or a new one.
+func requestID(r *http.Request) string {
+	if id := r.Header.Get("X-Request-Id"); id != "" && len(id) <= 128 {
+		return id
+	}
+	var b [12]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// snapshot lists a pool's endpoints for the picker.
+func (p *pool) snapshot(limit int) []schedule.Endpoint {
+	out := make([]schedule.Endpoint, 0, len(p.endpoints))
+	for _, e := range p.endpoints {
+		n := int(e.inFlight.Load())
+		if limit > 0 && n >= limit {
+			continue
+		}
+		out = append(out, schedule.Endpoint{Address: e.addr, InFlight: n})
+	}
+	return out
+}
+
+func (p *pool) endpoint(addr string) *endpoint {
+	i := slices.IndexFunc(p.endpoints, func(e *endpoint) bool { return e.addr == addr })
+	if i < 0 {
+		return nil
+	}
+	return p.endpoints[i]
+}

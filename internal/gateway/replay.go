@@ -1,0 +1,96 @@
+package gateway
+
+import (
+	"errors"
+	"io"
+	"sync"
+)
+
+// replayBody lets a request body be sent again to another endpoint without holding
+// more of it than the retry buffer. The head (read while looking for the model) is
+// always kept; the rest is recorded as the first attempt streams it, up to limit.
+// Once more than that has streamed, the body can no longer be replayed and the
+// request is not retried.
+type replayBody struct {
+	mu       sync.Mutex
+	head     []byte
+	rest     io.Reader
+	recorded []byte
+	limit    int64
+	overflow bool
+	current  *replayReader
+}
+
+var errDetached = errors.New("request body: a newer attempt took over")
+
+func newReplayBody(head []byte, rest io.Reader, limit int64) *replayBody {
+	return &replayBody{head: head, rest: rest, limit: limit}
+}
+
+// replayable reports whether a new attempt can send the whole body.
+func (b *replayBody) replayable() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return !b.overflow
+}
+
+// reader starts an attempt's copy of the body. The previous attempt's reader, which
+// the transport may still be reading in another goroutine, stops with an error.
+func (b *replayBody) reader() io.ReadCloser {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.current != nil {
+		b.current.detached = true
+	}
+	b.current = &replayReader{b: b}
+	return b.current
+}
+
+type replayReader struct {
+	b        *replayBody
+	off      int // offset into head+recorded
+	detached bool
+	closed   bool
+}
+
+func (r *replayReader) Read(p []byte) (int, error) {
+	b := r.b
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if r.detached || r.closed {
+		return 0, errDetached
+	}
+	if r.off < len(b.head) {
+		n := copy(p, b.head[r.off:])
+		r.off += n
+		return n, nil
+	}
+	if i := r.off - len(b.head); i < len(b.recorded) {
+		n := copy(p, b.recorded[i:])
+		r.off += n
+		return n, nil
+	}
+	if b.rest == nil {
+		return 0, io.EOF
+	}
+	// Read the next part of the client's body under the lock: only the current
+	// attempt reads it, and recording must stay in order.
+	n, err := b.rest.Read(p)
+	if n > 0 && !b.overflow {
+		if int64(len(b.recorded)+n) > b.limit {
+			b.overflow = true
+			b.recorded = nil
+		} else {
+			b.recorded = append(b.recorded, p[:n]...)
+		}
+	}
+	r.off += n
+	return n, err
+}
+
+func (r *replayReader) Close() error {
+	r.b.mu.Lock()
+	r.closed = true
+	r.b.mu.Unlock()
+	return nil
+}

@@ -1,0 +1,151 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/fsnotify/fsnotify"
+
+	"github.com/kvgate/kvgate/internal/config"
+)
+
+// ServerOptions configure Run.
+type ServerOptions struct {
+	ConfigPath   string
+	Listen       string // OpenAI API, default :8080
+	AdminListen  string // metrics, health, debug; default :9090
+	DrainTimeout time.Duration
+	// Reload receives a value for every SIGHUP; the file is also watched.
+	Reload <-chan os.Signal
+	// Ready, when set, is closed once both listeners accept connections.
+	Ready   chan<- Addrs
+	Logger  *slog.Logger
+	Gateway Options
+}
+
+// Addrs are the bound listener addresses.
+type Addrs struct{ API, Admin string }
+
+// Run loads the configuration, serves until ctx ends, then drains.
+func Run(ctx context.Context, o ServerOptions) error {
+	log := o.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	o.Gateway.Logger = log
+	g := New(o.Gateway)
+	cfg, err := config.Load(o.ConfigPath)
+	if err != nil {
+		return err
+	}
+	if err := g.Apply(cfg); err != nil {
+		return err
+	}
+	g.m.Reloads.WithLabelValues("success").Inc()
+	apiLn, err := net.Listen("tcp", o.Listen)
+	if err != nil {
+		return fmt.Errorf("API listener: %w", err)
+	}
+	adminLn, err := net.Listen("tcp", o.AdminListen)
+	if err != nil {
+		_ = apiLn.Close()
+		return fmt.Errorf("admin listener: %w", err)
+	}
+	api := &http.Server{Handler: g, ReadHeaderTimeout: 10 * time.Second, MaxHeaderBytes: 64 << 10, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
+	admin := &http.Server{Handler: g.AdminHandler(), ReadHeaderTimeout: 10 * time.Second}
+	errc := make(chan error, 2)
+	go func() { errc <- api.Serve(apiLn) }()
+	go func() { errc <- admin.Serve(adminLn) }()
+	log.Info("kvgate serving", "api", apiLn.Addr().String(), "admin", adminLn.Addr().String(), "config", o.ConfigPath, "schedulers", len(cfg.Spec.Schedulers))
+	if o.Ready != nil {
+		o.Ready <- Addrs{API: apiLn.Addr().String(), Admin: adminLn.Addr().String()}
+	}
+
+	watchCtx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	go g.watch(watchCtx, o.ConfigPath, o.Reload, log)
+
+	select {
+	case <-ctx.Done():
+	case err := <-errc:
+		if !errors.Is(err, http.ErrServerClosed) {
+			return err
+		}
+	}
+	// Drain: fail readiness, stop accepting, let in-flight requests finish.
+	g.Drain()
+	log.Info("draining", "timeout", o.DrainTimeout)
+	shutdown, cancel := context.WithTimeout(context.Background(), o.DrainTimeout)
+	defer cancel()
+	err = api.Shutdown(shutdown)
+	_ = admin.Close()
+	if err != nil {
+		return fmt.Errorf("drain: %w", err)
+	}
+	return nil
+}
+
+// watch reloads the configuration on SIGHUP and when its file changes. Kubernetes
+// ConfigMaps swap a symlink in the file's folder, so the folder is watched.
+func (g *Gateway) watch(ctx context.Context, path string, hup <-chan os.Signal, log *slog.Logger) {
+	last, _ := os.ReadFile(path)
+	var events <-chan fsnotify.Event
+	if w, err := fsnotify.NewWatcher(); err != nil {
+		log.Warn("cannot watch the configuration file; reload with SIGHUP", "err", err)
+	} else {
+		defer func() { _ = w.Close() }()
+		if err := w.Add(filepath.Dir(path)); err != nil {
+			log.Warn("cannot watch the configuration file; reload with SIGHUP", "err", err)
+		} else {
+			events = w.Events
+		}
+	}
+	var debounce <-chan time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-hup:
+			last = g.reload(path, nil, log)
+		case ev := <-events:
+			if filepath.Clean(ev.Name) == filepath.Clean(path) || filepath.Base(ev.Name) == "..data" {
+				debounce = time.After(100 * time.Millisecond)
+			}
+		case <-debounce:
+			last = g.reload(path, last, log)
+		}
+	}
+}
+
+// reload reads the file and applies it if it changed from prev (nil: always).
+// It returns the bytes read.
+func (g *Gateway) reload(path string, prev []byte, log *slog.Logger) []byte {
+	data, err := os.ReadFile(path)
+	if err == nil && prev != nil && bytes.Equal(data, prev) {
+		return prev
+	}
+	cfg, perr := config.Parse(path, data)
+	if err != nil {
+		perr = err
+	}
+	if perr == nil {
+		perr = g.Apply(cfg)
+	}
+	if perr != nil {
+		g.RecordRejected(perr)
+		g.m.Reloads.WithLabelValues("failure").Inc()
+		log.Error("configuration rejected; the previous one keeps serving", "err", perr)
+		return data
+	}
+	g.m.Reloads.WithLabelValues("success").Inc()
+	log.Info("configuration reloaded", "schedulers", len(cfg.Spec.Schedulers))
+	return data
+}

@@ -1,0 +1,401 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"maps"
+	"net"
+	"net/http"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/kvgate/kvgate/internal/openai"
+	"github.com/kvgate/kvgate/internal/schedule"
+)
+
+// Routes served by the data plane.
+var proxied = map[string]bool{
+	"/v1/completions":      true,
+	"/v1/chat/completions": true,
+	"/v1/embeddings":       true,
+	"/v1/responses":        true,
+}
+
+// Message for a model no scheduler serves, as AWS's gateway words it.
+const noMatchingModel = "no matching model: set the model in the request body or the x-gateway-model-name header"
+
+// hopHeaders are connection-level headers a proxy must not forward, and
+// controlHeaders are kvgate's and the Endpoint Picker protocol's: a client never
+// picks the pod or reads the gateway's internals through them.
+var hopHeaders = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade"}
+
+func isControlHeader(name string) bool {
+	n := strings.ToLower(name)
+	return strings.HasPrefix(n, "x-gateway-destination-endpoint") || strings.HasPrefix(n, "x-kvgate-")
+}
+
+var headPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+var copyPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
+// ServeHTTP implements the OpenAI data plane.
+func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	rid := requestID(r)
+	w.Header().Set("X-Request-Id", rid)
+	log := g.log.With("request_id", rid)
+	if r.URL.Path == "/v1/models" {
+		g.serveModels(w, r)
+		return
+	}
+	if !proxied[r.URL.Path] {
+		g.reject(w, nil, "", http.StatusNotFound, openai.TypeNotFound, fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path))
+		return
+	}
+	if r.Method != http.MethodPost {
+		w.Header().Set("Allow", http.MethodPost)
+		g.reject(w, nil, "", http.StatusMethodNotAllowed, openai.TypeInvalidRequest, "method "+r.Method+" not allowed; use POST")
+		return
+	}
+	rt := g.routes.Load()
+	if rt == nil {
+		w.Header().Set("Retry-After", "1")
+		g.reject(w, nil, "", http.StatusServiceUnavailable, openai.TypeServer, "the gateway has no configuration yet")
+		return
+	}
+	_ = http.NewResponseController(w).SetReadDeadline(start.Add(g.opts.BodyReadTimeout))
+	body := http.MaxBytesReader(w, r.Body, rt.maxBody)
+
+	// The model: the header overrides, else the body, read only up to the model.
+	head := headPool.Get().(*bytes.Buffer)
+	head.Reset()
+	defer headPool.Put(head)
+	model := r.Header.Get("X-Gateway-Model-Name")
+	if model == "" {
+		m, found, err := openai.ScanModel(body, head)
+		if err != nil {
+			g.rejectBody(w, log, err)
+			return
+		}
+		if !found {
+			g.reject(w, nil, "", http.StatusBadRequest, openai.TypeInvalidRequest, noMatchingModel)
+			return
+		}
+		model = m
+	}
+	p := rt.byModel[model]
+	if p == nil {
+		g.reject(w, nil, model, http.StatusNotFound, openai.TypeNotFound, noMatchingModel)
+		return
+	}
+
+	ctx := r.Context()
+	if t := p.spec.Timeout(); t > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, start.Add(t))
+		defer cancel()
+	}
+
+	// Admission, then the pick.
+	limit := rt.gw.InFlightLimit()
+	cands, code, msg := g.admit(ctx, p, limit, rt.gw.QueueWait())
+	if code != 0 {
+		if code != http.StatusGatewayTimeout {
+			w.Header().Set("Retry-After", "1")
+		}
+		g.reject(w, p, model, code, openai.TypeOverloaded, msg)
+		return
+	}
+	req := schedule.Request{Model: model}
+	if model != p.spec.ModelName {
+		req.Adapter = model
+	}
+	decision := p.picker.Pick(req, cands)
+	g.m.Decision.Observe(time.Since(start).Seconds())
+
+	rb := newReplayBody(head.Bytes(), body, rt.gw.RetryBuffer())
+	if r.ContentLength == 0 && head.Len() == 0 {
+		rb.rest = nil
+	}
+	explain := r.Header.Get("X-Kvgate-Explain") == "1"
+	g.forward(ctx, w, r, forwardJob{p: p, model: model, decision: decision, body: rb, rid: rid, start: start, attempts: rt.gw.Attempts(), explain: explain, log: log, client: r.Context()})
+}
+
+// admit waits, up to wait, for an endpoint of p below limit. It returns the
+// candidates, or the status and message of a refusal.
+func (g *Gateway) admit(ctx context.Context, p *pool, limit int, wait time.Duration) ([]schedule.Endpoint, int, string) {
+	if len(p.endpoints) == 0 {
+		g.m.Shed.WithLabelValues(p.name, "no_endpoint").Inc()
+		return nil, http.StatusServiceUnavailable, fmt.Sprintf("no ready endpoint for model %q", p.spec.ModelName)
+	}
+	var timer *time.Timer
+	for {
+		woken := p.freed.wait()
+		if cands := p.snapshot(limit); len(cands) > 0 {
+			return cands, 0, ""
+		}
+		if timer == nil {
+			timer = time.NewTimer(wait)
+			defer timer.Stop()
+		}
+		select {
+		case <-woken:
+		case <-timer.C:
+			g.m.Shed.WithLabelValues(p.name, "saturated").Inc()
+			return nil, http.StatusTooManyRequests, fmt.Sprintf("every endpoint of model %q is at its limit of %d requests in flight; retry later", p.spec.ModelName, limit)
+		case <-ctx.Done():
+			return nil, http.StatusGatewayTimeout, "route timeout exceeded while waiting for an endpoint"
+		}
+	}
+}
+
+// rejectBody answers a body that could not be read up to the model.
+func (g *Gateway) rejectBody(w http.ResponseWriter, log *slog.Logger, err error) {
+	var tooBig *http.MaxBytesError
+	var syntax *openai.SyntaxError
+	switch {
+	case errors.As(err, &tooBig):
+		g.reject(w, nil, "", http.StatusRequestEntityTooLarge, openai.TypeInvalidRequest, fmt.Sprintf("request body exceeds %d bytes", tooBig.Limit))
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		w.Header().Set("Connection", "close")
+		g.reject(w, nil, "", http.StatusRequestTimeout, openai.TypeInvalidRequest, "the request body did not arrive in time")
+	case errors.As(err, &syntax), errors.Is(err, openai.ErrNotObject):
+		g.reject(w, nil, "", http.StatusBadRequest, openai.TypeInvalidRequest, err.Error())
+	case strings.Contains(err.Error(), "'model' must be"):
+		g.reject(w, nil, "", http.StatusBadRequest, openai.TypeInvalidRequest, err.Error())
+	default:
+		// The client went away or broke the connection while sending.
+		log.Debug("reading request body", "err", err)
+		g.reject(w, nil, "", http.StatusBadRequest, openai.TypeInvalidRequest, "reading request body: "+err.Error())
+	}
+}
+
+// reject answers with an OpenAI error and counts it.
+func (g *Gateway) reject(w http.ResponseWriter, p *pool, model string, code int, typ, msg string) {
+	sched := ""
+	if p != nil {
+		sched = p.name
+	}
+	g.m.Requests.WithLabelValues(sched, model, "", strconv.Itoa(code)).Inc()
+	openai.WriteError(w, code, typ, msg)
+}
+
+type forwardJob struct {
+	p        *pool
+	model    string
+	decision schedule.Decision
+	body     *replayBody
+	rid      string
+	start    time.Time
+	attempts int
+	explain  bool
+	log      *slog.Logger
+	client   context.Context // the client's request context
+}
+
+// forward sends the request to the ranked endpoints in turn until one answers, and
+// streams that answer to the client.
+func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Request, j forwardJob) {
+	ranked := j.decision.Ranked
+	if len(ranked) > j.attempts {
+		ranked = ranked[:j.attempts]
+	}
+	var lastErr error
+	for i, cand := range ranked {
+		ep := j.p.endpoint(cand.Address)
+		if ep == nil {
+			continue
+		}
+		last := i == len(ranked)-1 || !j.body.replayable()
+		attemptCtx, cancel := context.WithCancel(ctx)
+		out, err := g.upstreamRequest(attemptCtx, r, j, ep)
+		if err != nil {
+			cancel()
+			lastErr = err
+			break
+		}
+		ep.acquire()
+		resp, err := j.p.transport.RoundTrip(out)
+		if err != nil {
+			ep.release()
+			cancel()
+			j.p.freed.signal()
+			lastErr = err
+			if ctx.Err() != nil {
+				break
+			}
+			if !last && j.body.replayable() {
+				g.m.Retries.WithLabelValues(j.p.name, "connect").Inc()
+				j.log.Warn("endpoint failed before responding; trying the next", "endpoint", ep.addr, "err", err)
+				continue
+			}
+			break
+		}
+		if resp.StatusCode >= 500 && !last && j.body.replayable() {
+			_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+			resp.Body.Close()
+			ep.release()
+			cancel()
+			j.p.freed.signal()
+			g.m.Retries.WithLabelValues(j.p.name, "status").Inc()
+			j.log.Warn("endpoint answered with a server error; trying the next", "endpoint", ep.addr, "status", resp.StatusCode)
+			lastErr = fmt.Errorf("endpoint %s answered %s", ep.addr, resp.Status)
+			continue
+		}
+		g.relay(ctx, w, resp, j, ep)
+		resp.Body.Close()
+		ep.release()
+		cancel()
+		j.p.freed.signal()
+		return
+	}
+	// No endpoint answered.
+	code, msg := http.StatusBadGateway, "no endpoint could serve the request"
+	switch {
+	case r.Context().Err() != nil:
+		g.m.Requests.WithLabelValues(j.p.name, j.model, "", "499").Inc()
+		return
+	case ctx.Err() != nil:
+		code, msg = http.StatusGatewayTimeout, "route timeout exceeded before an endpoint answered"
+	case lastErr != nil:
+		msg += ": " + lastErr.Error()
+	}
+	g.reject(w, j.p, j.model, code, openai.TypeServer, msg)
+}
+
+// upstreamRequest builds the request to one endpoint.
+func (g *Gateway) upstreamRequest(ctx context.Context, r *http.Request, j forwardJob, ep *endpoint) (*http.Request, error) {
+	out, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+ep.addr+r.URL.RequestURI(), j.body.reader())
+	if err != nil {
+		return nil, err
+	}
+	out.ContentLength = r.ContentLength
+	for k, vs := range r.Header {
+		if isControlHeader(k) {
+			continue
+		}
+		out.Header[k] = vs
+	}
+	for _, h := range hopHeaders {
+		out.Header.Del(h)
+	}
+	out.Header.Set("X-Request-Id", j.rid)
+	if ip, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
+		if prior := r.Header.Get("X-Forwarded-For"); prior != "" {
+			ip = prior + ", " + ip
+		}
+		out.Header.Set("X-Forwarded-For", ip)
+	}
+	return out, nil
+}
+
+// relay streams an endpoint's response to the client, flushing server-sent events
+// as they arrive and ending a stream that breaks with an explicit error event.
+func (g *Gateway) relay(ctx context.Context, w http.ResponseWriter, resp *http.Response, j forwardJob, ep *endpoint) {
+	h := w.Header()
+	for k, vs := range resp.Header {
+		h[k] = vs
+	}
+	for _, k := range hopHeaders {
+		h.Del(k)
+	}
+	h.Del("Content-Length") // the body is relayed as it comes
+	if resp.ContentLength >= 0 {
+		h.Set("Content-Length", strconv.FormatInt(resp.ContentLength, 10))
+	}
+	h.Set("X-Kvgate-Endpoint", ep.addr)
+	h.Set("X-Kvgate-Scheduler", j.p.name)
+	if j.explain {
+		h.Set("X-Kvgate-Scores", explain(j.decision))
+	}
+	w.WriteHeader(resp.StatusCode)
+	sse := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
+	rc := http.NewResponseController(w)
+	obs := usageObserver{sse: sse}
+	bufp := copyPool.Get().(*[]byte)
+	defer copyPool.Put(bufp)
+	buf := *bufp
+	first := true
+	var readErr error
+	clientGone := false
+	for {
+		n, err := resp.Body.Read(buf)
+		if n > 0 {
+			if first {
+				first = false
+				g.m.TTFT.WithLabelValues(j.p.name).Observe(time.Since(j.start).Seconds())
+			}
+			obs.feed(buf[:n])
+			if _, werr := w.Write(buf[:n]); werr != nil {
+				clientGone = true
+				break
+			}
+			if sse {
+				if ferr := rc.Flush(); ferr != nil {
+					clientGone = true
+					break
+				}
+			}
+		}
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			readErr = err
+			break
+		}
+	}
+	code := strconv.Itoa(resp.StatusCode)
+	switch {
+	case clientGone, readErr != nil && j.client.Err() != nil:
+		code = "499" // the client went away; its upstream request is cancelled with it
+	case readErr != nil:
+		g.m.StreamErrors.WithLabelValues(j.p.name).Inc()
+		msg, status := "the model server failed mid-response: "+readErr.Error(), http.StatusBadGateway
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			msg, status = "route timeout exceeded mid-response", http.StatusGatewayTimeout
+		}
+		j.log.Warn("response broke after bytes reached the client", "endpoint", ep.addr, "err", readErr)
+		if !sse {
+			// Headers are out and the body is not a stream of events: cut the
+			// connection so the client cannot take a truncated body for a whole one.
+			g.m.Requests.WithLabelValues(j.p.name, j.model, ep.addr, code).Inc()
+			panic(http.ErrAbortHandler)
+		}
+		fmt.Fprintf(w, "data: {\"error\":{\"message\":%q,\"type\":%q,\"param\":null,\"code\":%d}}\n\n", msg, openai.TypeServer, status)
+		_ = rc.Flush()
+	default:
+		obs.finish()
+		if obs.seen {
+			g.m.Tokens.WithLabelValues(j.p.name, "prompt").Add(float64(obs.prompt))
+			g.m.Tokens.WithLabelValues(j.p.name, "completion").Add(float64(obs.output))
+		}
+	}
+	g.m.Requests.WithLabelValues(j.p.name, j.model, ep.addr, code).Inc()
+	g.m.Duration.WithLabelValues(j.p.name).Observe(time.Since(j.start).Seconds())
+	j.log.Debug("served", "scheduler", j.p.name, "model", j.model, "endpoint", ep.addr, "status", resp.StatusCode, "code", code,
+		"duration", time.Since(j.start))
+}
+
+// explain renders the candidates' scores for x-kvgate-scores:
+// "addr score k=v k=v, addr score ...".
+func explain(d schedule.Decision) string {
+	var b strings.Builder
+	for i, c := range d.Ranked {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "%s %.3f", c.Address, c.Score)
+		for _, k := range slices.Sorted(maps.Keys(c.Scores)) {
+			fmt.Fprintf(&b, " %s=%.3f", k, c.Scores[k])
+		}
+	}
+	return b.String()
+}

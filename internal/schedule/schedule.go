@@ -1,0 +1,152 @@
+// Package schedule picks the endpoint for a request. A picker is a function of the
+// request's features and the candidates' snapshots: no I/O and no clock, so the
+// gateway, the Envoy picker and the virtual-time benchmark run the same code.
+package schedule
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync/atomic"
+)
+
+// Request is what a picker knows of a request.
+type Request struct {
+	Model   string // the model asked for
+	Adapter string // the LoRA adapter, "" for the base model
+}
+
+// Endpoint is one candidate as the picker sees it.
+type Endpoint struct {
+	Address string
+	// InFlight counts the requests this gateway has sent to the endpoint and not
+	// yet seen finish.
+	InFlight int
+}
+
+// Candidate is an endpoint with its score; higher is better.
+type Candidate struct {
+	Address string
+	Score   float64
+	// Scores holds the per-scorer scores, for x-kvgate-explain.
+	Scores map[string]float64
+}
+
+// Decision ranks the candidates, best first; the ones after the first are the
+// fallbacks a retry uses.
+type Decision struct {
+	Ranked []Candidate
+}
+
+// Picker ranks endpoints for a request. Implementations must be safe for
+// concurrent use.
+type Picker interface {
+	Pick(req Request, endpoints []Endpoint) Decision
+}
+
+// New returns the named baseline picker: least-request, round-robin or random.
+// The GPU-aware picker ("kvgate") lands with the engine metrics; until then it is
+// least-request.
+func New(name string, seed uint64) (Picker, error) {
+	switch name {
+	case "", "kvgate", "least-request":
+		return &LeastRequest{rng: newLockedRand(seed)}, nil
+	case "round-robin":
+		return &RoundRobin{}, nil
+	case "random":
+		return &Random{rng: newLockedRand(seed)}, nil
+	default:
+		return nil, fmt.Errorf("unknown picker %q", name)
+	}
+}
+
+// LeastRequest ranks endpoints by requests in flight through this gateway, fewest
+// first, breaking ties at random.
+type LeastRequest struct{ rng *lockedRand }
+
+var _ Picker = (*LeastRequest)(nil)
+
+// Pick implements Picker.
+func (p *LeastRequest) Pick(_ Request, eps []Endpoint) Decision {
+	out := make([]Candidate, len(eps))
+	lo, hi := 0, 0
+	for i, e := range eps {
+		if i == 0 || e.InFlight < lo {
+			lo = e.InFlight
+		}
+		hi = max(hi, e.InFlight)
+	}
+	for i, e := range eps {
+		s := 1.0
+		if hi > lo {
+			s = float64(hi-e.InFlight) / float64(hi-lo)
+		}
+		out[i] = Candidate{Address: e.Address, Score: s, Scores: map[string]float64{"inFlight": s}}
+	}
+	p.rng.shuffle(out)
+	slices.SortStableFunc(out, byScore)
+	return Decision{Ranked: out}
+}
+
+// RoundRobin takes endpoints in turn.
+type RoundRobin struct{ next atomic.Uint64 }
+
+var _ Picker = (*RoundRobin)(nil)
+
+// Pick implements Picker.
+func (p *RoundRobin) Pick(_ Request, eps []Endpoint) Decision {
+	if len(eps) == 0 {
+		return Decision{}
+	}
+	start := int((p.next.Add(1) - 1) % uint64(len(eps)))
+	out := make([]Candidate, len(eps))
+	for i := range eps {
+		e := eps[(start+i)%len(eps)]
+		out[i] = Candidate{Address: e.Address, Score: 1 - float64(i)/float64(len(eps))}
+	}
+	return Decision{Ranked: out}
+}
+
+// Random picks uniformly.
+type Random struct{ rng *lockedRand }
+
+var _ Picker = (*Random)(nil)
+
+// Pick implements Picker.
+func (p *Random) Pick(_ Request, eps []Endpoint) Decision {
+	out := make([]Candidate, len(eps))
+	for i, e := range eps {
+		out[i] = Candidate{Address: e.Address}
+	}
+	p.rng.shuffle(out)
+	for i := range out {
+		out[i].Score = 1 - float64(i)/float64(len(out))
+	}
+	return Decision{Ranked: out}
+}
+
+func byScore(a, b Candidate) int {
+	switch {
+	case a.Score > b.Score:
+		return -1
+	case a.Score < b.Score:
+		return 1
+	}
+	return 0
+}
+
+// lockedRand is a seeded source safe for concurrent pickers.
+type lockedRand struct {
+	mu  chan struct{}
+	rng *rand.Rand
+}
+
+func newLockedRand(seed uint64) *lockedRand {
+	return &lockedRand{mu: make(chan struct{}, 1), rng: rand.New(rand.NewPCG(seed, seed^0xdeadbeef))}
+}
+
+func (r *lockedRand) shuffle(c []Candidate) {
+	r.mu <- struct{}{}
+	r.rng.Shuffle(len(c), func(i, j int) { c[i], c[j] = c[j], c[i] })
+	<-r.mu
+}

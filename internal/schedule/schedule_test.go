@@ -1,0 +1,86 @@
+package schedule
+
+import (
+	"testing"
+)
+
+func addrs(d Decision) []string {
+	out := make([]string, len(d.Ranked))
+	for i, c := range d.Ranked {
+		out[i] = c.Address
+	}
+	return out
+}
+
+func TestLeastRequest(t *testing.T) {
+	p, _ := New("least-request", 1)
+	for _, tc := range []struct {
+		name  string
+		eps   []Endpoint
+		first string
+		last  string
+	}{
+		{"fewest first", []Endpoint{{"a", 5}, {"b", 1}, {"c", 3}}, "b", "a"},
+		{"single", []Endpoint{{"a", 9}}, "a", "a"},
+		{"zero load wins", []Endpoint{{"a", 0}, {"b", 2}}, "a", "b"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := p.Pick(Request{}, tc.eps)
+			got := addrs(d)
+			if got[0] != tc.first || got[len(got)-1] != tc.last {
+				t.Fatalf("ranked %v", got)
+			}
+			for _, c := range d.Ranked {
+				if c.Score < 0 || c.Score > 1 {
+					t.Errorf("score %v outside [0,1]", c.Score)
+				}
+			}
+		})
+	}
+	// Ties are broken at random: over many picks every tied endpoint leads.
+	seen := map[string]bool{}
+	for range 200 {
+		seen[p.Pick(Request{}, []Endpoint{{"a", 1}, {"b", 1}, {"c", 1}}).Ranked[0].Address] = true
+	}
+	if len(seen) != 3 {
+		t.Errorf("tie-break led with only %v", seen)
+	}
+}
+
+func TestRoundRobin(t *testing.T) {
+	p, _ := New("round-robin", 0)
+	eps := []Endpoint{{"a", 0}, {"b", 0}, {"c", 0}}
+	var firsts []string
+	for range 6 {
+		d := p.Pick(Request{}, eps)
+		if len(d.Ranked) != 3 {
+			t.Fatal("fallbacks missing")
+		}
+		firsts = append(firsts, d.Ranked[0].Address)
+	}
+	if got := firsts; got[0] != "a" || got[1] != "b" || got[2] != "c" || got[3] != "a" {
+		t.Fatalf("order %v", got)
+	}
+	if d := p.Pick(Request{}, nil); len(d.Ranked) != 0 {
+		t.Error("empty pool ranked something")
+	}
+}
+
+func TestRandom(t *testing.T) {
+	p, _ := New("random", 3)
+	count := map[string]int{}
+	for range 3000 {
+		count[p.Pick(Request{}, []Endpoint{{"a", 0}, {"b", 0}, {"c", 0}}).Ranked[0].Address]++
+	}
+	for _, a := range []string{"a", "b", "c"} {
+		if count[a] < 800 || count[a] > 1200 {
+			t.Errorf("%s first %d times of 3000", a, count[a])
+		}
+	}
+}
+
+func TestUnknownPicker(t *testing.T) {
+	if _, err := New("best", 0); err == nil {
+		t.Fatal("unknown picker accepted")
+	}
+}

@@ -1,0 +1,87 @@
+// Package telemetry defines kvgate's own Prometheus metrics, all named kvgate_*;
+// docs/metrics.md describes each.
+package telemetry
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+)
+
+// Latency buckets: from the sub-millisecond decisions to minutes-long generations.
+var (
+	latencyBuckets  = []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320}
+	decisionBuckets = []float64{0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1}
+)
+
+// Gateway holds the gateway's metrics on their own registry.
+type Gateway struct {
+	Registry *prometheus.Registry
+
+	Requests       *prometheus.CounterVec   // scheduler, model, endpoint, code
+	Duration       *prometheus.HistogramVec // scheduler
+	TTFT           *prometheus.HistogramVec // scheduler
+	Decision       prometheus.Histogram
+	Tokens         *prometheus.CounterVec // scheduler, kind
+	Retries        *prometheus.CounterVec // scheduler, reason
+	Shed           *prometheus.CounterVec // scheduler, reason
+	StreamErrors   *prometheus.CounterVec // scheduler
+	InFlight       *prometheus.GaugeVec   // scheduler, endpoint
+	Reloads        *prometheus.CounterVec // result
+	ConfigAccepted prometheus.Gauge
+}
+
+// NewGateway creates and registers the gateway's metrics, with Go and process
+// collectors.
+func NewGateway() *Gateway {
+	g := &Gateway{
+		Registry: prometheus.NewRegistry(),
+		Requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvgate_requests_total",
+			Help: "Requests answered, by scheduler, requested model, serving endpoint and HTTP status.",
+		}, []string{"scheduler", "model", "endpoint", "code"}),
+		Duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "kvgate_request_duration_seconds", Buckets: latencyBuckets,
+			Help: "Time from a request's arrival at the gateway to its last byte sent to the client.",
+		}, []string{"scheduler"}),
+		TTFT: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "kvgate_time_to_first_token_seconds", Buckets: latencyBuckets,
+			Help: "Time from a request's arrival to the first byte of the model server's response body (the first token when streaming).",
+		}, []string{"scheduler"}),
+		Decision: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "kvgate_decision_duration_seconds", Buckets: decisionBuckets,
+			Help: "Time from a request's arrival to the choice of its endpoint: reading the body up to the model, admission and the picker.",
+		}),
+		Tokens: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvgate_tokens_total",
+			Help: "Tokens from the usage the model servers reported, by scheduler and kind (prompt, completion).",
+		}, []string{"scheduler", "kind"}),
+		Retries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvgate_retries_total",
+			Help: "Requests sent again to the next-best endpoint before any response byte reached the client, by reason (connect, status).",
+		}, []string{"scheduler", "reason"}),
+		Shed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvgate_shed_total",
+			Help: "Requests refused by admission, by reason (no_endpoint: 503, saturated: 429).",
+		}, []string{"scheduler", "reason"}),
+		StreamErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvgate_stream_errors_total",
+			Help: "Responses that failed after bytes reached the client and were ended with an error event.",
+		}, []string{"scheduler"}),
+		InFlight: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "kvgate_endpoint_in_flight",
+			Help: "Requests in flight from this gateway to each endpoint.",
+		}, []string{"scheduler", "endpoint"}),
+		Reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvgate_config_reloads_total",
+			Help: "Configuration reloads by result (success, failure).",
+		}, []string{"result"}),
+		ConfigAccepted: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "kvgate_config_last_reload_successful",
+			Help: "1 when the last configuration read was accepted, 0 when it was rejected and the previous one still serves.",
+		}),
+	}
+	g.Registry.MustRegister(g.Requests, g.Duration, g.TTFT, g.Decision, g.Tokens, g.Retries, g.Shed, g.StreamErrors,
+		g.InFlight, g.Reloads, g.ConfigAccepted,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return g
+}
