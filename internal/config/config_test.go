@@ -49,7 +49,7 @@ func TestParseErrors(t *testing.T) {
 		name, from, to string
 		want           string // substring of the error, including file:line
 	}{
-		{"unknown field", "    weights: {queue: 2", "    wieghts: {queue: 2", "igwc.yaml:13: spec.schedulers[0].wieghts: unknown field"},
+		{"unknown field", "    weights: {queue: 2", "    scoreWeights: {queue: 2", "igwc.yaml:13: spec.schedulers[0].scoreWeights: unknown field"},
 		{"unknown top field", "  gateway:\n", "  gatewy:\n", "igwc.yaml:20: spec.gatewy: unknown field"},
 		{"wrong type", "    maxAttempts: 2", "    maxAttempts: two", `igwc.yaml:21: spec.gateway.maxAttempts: must be an integer, got "two"`},
 		{"bool type", "    enabled: true", "    enabled: yes please", "igwc.yaml:7: spec.bbr.enabled: must be true or false"},
@@ -88,7 +88,7 @@ func TestParseErrors(t *testing.T) {
 }
 
 func TestParseReportsEveryProblem(t *testing.T) {
-	doc := strings.Replace(strings.Replace(valid, "weights: {queue: 2", "wieghts: {queue: 2", 1), "queueTimeout: 500ms", "queueTimout: 500ms", 1)
+	doc := strings.Replace(strings.Replace(valid, "weights: {queue: 2", "scoreWeights: {queue: 2", 1), "queueTimeout: 500ms", "queueTimout: 500ms", 1)
 	_, err := Parse("x.yaml", []byte(doc))
 	var ce *Error
 	if !errors.As(err, &ce) || len(ce.Problems) != 2 {
