@@ -1,0 +1,359 @@
+package gateway
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/kvgate/kvgate/api/v1alpha1"
+	"github.com/kvgate/kvgate/internal/sim"
+	"github.com/kvgate/kvgate/internal/simserver"
+)
+
+func TestRoutesByModelAcrossPools(t *testing.T) {
+	_, a1 := startSim(t, llama, simserver.Options{LoRAModules: []string{"sql"}})
+	_, a2 := startSim(t, llama, simserver.Options{LoRAModules: []string{"sql"}})
+	_, b1 := startSim(t, qwen, simserver.Options{Engine: sim.Config{GPU: "h100", ModelSize: "32b", TensorParallel: 2}})
+	llamaPool := scheduler("llama", llama, a1, a2)
+	llamaPool.LoRAAdapters = []string{"sql"}
+	g, base := startGateway(t, gatewayConfig(llamaPool, scheduler("qwen", qwen, b1)))
+	c := sdk(base)
+	seen := map[string][]string{}
+	for i := range 12 {
+		model := []string{llama, qwen, "sql"}[i%3]
+		var ep string
+		resp, err := c.Chat.Completions.New(context.Background(), openai.ChatCompletionNewParams{
+			Model: model, Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("hi")}, MaxTokens: openai.Int(3),
+		}, servedBy(&ep))
+		if err != nil {
+			t.Fatalf("%s: %v", model, err)
+		}
+		if resp.Model != model {
+			t.Errorf("asked %s, answered as %s", model, resp.Model)
+		}
+		seen[model] = append(seen[model], ep)
+	}
+	for model, eps := range seen {
+		for _, ep := range eps {
+			want := []string{a1, a2}
+			if model == qwen {
+				want = []string{b1}
+			}
+			if !slices.Contains(want, ep) {
+				t.Errorf("%s served by %s, not in its pool %v", model, ep, want)
+			}
+		}
+	}
+	// The header overrides the body.
+	resp, _, _ := call(t, "POST", base+"/v1/chat/completions", chat("whatever"), "X-Gateway-Model-Name", qwen)
+	if resp.StatusCode != 404 || resp.Header.Get("X-Kvgate-Scheduler") != "qwen" {
+		t.Errorf("header override: %d via %q (qwen's server rejects the body's model)", resp.StatusCode, resp.Header.Get("X-Kvgate-Scheduler"))
+	}
+	if got := counter(t, g, "kvgate_requests_total", "scheduler", "qwen", "code", "200"); got != 4 {
+		t.Errorf("kvgate_requests_total{qwen,200} = %v, want 4", got)
+	}
+	page, err := c.Models.List(context.Background())
+	if err != nil || len(page.Data) != 3 {
+		t.Fatalf("models: %v %v", page, err)
+	}
+}
+
+// fixedSSE is an upstream that sends the same bytes every time, in irregular pieces.
+func fixedSSE(t *testing.T) (string, []byte) {
+	var body bytes.Buffer
+	for i := range 200 {
+		fmt.Fprintf(&body, "data: {\"choices\":[{\"delta\":{\"content\":\"tok%d \\u00e9\\n\"}}]}\n\n", i)
+	}
+	body.WriteString("data: {\"choices\":[],\"usage\":{\"prompt_tokens\":7,\"completion_tokens\":200,\"total_tokens\":207}}\n\ndata: [DONE]\n\n")
+	want := body.Bytes()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		rc := http.NewResponseController(w)
+		for off, step := 0, 1; off < len(want); step = step*7%97 + 1 {
+			end := min(off+step, len(want))
+			_, _ = w.Write(want[off:end])
+			_ = rc.Flush()
+			off = end
+		}
+	}))
+	t.Cleanup(srv.Close)
+	return strings.TrimPrefix(srv.URL, "http://"), want
+}
+
+func TestStreamedBytesIdenticalToDirect(t *testing.T) {
+	up, want := fixedSSE(t)
+	g, base := startGateway(t, gatewayConfig(scheduler("fixed", "m", up)))
+	direct, gotDirect, _ := call(t, "POST", "http://"+up+"/v1/chat/completions", chat("m", `"stream":true`))
+	via, gotVia, _ := call(t, "POST", base+"/v1/chat/completions", chat("m", `"stream":true`))
+	if direct.StatusCode != 200 || via.StatusCode != 200 {
+		t.Fatalf("status %d / %d", direct.StatusCode, via.StatusCode)
+	}
+	if !bytes.Equal(gotDirect, want) || !bytes.Equal(gotVia, gotDirect) {
+		t.Fatalf("bytes differ: direct %d, via gateway %d, want %d", len(gotDirect), len(gotVia), len(want))
+	}
+	if got := counter(t, g, "kvgate_tokens_total", "kind", "completion"); got != 200 {
+		t.Errorf("completion tokens from the usage chunk: %v, want 200", got)
+	}
+
+	// Against the simulator: the same seed and the same request give the same
+	// stream directly and through the gateway, apart from the timestamp.
+	_, s1 := startSim(t, llama, simserver.Options{Engine: sim.Config{GPU: "h100", ModelSize: "8b", Seed: 5}})
+	_, s2 := startSim(t, llama, simserver.Options{Engine: sim.Config{GPU: "h100", ModelSize: "8b", Seed: 5}})
+	_, viaSim := startGateway(t, gatewayConfig(scheduler("sim", llama, s2)))
+	req := chat(llama, `"stream":true`, `"stream_options":{"include_usage":true}`, `"ignore_eos":true`)
+	_, a, _ := call(t, "POST", "http://"+s1+"/v1/chat/completions", req)
+	_, b, _ := call(t, "POST", viaSim+"/v1/chat/completions", req)
+	created := func(b []byte) []byte {
+		return bytes.Join(bytes.FieldsFunc(b, func(r rune) bool { return r >= '0' && r <= '9' }), nil)
+	}
+	if !bytes.Equal(created(a), created(b)) || len(a) != len(b) {
+		t.Errorf("simulator stream differs through the gateway:\n%s\n---\n%s", a, b)
+	}
+}
+
+func TestRetriesBeforeFirstByte(t *testing.T) {
+	dead, deadAddr := startSim(t, llama, simserver.Options{})
+	failing, failingAddr := startSim(t, llama, simserver.Options{})
+	_, okAddr := startSim(t, llama, simserver.Options{})
+	if err := dead.SetFaults(simserver.Faults{RefuseConnections: true}); err != nil {
+		t.Fatal(err)
+	}
+	if err := failing.SetFaults(simserver.Faults{ErrorRate: 1, ErrorStatus: 503}); err != nil {
+		t.Fatal(err)
+	}
+	g, base := startGateway(t, gatewayConfig(scheduler("p", llama, deadAddr, failingAddr, okAddr)))
+	c := sdk(base)
+	for range 20 {
+		var ep string
+		stream := c.Chat.Completions.NewStreaming(context.Background(), openai.ChatCompletionNewParams{
+			Model: llama, Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("hi")}, MaxTokens: openai.Int(3),
+		}, servedBy(&ep))
+		for stream.Next() {
+		}
+		if err := stream.Err(); err != nil {
+			t.Fatalf("request failed despite a healthy endpoint: %v", err)
+		}
+		if ep != okAddr {
+			t.Fatalf("served by %s, want the healthy %s", ep, okAddr)
+		}
+	}
+	if c := counter(t, g, "kvgate_retries_total", "reason", "connect"); c == 0 {
+		t.Error("no retry after connection refusals")
+	}
+	if c := counter(t, g, "kvgate_retries_total", "reason", "status"); c == 0 {
+		t.Error("no retry after 503s")
+	}
+	// One attempt only: the failure reaches the client as an OpenAI error.
+	one := int32(1)
+	cfg := gatewayConfig(scheduler("p", llama, deadAddr))
+	cfg.Spec.Gateway.MaxAttempts = &one
+	_, base1 := startGateway(t, cfg)
+	if resp, _, e := call(t, "POST", base1+"/v1/chat/completions", chat(llama)); resp.StatusCode != 502 || !strings.Contains(e.Error.Message, "no endpoint could serve") {
+		t.Errorf("dead pool: %d %q", resp.StatusCode, e.Error.Message)
+	}
+}
+
+func TestKillMidStreamEndsWithError(t *testing.T) {
+	s, addr := startSim(t, llama, simserver.Options{})
+	_ = s.SetFaults(simserver.Faults{CloseMidStreamRate: 1, CloseAfterTokens: 3})
+	g, base := startGateway(t, gatewayConfig(scheduler("p", llama, addr)))
+	resp, raw, _ := call(t, "POST", base+"/v1/chat/completions", chat(llama, `"stream":true`, `"max_tokens":50`))
+	if resp.StatusCode != 200 {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	events := strings.Split(strings.TrimSpace(string(raw)), "\n\n")
+	lastEvent := events[len(events)-1]
+	if !strings.HasPrefix(lastEvent, `data: {"error":{"message":"the model server failed mid-response`) || strings.Contains(string(raw), "[DONE]") {
+		t.Fatalf("stream did not end with an error event:\n%s", raw)
+	}
+	if got := counter(t, g, "kvgate_stream_errors_total"); got != 1 {
+		t.Errorf("kvgate_stream_errors_total = %v", got)
+	}
+	// The SDK reports it as an error, not as a finished answer.
+	c := sdk(base)
+	stream := c.Chat.Completions.NewStreaming(context.Background(), openai.ChatCompletionNewParams{
+		Model: llama, Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("hi")}, MaxTokens: openai.Int(50),
+	})
+	for stream.Next() {
+	}
+	if stream.Err() == nil {
+		t.Error("SDK saw a clean end of a broken stream")
+	}
+	// No retry once bytes were sent.
+	if got := counter(t, g, "kvgate_retries_total"); got != 0 {
+		t.Errorf("retried after bytes were sent: %v", got)
+	}
+}
+
+func TestAdmission(t *testing.T) {
+	slow, slowAddr := startSim(t, llama, simserver.Options{})
+	_ = slow
+	t.Run("no endpoint", func(t *testing.T) {
+		cfg := gatewayConfig(v1alpha1.SchedulerSpec{Name: "empty", ModelName: llama, ModelSelector: &metav1.LabelSelector{}})
+		_, base := startGateway(t, cfg)
+		resp, _, e := call(t, "POST", base+"/v1/chat/completions", chat(llama))
+		if resp.StatusCode != 503 || resp.Header.Get("Retry-After") == "" || !strings.Contains(e.Error.Message, "no ready endpoint") {
+			t.Fatalf("%d Retry-After=%q %q", resp.StatusCode, resp.Header.Get("Retry-After"), e.Error.Message)
+		}
+	})
+	t.Run("saturated", func(t *testing.T) {
+		cfg := gatewayConfig(scheduler("p", llama, slowAddr))
+		one, wait := int32(1), metav1.Duration{Duration: 100 * time.Millisecond}
+		cfg.Spec.Gateway.MaxInFlightPerEndpoint, cfg.Spec.Gateway.QueueTimeout = &one, &wait
+		g, base := startGateway(t, cfg)
+		long := make(chan struct{})
+		go func() {
+			defer close(long)
+			call(t, "POST", base+"/v1/chat/completions", chat(llama, `"max_tokens":200`, `"ignore_eos":true`))
+		}()
+		eventually(t, 2*time.Second, "the long request in flight", func() bool { return counter(t, g, "kvgate_endpoint_in_flight") == 1 })
+		resp, _, e := call(t, "POST", base+"/v1/chat/completions", chat(llama))
+		if resp.StatusCode != 429 || resp.Header.Get("Retry-After") == "" {
+			t.Fatalf("saturated pool: %d %q", resp.StatusCode, e.Error.Message)
+		}
+		// A request that waits for the slot gets it once the long one ends.
+		<-long
+		if resp, _, _ := call(t, "POST", base+"/v1/chat/completions", chat(llama)); resp.StatusCode != 200 {
+			t.Fatalf("after the slot freed: %d", resp.StatusCode)
+		}
+		if got := counter(t, g, "kvgate_shed_total", "reason", "saturated"); got != 1 {
+			t.Errorf("shed counter %v", got)
+		}
+	})
+	t.Run("route timeout", func(t *testing.T) {
+		hang, hangAddr := startSim(t, llama, simserver.Options{})
+		_ = hang.SetFaults(simserver.Faults{HangRate: 1})
+		sc := scheduler("p", llama, hangAddr)
+		sc.RouteTimeout = &metav1.Duration{Duration: 200 * time.Millisecond}
+		_, base := startGateway(t, gatewayConfig(sc))
+		start := time.Now()
+		resp, _, e := call(t, "POST", base+"/v1/chat/completions", chat(llama))
+		if resp.StatusCode != 504 || time.Since(start) > 2*time.Second {
+			t.Fatalf("route timeout: %d after %v: %q", resp.StatusCode, time.Since(start), e.Error.Message)
+		}
+	})
+}
+
+func TestClientDisconnectCancelsUpstream(t *testing.T) {
+	s, addr := startSim(t, llama, simserver.Options{})
+	g, base := startGateway(t, gatewayConfig(scheduler("p", llama, addr)))
+	ctx, cancel := context.WithCancel(context.Background())
+	c := sdk(base)
+	stream := c.Chat.Completions.NewStreaming(ctx, openai.ChatCompletionNewParams{
+		Model: llama, Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("hi")}, MaxTokens: openai.Int(5000),
+	}, option.WithJSONSet("ignore_eos", true))
+	for i := 0; i < 3 && stream.Next(); i++ {
+	}
+	cancel()
+	_ = stream.Close()
+	eventually(t, 3*time.Second, "the upstream sequence to be aborted", func() bool {
+		resp, err := http.Get("http://" + s.Addr() + "/metrics")
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		m, _ := io.ReadAll(resp.Body)
+		return bytes.Contains(m, []byte(`vllm:request_success_total{engine="0",finished_reason="abort",model_name="`+llama+`"} 1`)) &&
+			bytes.Contains(m, []byte(`vllm:num_requests_running{engine="0",model_name="`+llama+`"} 0`)) &&
+			counter(t, g, "kvgate_endpoint_in_flight") == 0 && counter(t, g, "kvgate_requests_total", "code", "499") == 1
+	})
+}
+
+func TestClientCannotPickThePod(t *testing.T) {
+	got := make(chan http.Header, 1)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got <- r.Header.Clone()
+		_, _ = w.Write([]byte(`{"usage":{"prompt_tokens":1,"completion_tokens":1}}`))
+	}))
+	defer up.Close()
+	other := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { t.Error("the client's chosen pod was used") }))
+	defer other.Close()
+	addr := strings.TrimPrefix(up.URL, "http://")
+	_, base := startGateway(t, gatewayConfig(scheduler("p", "m", addr)))
+	resp, _, _ := call(t, "POST", base+"/v1/chat/completions", chat("m"),
+		"X-Gateway-Destination-Endpoint", strings.TrimPrefix(other.URL, "http://"),
+		"X-Gateway-Destination-Endpoint-Subset", "1.2.3.4:5", "X-Kvgate-Internal", "x", "X-Request-Id", "client-id-1")
+	if resp.StatusCode != 200 || resp.Header.Get("X-Kvgate-Endpoint") != addr || resp.Header.Get("X-Request-Id") != "client-id-1" {
+		t.Fatalf("%d endpoint %q id %q", resp.StatusCode, resp.Header.Get("X-Kvgate-Endpoint"), resp.Header.Get("X-Request-Id"))
+	}
+	h := <-got
+	for k := range h {
+		if strings.HasPrefix(strings.ToLower(k), "x-gateway-destination") || strings.HasPrefix(strings.ToLower(k), "x-kvgate") {
+			t.Errorf("control header %s reached the model server", k)
+		}
+	}
+	if h.Get("X-Request-Id") != "client-id-1" || h.Get("X-Forwarded-For") == "" {
+		t.Errorf("upstream headers %v", h)
+	}
+}
+
+func TestExplainHeader(t *testing.T) {
+	_, a := startSim(t, llama, simserver.Options{})
+	_, b := startSim(t, llama, simserver.Options{})
+	_, base := startGateway(t, gatewayConfig(scheduler("p", llama, a, b)))
+	resp, _, _ := call(t, "POST", base+"/v1/chat/completions", chat(llama), "X-Kvgate-Explain", "1")
+	scores := resp.Header.Get("X-Kvgate-Scores")
+	if !strings.Contains(scores, a) || !strings.Contains(scores, b) || !strings.Contains(scores, "inFlight=") {
+		t.Fatalf("x-kvgate-scores %q", scores)
+	}
+	resp, _, _ = call(t, "POST", base+"/v1/chat/completions", chat(llama))
+	if resp.Header.Get("X-Kvgate-Scores") != "" {
+		t.Error("scores sent without being asked for")
+	}
+}
+
+// Concurrent streams through one gateway all complete, and the in-flight gauge
+// returns to zero.
+func TestManyConcurrentStreams(t *testing.T) {
+	_, a := startSim(t, llama, simserver.Options{})
+	_, b := startSim(t, llama, simserver.Options{})
+	g, base := startGateway(t, gatewayConfig(scheduler("p", llama, a, b)))
+	var wg sync.WaitGroup
+	errs := make(chan error, 200)
+	for range 200 {
+		wg.Go(func() {
+			resp, err := http.Post(base+"/v1/chat/completions", "application/json", strings.NewReader(chat(llama, `"stream":true`, `"max_tokens":20`, `"ignore_eos":true`)))
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer resp.Body.Close()
+			n := 0
+			sc := bufio.NewScanner(resp.Body)
+			for sc.Scan() {
+				if strings.Contains(sc.Text(), `"content":" `) {
+					n++
+				}
+			}
+			if n != 20 {
+				errs <- fmt.Errorf("%d tokens", n)
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if got := counter(t, g, "kvgate_endpoint_in_flight"); got != 0 {
+		t.Errorf("in flight after all finished: %v", got)
+	}
+	if got := counter(t, g, "kvgate_time_to_first_token_seconds"); got != 200 {
+		t.Errorf("TTFT samples %v", got)
+	}
+}
+

@@ -1,0 +1,189 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+	dto "github.com/prometheus/client_model/go"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/kvgate/kvgate/api/v1alpha1"
+	"github.com/kvgate/kvgate/internal/simserver"
+)
+
+const (
+	llama = "meta-llama/Llama-3.1-8B-Instruct"
+	qwen  = "Qwen/Qwen2.5-32B-Instruct"
+)
+
+var quiet = slog.New(slog.DiscardHandler)
+
+// startSim runs a simulated model server for the test and returns it with its
+// address.
+func startSim(t testing.TB, model string, opts simserver.Options) (*simserver.Server, string) {
+	t.Helper()
+	opts.Model = model
+	opts.Logger = quiet
+	if opts.Engine.GPU == "" {
+		opts.Engine.GPU, opts.Engine.ModelSize = "h100", "8b"
+	}
+	s, err := simserver.New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Listen("127.0.0.1:0"); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = s.Serve(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return s, s.Addr()
+}
+
+// scheduler builds a scheduler spec over static endpoints.
+func scheduler(name, model string, endpoints ...string) v1alpha1.SchedulerSpec {
+	return v1alpha1.SchedulerSpec{Name: name, ModelName: model, Endpoints: endpoints}
+}
+
+func gatewayConfig(schedulers ...v1alpha1.SchedulerSpec) *v1alpha1.InferenceGatewayConfig {
+	return &v1alpha1.InferenceGatewayConfig{
+		TypeMeta:   metav1.TypeMeta{APIVersion: v1alpha1.APIVersion, Kind: v1alpha1.Kind},
+		ObjectMeta: metav1.ObjectMeta{Name: "test"},
+		Spec:       v1alpha1.InferenceGatewayConfigSpec{BBR: v1alpha1.BBRSpec{Enabled: true}, Schedulers: schedulers},
+	}
+}
+
+// startGateway serves a gateway with cfg over httptest and returns it and its URL.
+func startGateway(t testing.TB, cfg *v1alpha1.InferenceGatewayConfig, opts ...func(*Options)) (*Gateway, string) {
+	t.Helper()
+	o := Options{Logger: quiet}
+	for _, f := range opts {
+		f(&o)
+	}
+	g := New(o)
+	if err := g.Apply(cfg); err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewUnstartedServer(g)
+	srv.Config.MaxHeaderBytes = 64 << 10
+	srv.Start()
+	t.Cleanup(srv.Close)
+	return g, srv.URL
+}
+
+func sdk(base string, opts ...option.RequestOption) openai.Client {
+	return openai.NewClient(append([]option.RequestOption{option.WithBaseURL(base + "/v1/"), option.WithAPIKey("k"), option.WithMaxRetries(0)}, opts...)...)
+}
+
+// servedBy captures the x-kvgate-endpoint header of the response.
+func servedBy(into *string) option.RequestOption {
+	return option.WithMiddleware(func(r *http.Request, next option.MiddlewareNext) (*http.Response, error) {
+		resp, err := next(r)
+		if err == nil {
+			*into = resp.Header.Get("X-Kvgate-Endpoint")
+		}
+		return resp, err
+	})
+}
+
+// counter reads a kvgate metric with the given labels (0 when absent).
+func counter(t testing.TB, g *Gateway, name string, labels ...string) float64 {
+	t.Helper()
+	fams, err := g.m.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fams {
+		if f.GetName() != name {
+			continue
+		}
+		total := 0.0
+	metric:
+		for _, m := range f.GetMetric() {
+			have := map[string]string{}
+			for _, l := range m.GetLabel() {
+				have[l.GetName()] = l.GetValue()
+			}
+			for i := 0; i+1 < len(labels); i += 2 {
+				if have[labels[i]] != labels[i+1] {
+					continue metric
+				}
+			}
+			total += value(m)
+		}
+		return total
+	}
+	return 0
+}
+
+func value(m *dto.Metric) float64 {
+	switch {
+	case m.Counter != nil:
+		return m.GetCounter().GetValue()
+	case m.Gauge != nil:
+		return m.GetGauge().GetValue()
+	case m.Histogram != nil:
+		return float64(m.GetHistogram().GetSampleCount())
+	}
+	return 0
+}
+
+type apiError struct {
+	Error struct {
+		Message string `json:"message"`
+		Type    string `json:"type"`
+		Code    int    `json:"code"`
+	} `json:"error"`
+}
+
+// call sends a raw request and decodes an error body when the status is not 200.
+func call(t testing.TB, method, url, body string, header ...string) (*http.Response, []byte, apiError) {
+	t.Helper()
+	req, _ := http.NewRequest(method, url, strings.NewReader(body))
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	var e apiError
+	if resp.StatusCode != http.StatusOK {
+		if err := json.Unmarshal(raw, &e); err != nil || e.Error.Message == "" {
+			t.Fatalf("status %d with a body that is not an OpenAI error: %q", resp.StatusCode, raw)
+		}
+	}
+	return resp, raw, e
+}
+
+func chat(model string, extra ...string) string {
+	s := `{"model":"` + model + `","messages":[{"role":"user","content":"hello"}],"max_tokens":4`
+	for _, e := range extra {
+		s += "," + e
+	}
+	return s + "}"
+}
+
+func eventually(t testing.TB, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
