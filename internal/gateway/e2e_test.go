@@ -356,4 +356,3 @@ func TestManyConcurrentStreams(t *testing.T) {
 		t.Errorf("TTFT samples %v", got)
 	}
 }
-
