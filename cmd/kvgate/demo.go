@@ -13,9 +13,10 @@ func newDemoCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "demo",
 		Short: "Run the end-to-end demonstration on an embedded simulated fleet",
-		Long: "Starts a simulated mixed fleet (2 H100 and 2 A10G servers of an 8B model) on loopback,\n" +
-			"sends real streaming OpenAI requests to it and reports latencies, prefix-cache and LoRA\n" +
-			"behaviour, and what round-robin load balancing does to a mixed fleet. No GPU needed.",
+		Long: "Starts a simulated mixed fleet (2 H100 and 2 A10G servers of an 8B model) on loopback with\n" +
+			"kvgate's gateway in front, sends real streaming OpenAI requests and reports latencies,\n" +
+			"prefix-cache and LoRA behaviour, and what was served where under round-robin and under\n" +
+			"kvgate's picker. No GPU needed.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return demo.Run(cmd.Context(), cmd.OutOrStdout(), opts)

@@ -12,6 +12,7 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"slices"
 	"strings"
@@ -19,6 +20,10 @@ import (
 	"text/tabwriter"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/kvgate/kvgate/api/v1alpha1"
+	gw "github.com/kvgate/kvgate/internal/gateway"
 	"github.com/kvgate/kvgate/internal/sim"
 	"github.com/kvgate/kvgate/internal/simserver"
 )
@@ -62,7 +67,7 @@ func Run(ctx context.Context, out io.Writer, opts Options) error {
 	w = tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(w, "  server\tTTFT\tinter-token\ttotal")
 	for i, s := range fleet {
-		r, err := stream(ctx, s.Addr(), model, longPrompt(i, 2000), 64)
+		r, err := stream(ctx, "http://"+s.Addr(), model, longPrompt(i, 2000), 64)
 		if err != nil {
 			return fmt.Errorf("%s: %w", s.Name(), err)
 		}
@@ -72,11 +77,11 @@ func Run(ctx context.Context, out io.Writer, opts Options) error {
 
 	fmt.Fprintln(out, "\n2. The same ~6,000-token prompt twice on h100-0 (automatic prefix caching):")
 	doc := longPrompt(99, 6000)
-	cold, err := stream(ctx, fleet[0].Addr(), model, doc, 8)
+	cold, err := stream(ctx, "http://"+fleet[0].Addr(), model, doc, 8)
 	if err != nil {
 		return err
 	}
-	warm, err := stream(ctx, fleet[0].Addr(), model, doc, 8)
+	warm, err := stream(ctx, "http://"+fleet[0].Addr(), model, doc, 8)
 	if err != nil {
 		return err
 	}
@@ -84,29 +89,49 @@ func Run(ctx context.Context, out io.Writer, opts Options) error {
 		ms(cold.ttft), cold.cached, ms(warm.ttft), warm.cached)
 
 	fmt.Fprintln(out, "\n3. A LoRA adapter on h100-1 (loaded into a GPU slot on first use):")
-	first, err := stream(ctx, fleet[1].Addr(), "sql-expert", longPrompt(7, 200), 8)
+	first, err := stream(ctx, "http://"+fleet[1].Addr(), "sql-expert", longPrompt(7, 200), 8)
 	if err != nil {
 		return err
 	}
-	again, err := stream(ctx, fleet[1].Addr(), "sql-expert", longPrompt(8, 200), 8)
+	again, err := stream(ctx, "http://"+fleet[1].Addr(), "sql-expert", longPrompt(8, 200), 8)
 	if err != nil {
 		return err
 	}
 	fmt.Fprintf(out, "   first request TTFT %s (includes the adapter load), next %s\n", ms(first.ttft), ms(again.ttft))
 
-	fmt.Fprintf(out, "\n4. Round-robin across the mixed fleet, %.0f req/s for %s (what a plain load balancer does):\n", opts.Rate, opts.LoadDuration)
-	res, err := roundRobin(ctx, fleet, opts)
+	gw, err := startGateway(ctx, fleet)
 	if err != nil {
 		return err
 	}
-	w = tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(w, "  GPU\trequests\tTTFT p50\tTTFT p95\tpeak queue")
-	for _, gpu := range []string{"h100", "a10g"} {
-		r := res[gpu]
-		fmt.Fprintf(w, "  %s\t%d\t%s\t%s\t%d\n", gpu, len(r.ttfts), ms(pct(r.ttfts, 50)), ms(pct(r.ttfts, 95)), r.peakQueue)
+	fmt.Fprintf(out, "\n4. Through kvgate serve (http://%s), the same traffic twice: %.0f req/s for %s,\n", gw.addr, opts.Rate, opts.LoadDuration)
+	fmt.Fprintln(out, "   first with the round-robin picker (what a plain load balancer does), then, after a hot")
+	fmt.Fprintln(out, "   reload of the configuration, with kvgate's least-in-flight baseline picker:")
+	gpuOf := map[string]string{}
+	for _, s := range fleet {
+		gpuOf[s.Addr()] = s.Engine().GPU
 	}
-	_ = w.Flush()
-	fmt.Fprintln(out, "\n   The A10G pods queue while the H100s have room: the imbalance kvgate's GPU-aware picker removes.")
+	for _, picker := range []string{"round-robin", "least-request"} {
+		if err := gw.use(picker); err != nil {
+			return err
+		}
+		res, err := load(ctx, "http://"+gw.addr, gpuOf, fleet, opts)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(out, "\n   picker %s:\n", picker)
+		w = tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(w, "     GPU\tserved\tTTFT p50\tTTFT p95\tpeak queue")
+		for _, gpu := range []string{"h100", "a10g"} {
+			r := res[gpu]
+			fmt.Fprintf(w, "     %s\t%d\t%s\t%s\t%d\n", gpu, len(r.ttfts), ms(pct(r.ttfts, 50)), ms(pct(r.ttfts, 95)), r.peakQueue)
+		}
+		all := append(slices.Clone(res["h100"].ttfts), res["a10g"].ttfts...)
+		fmt.Fprintf(w, "     all\t%d\t%s\t%s\t\n", len(all), ms(pct(all, 50)), ms(pct(all, 95)))
+		_ = w.Flush()
+	}
+	fmt.Fprintln(out, "\n   Round-robin sends the A10G pods as much as the H100s and their queues grow; counting")
+	fmt.Fprintln(out, "   requests in flight already moves traffic to the faster pods. GPU-aware scoring (KV cache,")
+	fmt.Fprintln(out, "   queue, prefix and LoRA state scraped from every pod) builds on this.")
 	return nil
 }
 
@@ -164,17 +189,19 @@ func longPrompt(seed, n int) string {
 type result struct {
 	ttft, itl, total time.Duration
 	cached           int
+	endpoint         string // x-kvgate-endpoint, when through the gateway
 }
 
-// stream sends one streaming chat request and measures it from the client side.
-func stream(ctx context.Context, addr, model, prompt string, maxTokens int) (result, error) {
+// stream sends one streaming chat request to base (http://host:port) and measures
+// it from the client side.
+func stream(ctx context.Context, base, model, prompt string, maxTokens int) (result, error) {
 	body, _ := json.Marshal(map[string]any{
 		"model": model, "max_tokens": maxTokens, "ignore_eos": true, "stream": true,
 		"stream_options": map[string]bool{"include_usage": true},
 		"messages":       []map[string]string{{"role": "user", "content": prompt}},
 	})
 	start := time.Now()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+"/v1/chat/completions", bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/chat/completions", bytes.NewReader(body))
 	if err != nil {
 		return result{}, err
 	}
@@ -187,7 +214,7 @@ func stream(ctx context.Context, addr, model, prompt string, maxTokens int) (res
 		msg, _ := io.ReadAll(resp.Body)
 		return result{}, fmt.Errorf("status %d: %s", resp.StatusCode, msg)
 	}
-	var r result
+	r := result{endpoint: resp.Header.Get("X-Kvgate-Endpoint")}
 	var last time.Time
 	tokens := 0
 	sc := bufio.NewScanner(resp.Body)
@@ -238,9 +265,49 @@ type gpuResult struct {
 	peakQueue int
 }
 
-// roundRobin sends Poisson arrivals to the servers in turn and collects TTFT per
-// GPU kind, and the deepest queue each kind showed.
-func roundRobin(ctx context.Context, fleet []*simserver.Server, opts Options) (map[string]*gpuResult, error) {
+// gateway is kvgate serve run in-process in front of the fleet.
+type gateway struct {
+	g    *gw.Gateway
+	addr string
+	eps  []string
+}
+
+// startGateway serves kvgate's gateway on a free loopback port until ctx ends.
+func startGateway(ctx context.Context, fleet []*simserver.Server) (*gateway, error) {
+	g := gw.New(gw.Options{Logger: slog.New(slog.DiscardHandler)})
+	var eps []string
+	for _, s := range fleet {
+		eps = append(eps, s.Addr())
+	}
+	d := &gateway{g: g, eps: eps}
+	if err := d.use("round-robin"); err != nil {
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	srv := &http.Server{Handler: g, ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	go func() { <-ctx.Done(); _ = srv.Close() }()
+	d.addr = ln.Addr().String()
+	return d, nil
+}
+
+// use applies a configuration with the named picker, as a hot reload would.
+func (d *gateway) use(picker string) error {
+	return d.g.Apply(&v1alpha1.InferenceGatewayConfig{
+		TypeMeta:   metav1.TypeMeta{APIVersion: v1alpha1.APIVersion, Kind: v1alpha1.Kind},
+		ObjectMeta: metav1.ObjectMeta{Name: "demo"},
+		Spec: v1alpha1.InferenceGatewayConfigSpec{Schedulers: []v1alpha1.SchedulerSpec{{
+			Name: "llama-8b", ModelName: model, Endpoints: d.eps, Picker: picker,
+		}}},
+	})
+}
+
+// load sends Poisson arrivals through the gateway and collects TTFT per GPU of the
+// endpoint that served each request, and the deepest queue each GPU kind showed.
+func load(ctx context.Context, base string, gpuOf map[string]string, fleet []*simserver.Server, opts Options) (map[string]*gpuResult, error) {
 	rng := rand.New(rand.NewPCG(opts.Seed, 99))
 	res := map[string]*gpuResult{"h100": {}, "a10g": {}}
 	var mu sync.Mutex
@@ -271,11 +338,10 @@ func roundRobin(ctx context.Context, fleet []*simserver.Server, opts Options) (m
 		}
 	})
 	for i := 0; time.Now().Before(deadline); i++ {
-		s := fleet[i%len(fleet)]
 		prompt := longPrompt(1000+i, 1000+rng.IntN(2000))
 		out := 100 + rng.IntN(200)
 		wg.Go(func() {
-			r, err := stream(ctx, s.Addr(), model, prompt, out)
+			r, err := stream(ctx, base, model, prompt, out)
 			if err != nil {
 				select {
 				case errs <- err:
@@ -284,8 +350,9 @@ func roundRobin(ctx context.Context, fleet []*simserver.Server, opts Options) (m
 				return
 			}
 			mu.Lock()
-			g := res[s.Engine().GPU]
-			g.ttfts = append(g.ttfts, r.ttft)
+			if g := res[gpuOf[r.endpoint]]; g != nil {
+				g.ttfts = append(g.ttfts, r.ttft)
+			}
 			mu.Unlock()
 		})
 		select {
