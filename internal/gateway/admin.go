@@ -3,6 +3,7 @@ package gateway
 import (
 	"encoding/json"
 	"net/http"
+	"net/http/pprof"
 	"slices"
 	"time"
 
@@ -40,7 +41,8 @@ func (g *Gateway) serveModels(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, map[string]any{"object": "list", "data": data})
 }
 
-// AdminHandler serves /metrics, /healthz, /readyz, /debug/config and /debug/fleet.
+// AdminHandler serves /metrics, /healthz, /readyz, /debug/config, /debug/fleet and
+// /debug/pprof.
 func (g *Gateway) AdminHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(g.m.Registry, promhttp.HandlerOpts{}))
@@ -56,6 +58,10 @@ func (g *Gateway) AdminHandler() http.Handler {
 		}
 	})
 	mux.HandleFunc("GET /debug/config", g.serveDebugConfig)
+	// Go's profiler, on the admin listener only.
+	mux.HandleFunc("GET /debug/pprof/", pprof.Index)
+	mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
 	mux.HandleFunc("GET /debug/fleet", g.serveDebugFleet)
 	return mux
 }

@@ -29,7 +29,9 @@ func TestBadInput(t *testing.T) {
 		msg                     string
 	}{
 		{"malformed JSON", "POST", chatURL, `{"model":`, nil, 400, "malformed JSON"},
-		{"not JSON", "POST", chatURL, `hello`, nil, 400, "malformed JSON"},
+		{"not JSON", "POST", chatURL, `hello`, nil, 400, "must be a JSON object"},
+		{"bad literal", "POST", chatURL, `{"stream":tru,"model":"x"}`, nil, 400, "invalid literal"},
+		{"missing colon", "POST", chatURL, `{"stream" true}`, nil, 400, "expected ':'"},
 		{"array body", "POST", chatURL, `[{"model":"x"}]`, nil, 400, "must be a JSON object"},
 		{"empty body", "POST", chatURL, ``, nil, 400, "malformed JSON"},
 		{"model not a string", "POST", chatURL, `{"model":5}`, nil, 400, "'model' must be a string"},

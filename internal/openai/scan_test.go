@@ -86,3 +86,21 @@ func FuzzScanModel(f *testing.F) {
 		}
 	})
 }
+
+// BenchmarkScanModel256KB scans a 256 KB chat body whose model comes last, as the
+// OpenAI SDKs write it: the gateway's worst case.
+func BenchmarkScanModel256KB(b *testing.B) {
+	var content strings.Builder
+	for content.Len() < 256<<10 {
+		content.WriteString("The committee reviewed every clause of the agreement in detail. ")
+	}
+	body := []byte(`{"messages":[{"role":"system","content":"be brief"},{"role":"user","content":"` + content.String() + `"}],"max_tokens":1,"stream":true,"model":"m"}`)
+	b.SetBytes(int64(len(body)))
+	var consumed bytes.Buffer
+	for b.Loop() {
+		consumed.Reset()
+		if m, _, err := ScanModel(bytes.NewReader(body), &consumed); err != nil || m != "m" {
+			b.Fatal(m, err)
+		}
+	}
+}
