@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -42,7 +43,7 @@ func kvgateBinary(b *testing.B) string {
 		binPath = filepath.Join(dir, "kvgate")
 		out, err := exec.Command("go", "build", "-o", binPath, "github.com/kvgate/kvgate/cmd/kvgate").CombinedOutput()
 		if err != nil {
-			buildErr = fmt.Errorf("build: %v\n%s", err, out)
+			buildErr = fmt.Errorf("build: %w\n%s", err, out)
 		}
 	})
 	if buildErr != nil {
@@ -130,7 +131,7 @@ func send(c *http.Client, url string, body []byte, start time.Time) (timing, err
 	if resp.StatusCode != 200 {
 		return t, fmt.Errorf("status %d", resp.StatusCode)
 	}
-	if err != io.EOF {
+	if !errors.Is(err, io.EOF) {
 		return t, err
 	}
 	return t, nil
