@@ -91,19 +91,40 @@ func benchPair(b *testing.B) (sim, gw *proc) {
 		}
 		return "", false
 	}, "sim", "--listen", "127.0.0.1:0", "--model", "m", "--gpu", "h100", "--model-size", "8b", "--log-level", "warn")
+	return sim, startGatewayProc(b, sim.addr)
+}
+
+// startGatewayProc runs kvgate serve with one scheduler over upstream.
+func startGatewayProc(b *testing.B, upstream string) *proc {
 	cfg := filepath.Join(b.TempDir(), "igwc.yaml")
-	doc := fmt.Sprintf("apiVersion: gateway.kvgate.io/v1alpha1\nkind: InferenceGatewayConfig\nmetadata: {name: bench}\nspec:\n  schedulers:\n  - {name: p, modelName: m, endpoints: [%q]}\n", sim.addr)
+	doc := fmt.Sprintf("apiVersion: gateway.kvgate.io/v1alpha1\nkind: InferenceGatewayConfig\nmetadata: {name: bench}\nspec:\n  schedulers:\n  - {name: p, modelName: m, endpoints: [%q]}\n", upstream)
 	if err := os.WriteFile(cfg, []byte(doc), 0o600); err != nil {
 		b.Fatal(err)
 	}
-	gw = startProc(b, func(l string) (string, bool) {
+	return startProc(b, func(l string) (string, bool) {
 		_, after, ok := strings.Cut(l, " api=")
 		if !ok {
 			return "", false
 		}
 		return strings.Fields(after)[0], true
 	}, "serve", "--config", cfg, "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--log-level", "info")
-	return sim, gw
+}
+
+// startHelper runs this test binary as a helper process (see TestMain) with env
+// set, and returns the address it prints.
+func startHelper(b *testing.B, env string) string {
+	cmd := exec.Command(os.Args[0], "-test.run", "^$")
+	cmd.Env = append(os.Environ(), env)
+	out, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	sc := bufio.NewScanner(out)
+	if !sc.Scan() {
+		b.Fatal("helper did not start")
+	}
+	return strings.TrimSpace(sc.Text())
 }
 
 func newClient() *http.Client {
@@ -161,18 +182,7 @@ func BenchmarkAddedLatency(b *testing.B) {
 // the floor an extra Go HTTP hop costs on this machine.
 func BenchmarkAddedLatencyStdlibProxy(b *testing.B) {
 	sim, _ := benchPair(b)
-	cmd := exec.Command(os.Args[0], "-test.run", "^$")
-	cmd.Env = append(os.Environ(), stdlibProxyEnv+"="+sim.addr)
-	out, _ := cmd.StdoutPipe()
-	if err := cmd.Start(); err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	sc := bufio.NewScanner(out)
-	if !sc.Scan() {
-		b.Fatal("stdlib proxy did not start")
-	}
-	benchAddedLatency(b, sim.addr, strings.TrimSpace(sc.Text()))
+	benchAddedLatency(b, sim.addr, startHelper(b, stdlibProxyEnv+"="+sim.addr))
 }
 
 func benchAddedLatency(b *testing.B, direct, proxy string) {
@@ -188,7 +198,26 @@ func benchAddedLatency(b *testing.B, direct, proxy string) {
 // address it holds, print its own address and serve (see TestMain).
 const stdlibProxyEnv = "KVGATE_BENCH_STDLIB_PROXY"
 
+// staticUpstreamEnv makes the test binary serve one fixed small completion for
+// every request: an upstream that costs next to nothing, to find the gateway's own
+// limit.
+const staticUpstreamEnv = "KVGATE_BENCH_STATIC_UPSTREAM"
+
 func TestMain(m *testing.M) {
+	if os.Getenv(staticUpstreamEnv) != "" {
+		body := []byte(`{"id":"cmpl-1","object":"text_completion","model":"m","choices":[{"index":0,"text":" hi","finish_reason":"length"}],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}`)
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			os.Exit(1)
+		}
+		fmt.Println(ln.Addr().String())
+		_ = http.Serve(ln, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			_, _ = io.Copy(io.Discard, r.Body)
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = w.Write(body)
+		}))
+		os.Exit(0)
+	}
 	if upstream := os.Getenv(stdlibProxyEnv); upstream != "" {
 		p := httputil.NewSingleHostReverseProxy(&url.URL{Scheme: "http", Host: upstream})
 		p.FlushInterval = -1
@@ -320,16 +349,33 @@ func BenchmarkLargePromptTTFB(b *testing.B) {
 	}
 }
 
-// BenchmarkThroughput: small non-streaming requests, 64 clients in a closed loop for
-// 10 s each, first straight to the server, then through the gateway.
+// BenchmarkThroughput: small non-streaming requests, 64 clients in a closed loop
+// for 10 s per path: straight to a simulated server, through the gateway to it, and
+// through the gateway to an upstream that answers at once (the gateway's own limit
+// on this machine, shared with the clients and the upstream). It also reports the
+// gateway's CPU time per request, from /proc.
 func BenchmarkThroughput(b *testing.B) {
 	sim, gw := benchPair(b)
+	static := startHelper(b, staticUpstreamEnv+"=1")
+	gwStatic := startGatewayProc(b, static)
 	body := []byte(`{"model":"m","prompt":"hi","max_tokens":1}`)
 	const clients, seconds = 64, 10
 	for b.Loop() {
-		for _, path := range []struct{ name, base string }{{"direct", "http://" + sim.addr}, {"gateway", "http://" + gw.addr}} {
+		for _, path := range []struct {
+			name, base string
+			gw         *proc
+		}{
+			{"sim-direct", "http://" + sim.addr, nil},
+			{"sim-gateway", "http://" + gw.addr, gw},
+			{"static-direct", "http://" + static, nil},
+			{"static-gateway", "http://" + gwStatic.addr, gwStatic},
+		} {
 			var n, failures int64
 			var mu sync.Mutex
+			var cpu0 float64
+			if path.gw != nil {
+				cpu0 = procCPU(b, path.gw.cmd.Process.Pid)
+			}
 			deadline := time.Now().Add(seconds * time.Second)
 			var wg sync.WaitGroup
 			c := newClient()
@@ -352,8 +398,24 @@ func BenchmarkThroughput(b *testing.B) {
 				b.Fatalf("%s: %d requests failed", path.name, failures)
 			}
 			b.ReportMetric(float64(n)/seconds, path.name+"-req/s")
+			if path.gw != nil {
+				used := procCPU(b, path.gw.cmd.Process.Pid) - cpu0
+				b.ReportMetric(used/float64(n)*1e6, path.name+"-cpu-us/req")
+			}
 		}
 	}
+}
+
+// procCPU returns the CPU seconds (user + system) a process has used.
+func procCPU(b *testing.B, pid int) float64 {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		b.Fatal(err)
+	}
+	f := strings.Fields(string(raw[bytes.LastIndexByte(raw, ')')+2:]))
+	utime, _ := strconv.ParseFloat(f[11], 64)
+	stime, _ := strconv.ParseFloat(f[12], 64)
+	return (utime + stime) / 100 // USER_HZ
 }
 
 // BenchmarkMemory: the gateway process's resident memory with 1,000 idle
