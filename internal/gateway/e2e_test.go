@@ -356,3 +356,29 @@ func TestManyConcurrentStreams(t *testing.T) {
 		t.Errorf("TTFT samples %v", got)
 	}
 }
+
+// A scheduler with appProtocol kubernetes.io/h2c reaches its servers over HTTP/2
+// without TLS; the default is HTTP/1.1.
+func TestUpstreamProtocols(t *testing.T) {
+	up := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("X-Upstream-Proto", r.Proto)
+		_, _ = io.Copy(io.Discard, r.Body)
+		_, _ = w.Write([]byte(`{"usage":{"prompt_tokens":1,"completion_tokens":1}}`))
+	}))
+	var p http.Protocols
+	p.SetHTTP1(true)
+	p.SetUnencryptedHTTP2(true)
+	up.Config.Protocols = &p
+	up.Start()
+	defer up.Close()
+	addr := strings.TrimPrefix(up.URL, "http://")
+	h2 := scheduler("h2", "m2", addr)
+	h2.AppProtocol = v1alpha1.AppProtocolH2C
+	_, base := startGateway(t, gatewayConfig(scheduler("h1", "m1", addr), h2))
+	for model, want := range map[string]string{"m1": "HTTP/1.1", "m2": "HTTP/2.0"} {
+		resp, _, _ := call(t, "POST", base+"/v1/chat/completions", chat(model))
+		if got := resp.Header.Get("X-Upstream-Proto"); resp.StatusCode != 200 || got != want {
+			t.Errorf("%s: status %d over %q, want %s", model, resp.StatusCode, got, want)
+		}
+	}
+}
