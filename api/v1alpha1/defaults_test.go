@@ -1,0 +1,46 @@
+package v1alpha1
+
+import (
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+func TestDefaults(t *testing.T) {
+	var empty SchedulerSpec
+	var gw GatewaySpec
+	var bbr BBRSpec
+	for _, tc := range []struct {
+		name      string
+		got, want any
+	}{
+		{"port", empty.Port(), DefaultTargetPort},
+		{"picker", empty.PickerName(), "kvgate"},
+		{"h2c", empty.H2C(), false},
+		{"route timeout", empty.Timeout(), time.Duration(0)},
+		{"attempts", gw.Attempts(), DefaultMaxAttempts},
+		{"in-flight limit", gw.InFlightLimit(), 0},
+		{"queue wait", gw.QueueWait(), DefaultQueueTimeout},
+		{"connect", gw.Connect(), DefaultConnectTimeout},
+		{"header timeout", gw.HeaderTimeout(), time.Duration(0)},
+		{"retry buffer", gw.RetryBuffer(), int64(DefaultRetryBufferBytes)},
+		{"body limit", bbr.MaxBodyBytes(), int64(DefaultMaxRequestBodyBytes)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.got != tc.want {
+				t.Fatalf("got %v, want %v", tc.got, tc.want)
+			}
+		})
+	}
+	one, limit, buf := int32(1), int32(4), int64(10)
+	d := metav1.Duration{Duration: 3 * time.Second}
+	set := SchedulerSpec{TargetPort: 9000, Picker: "random", AppProtocol: AppProtocolH2C, RouteTimeout: &d}
+	gw = GatewaySpec{MaxAttempts: &one, MaxInFlightPerEndpoint: &limit, QueueTimeout: &d, ConnectTimeout: &d, ResponseHeaderTimeout: &d, RetryBufferBytes: &buf}
+	if set.Port() != 9000 || set.PickerName() != "random" || !set.H2C() || set.Timeout() != d.Duration {
+		t.Errorf("scheduler accessors ignore set fields: %+v", set)
+	}
+	if gw.Attempts() != 1 || gw.InFlightLimit() != 4 || gw.QueueWait() != d.Duration || gw.Connect() != d.Duration || gw.HeaderTimeout() != d.Duration || gw.RetryBuffer() != 10 {
+		t.Errorf("gateway accessors ignore set fields: %+v", gw)
+	}
+}
