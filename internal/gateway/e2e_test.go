@@ -382,3 +382,31 @@ func TestUpstreamProtocols(t *testing.T) {
 		}
 	}
 }
+
+// A JSON (non-streaming) answer that breaks after its headers cuts the client's
+// connection, so a truncated body is never taken for a whole one, and the endpoint's
+// in-flight count still returns to zero.
+func TestBrokenJSONBodyCutsConnection(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Content-Length", "1000")
+		_, _ = w.Write([]byte(`{"choices":[`))
+		http.NewResponseController(w).Flush()
+		panic(http.ErrAbortHandler)
+	}))
+	defer up.Close()
+	g, base := startGateway(t, gatewayConfig(scheduler("p", "m", strings.TrimPrefix(up.URL, "http://"))))
+	// The client sees an error: on the request when nothing was flushed yet, or on
+	// reading the body otherwise.
+	resp, err := http.Post(base+"/v1/chat/completions", "application/json", strings.NewReader(chat("m")))
+	if err == nil {
+		_, err = io.ReadAll(resp.Body)
+		resp.Body.Close()
+	}
+	if err == nil {
+		t.Fatal("a truncated JSON body read as complete")
+	}
+	eventually(t, 2*time.Second, "the in-flight count to return to zero", func() bool {
+		return counter(t, g, "kvgate_endpoint_in_flight") == 0 && counter(t, g, "kvgate_stream_errors_total") == 1
+	})
+}

@@ -249,11 +249,14 @@ func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Re
 			lastErr = fmt.Errorf("endpoint %s answered %s", ep.addr, resp.Status)
 			continue
 		}
+		// Deferred so that a relay that aborts the connection still releases.
+		defer func() {
+			resp.Body.Close()
+			ep.release()
+			cancel()
+			j.p.freed.signal()
+		}()
 		g.relay(ctx, w, resp, j, ep)
-		resp.Body.Close()
-		ep.release()
-		cancel()
-		j.p.freed.signal()
 		return
 	}
 	// No endpoint answered.
