@@ -171,8 +171,9 @@ func walk(n *yaml.Node, t reflect.Type, path string, out *[]Problem) {
 			walk(n.Content[i+1], t.Elem(), join(path, n.Content[i].Value), out)
 		}
 	case reflect.String:
-		if n.Kind != yaml.ScalarNode {
-			add("must be a string")
+		// An unquoted 3.10 or 0x1F would silently become "3.1" or "31".
+		if n.Kind != yaml.ScalarNode || n.Tag != "!!str" {
+			add(fmt.Sprintf("must be a string, got %q (quote it)", n.Value))
 		}
 	case reflect.Bool:
 		if n.Kind != yaml.ScalarNode || n.Tag != "!!bool" {

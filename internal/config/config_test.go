@@ -68,6 +68,7 @@ func TestParseErrors(t *testing.T) {
 		{"bad name", "  - name: qwen", "  - name: Qwen_32B", `spec.schedulers[1].name: "Qwen_32B" must be a DNS label`},
 		{"adapter clash", "[sql-expert]", "[Qwen/Qwen2.5-32B]", "is already served"},
 		{"yaml syntax", "  bbr:\n", "  bbr: [\n", "not valid YAML"},
+		{"unquoted number as string", "    modelName: Qwen/Qwen2.5-32B", "    modelName: 3.10", `igwc.yaml:16: spec.schedulers[1].modelName: must be a string, got "3.10" (quote it)`},
 		{"gateway attempts", "    maxAttempts: 2", "    maxAttempts: 0", "spec.gateway.maxAttempts: must be between 1 and 10"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

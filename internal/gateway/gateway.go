@@ -13,6 +13,7 @@ import (
 	"net"
 	"net/http"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -47,6 +48,10 @@ type Gateway struct {
 	lastErr    error
 	lastReload time.Time
 	draining   atomic.Bool
+	// freed is signalled whenever a request releases an endpoint. It lives on the
+	// gateway, not on a configuration, so that a request that started before a
+	// reload still wakes the requests waiting after it.
+	freed broadcast
 }
 
 // routes is one applied configuration, immutable once built.
@@ -65,7 +70,6 @@ type pool struct {
 	endpoints []*endpoint
 	picker    schedule.Picker
 	transport *http.Transport
-	freed     broadcast // signalled whenever a request to this pool ends
 }
 
 // endpoint is one model server as this gateway sees it.
@@ -75,7 +79,22 @@ type endpoint struct {
 	gauge    prometheus.Gauge
 }
 
-func (e *endpoint) acquire() { e.gauge.Set(float64(e.inFlight.Add(1))) }
+// tryAcquire takes an in-flight slot if the endpoint is below limit (0: no limit).
+// The check and the increment are one atomic step, so concurrent requests cannot
+// overshoot the limit.
+func (e *endpoint) tryAcquire(limit int) bool {
+	for {
+		n := e.inFlight.Load()
+		if limit > 0 && n >= int64(limit) {
+			return false
+		}
+		if e.inFlight.CompareAndSwap(n, n+1) {
+			e.gauge.Set(float64(n + 1))
+			return true
+		}
+	}
+}
+
 func (e *endpoint) release() { e.gauge.Set(float64(e.inFlight.Add(-1))) }
 
 // New returns a gateway with no configuration; it answers 503 until Apply.
@@ -127,6 +146,20 @@ func (g *Gateway) Apply(cfg *v1alpha1.InferenceGatewayConfig) error {
 			rt.byModel[a] = p
 		}
 	}
+	// Endpoints no longer configured and idle are forgotten, with their gauge.
+	keep := map[string]bool{}
+	for _, p := range rt.pools {
+		for _, e := range p.endpoints {
+			keep[p.name+"|"+e.addr] = true
+		}
+	}
+	for key, e := range g.endpoints {
+		if !keep[key] && e.inFlight.Load() == 0 {
+			name, addr, _ := strings.Cut(key, "|")
+			g.m.InFlight.DeleteLabelValues(name, addr)
+			delete(g.endpoints, key)
+		}
+	}
 	old := g.routes.Swap(rt)
 	g.lastErr, g.lastReload = nil, time.Now()
 	g.m.ConfigAccepted.Set(1)
@@ -160,7 +193,9 @@ func newTransport(gw v1alpha1.GatewaySpec, h2c bool) *http.Transport {
 		MaxIdleConns:          0, // no global cap
 		MaxIdleConnsPerHost:   1024,
 		MaxConnsPerHost:       0,
-		IdleConnTimeout:       90 * time.Second,
+		// Shorter than the keep-alive of the model servers' HTTP stacks (uvicorn: 5 s),
+		// so the gateway never sends a request on a connection the server is closing.
+		IdleConnTimeout:       4 * time.Second,
 		ResponseHeaderTimeout: gw.HeaderTimeout(),
 		DisableCompression:    true, // bodies pass through as the server sent them
 		WriteBufferSize:       32 << 10,

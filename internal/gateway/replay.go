@@ -19,6 +19,9 @@ type replayBody struct {
 	limit    int64
 	overflow bool
 	current  *replayReader
+	// clientErr is an error reading the client's body (too large, too slow, gone):
+	// a failure caused by the client, which no other endpoint can fix.
+	clientErr error
 }
 
 var errDetached = errors.New("request body: a newer attempt took over")
@@ -27,23 +30,47 @@ func newReplayBody(head []byte, rest io.Reader, limit int64) *replayBody {
 	return &replayBody{head: head, rest: rest, limit: limit}
 }
 
-// replayable reports whether a new attempt can send the whole body.
-func (b *replayBody) replayable() bool {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return !b.overflow
-}
-
-// reader starts an attempt's copy of the body. The previous attempt's reader, which
-// the transport may still be reading in another goroutine, stops with an error.
-func (b *replayBody) reader() io.ReadCloser {
+// next starts an attempt's copy of the body, or reports that the body can no
+// longer be sent whole (more of it streamed than the buffer keeps). The previous
+// attempt's reader, which the transport may still be reading in another goroutine,
+// is detached in the same step, so it cannot consume more of the body after the
+// check.
+func (b *replayBody) next() (io.ReadCloser, bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.current != nil {
 		b.current.detached = true
 	}
+	if b.overflow || b.clientErr != nil {
+		return nil, false
+	}
 	b.current = &replayReader{b: b}
-	return b.current
+	return b.current, true
+}
+
+// canReplay reports whether another attempt could still send the whole body,
+// without starting one; next makes the binding check.
+func (b *replayBody) canReplay() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return !b.overflow && b.clientErr == nil
+}
+
+// detach stops the current attempt's reader; the transport may still hold it after
+// the request is over.
+func (b *replayBody) detach() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.current != nil {
+		b.current.detached = true
+	}
+}
+
+// clientError returns the error, if any, met reading the client's body.
+func (b *replayBody) clientError() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.clientErr
 }
 
 type replayReader struct {
@@ -85,6 +112,9 @@ func (r *replayReader) Read(p []byte) (int, error) {
 		}
 	}
 	r.off += n
+	if err != nil && !errors.Is(err, io.EOF) {
+		b.clientErr = err
+	}
 	return n, err
 }
 

@@ -42,7 +42,11 @@ func Run(ctx context.Context, o ServerOptions) error {
 	}
 	o.Gateway.Logger = log
 	g := New(o.Gateway)
-	cfg, err := config.Load(o.ConfigPath)
+	initial, err := os.ReadFile(o.ConfigPath)
+	if err != nil {
+		return err
+	}
+	cfg, err := config.Parse(o.ConfigPath, initial)
 	if err != nil {
 		return err
 	}
@@ -59,7 +63,8 @@ func Run(ctx context.Context, o ServerOptions) error {
 		_ = apiLn.Close()
 		return fmt.Errorf("admin listener: %w", err)
 	}
-	api := &http.Server{Handler: g, ReadHeaderTimeout: 10 * time.Second, MaxHeaderBytes: 64 << 10, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
+	api := &http.Server{Handler: g, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10,
+		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
 	admin := &http.Server{Handler: g.AdminHandler(), ReadHeaderTimeout: 10 * time.Second}
 	errc := make(chan error, 2)
 	go func() { errc <- api.Serve(apiLn) }()
@@ -71,7 +76,7 @@ func Run(ctx context.Context, o ServerOptions) error {
 
 	watchCtx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
-	go g.watch(watchCtx, o.ConfigPath, o.Reload, log)
+	go g.watch(watchCtx, o.ConfigPath, initial, o.Reload, log)
 
 	select {
 	case <-ctx.Done():
@@ -95,9 +100,10 @@ func Run(ctx context.Context, o ServerOptions) error {
 
 // watch reloads the configuration on SIGHUP and when its file changes. Kubernetes
 // ConfigMaps swap a symlink in the file's folder, so the folder is watched.
-func (g *Gateway) watch(ctx context.Context, path string, hup <-chan os.Signal, log *slog.Logger) {
-	last, _ := os.ReadFile(path)
+func (g *Gateway) watch(ctx context.Context, path string, last []byte, hup <-chan os.Signal, log *slog.Logger) {
+
 	var events <-chan fsnotify.Event
+	var watchErrs <-chan error
 	if w, err := fsnotify.NewWatcher(); err != nil {
 		log.Warn("cannot watch the configuration file; reload with SIGHUP", "err", err)
 	} else {
@@ -105,10 +111,12 @@ func (g *Gateway) watch(ctx context.Context, path string, hup <-chan os.Signal, 
 		if err := w.Add(filepath.Dir(path)); err != nil {
 			log.Warn("cannot watch the configuration file; reload with SIGHUP", "err", err)
 		} else {
-			events = w.Events
+			events, watchErrs = w.Events, w.Errors
 		}
 	}
-	var debounce <-chan time.Time
+	// One comparison once the watch is in place catches a change made between the
+	// first read and now.
+	debounce := time.After(0)
 	for {
 		select {
 		case <-ctx.Done():
@@ -121,6 +129,11 @@ func (g *Gateway) watch(ctx context.Context, path string, hup <-chan os.Signal, 
 			}
 		case <-debounce:
 			last = g.reload(path, last, log)
+		case err := <-watchErrs:
+			// Read so that the watcher never blocks; a missed event (an inotify
+			// overflow) is made up for by reading the file again.
+			log.Warn("watching the configuration file", "err", err)
+			debounce = time.After(100 * time.Millisecond)
 		}
 	}
 }

@@ -3,6 +3,7 @@ package gateway
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -10,6 +11,7 @@ import (
 	"maps"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"slices"
 	"strconv"
@@ -70,13 +72,23 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		g.reject(w, nil, "", http.StatusServiceUnavailable, openai.TypeServer, "the gateway has no configuration yet")
 		return
 	}
+	if r.ContentLength > rt.maxBody {
+		g.reject(w, nil, "", http.StatusRequestEntityTooLarge, openai.TypeInvalidRequest, fmt.Sprintf("request body exceeds %d bytes", rt.maxBody))
+		return
+	}
 	_ = http.NewResponseController(w).SetReadDeadline(start.Add(g.opts.BodyReadTimeout))
 	body := http.MaxBytesReader(w, r.Body, rt.maxBody)
 
 	// The model: the header overrides, else the body, read only up to the model.
 	head := headPool.Get().(*bytes.Buffer)
 	head.Reset()
-	defer headPool.Put(head)
+	defer func() {
+		// A body whose model came late may have grown the buffer large; keep only
+		// modest buffers for reuse.
+		if head.Cap() <= 1<<20 {
+			headPool.Put(head)
+		}
+	}()
 	model := r.Header.Get("X-Gateway-Model-Name")
 	if model == "" {
 		m, found, err := openai.ScanModel(body, head)
@@ -92,7 +104,8 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	p := rt.byModel[model]
 	if p == nil {
-		g.reject(w, nil, model, http.StatusNotFound, openai.TypeNotFound, noMatchingModel)
+		// The model label stays empty: a client must not mint metric series.
+		g.reject(w, nil, "", http.StatusNotFound, openai.TypeNotFound, noMatchingModel)
 		return
 	}
 
@@ -103,9 +116,13 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		defer cancel()
 	}
 
-	// Admission, then the pick.
+	// Admission and the pick, which reserves the chosen endpoint's slot.
+	req := schedule.Request{Model: model}
+	if model != p.spec.ModelName {
+		req.Adapter = model
+	}
 	limit := rt.gw.InFlightLimit()
-	cands, code, msg := g.admit(ctx, p, limit, rt.gw.QueueWait())
+	decision, first, code, msg := g.choose(ctx, p, req, limit, rt.gw.QueueWait())
 	if code != 0 {
 		if code != http.StatusGatewayTimeout {
 			w.Header().Set("Retry-After", "1")
@@ -113,33 +130,43 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		g.reject(w, p, model, code, openai.TypeOverloaded, msg)
 		return
 	}
-	req := schedule.Request{Model: model}
-	if model != p.spec.ModelName {
-		req.Adapter = model
-	}
-	decision := p.picker.Pick(req, cands)
 	g.m.Decision.Observe(time.Since(start).Seconds())
 
 	rb := newReplayBody(head.Bytes(), body, rt.gw.RetryBuffer())
 	if r.ContentLength == 0 && head.Len() == 0 {
 		rb.rest = nil
 	}
+	// Runs before the head buffer goes back to the pool: a transport still holding
+	// the last attempt's reader must not read it afterwards.
+	defer rb.detach()
 	explain := r.Header.Get("X-Kvgate-Explain") == "1"
-	g.forward(ctx, w, r, forwardJob{p: p, model: model, decision: decision, body: rb, rid: rid, start: start, attempts: rt.gw.Attempts(), explain: explain, log: log, client: r.Context()})
+	g.forward(ctx, w, r, forwardJob{p: p, model: model, decision: decision, first: first, limit: limit, body: rb, rid: rid, start: start,
+		attempts: rt.gw.Attempts(), explain: explain, log: log, client: r.Context()})
 }
 
-// admit waits, up to wait, for an endpoint of p below limit. It returns the
-// candidates, or the status and message of a refusal.
-func (g *Gateway) admit(ctx context.Context, p *pool, limit int, wait time.Duration) ([]schedule.Endpoint, int, string) {
+// choose waits, up to wait, for an endpoint of p below limit, ranks the candidates
+// and reserves the best one it can. It returns the decision and the reserved
+// endpoint, or the status and message of a refusal.
+func (g *Gateway) choose(ctx context.Context, p *pool, req schedule.Request, limit int, wait time.Duration) (schedule.Decision, *endpoint, int, string) {
 	if len(p.endpoints) == 0 {
 		g.m.Shed.WithLabelValues(p.name, "no_endpoint").Inc()
-		return nil, http.StatusServiceUnavailable, fmt.Sprintf("no ready endpoint for model %q", p.spec.ModelName)
+		return schedule.Decision{}, nil, http.StatusServiceUnavailable, fmt.Sprintf("no ready endpoint for model %q", p.spec.ModelName)
 	}
 	var timer *time.Timer
+	expired := false
 	for {
-		woken := p.freed.wait()
+		woken := g.freed.wait()
 		if cands := p.snapshot(limit); len(cands) > 0 {
-			return cands, 0, ""
+			d := p.picker.Pick(req, cands)
+			for _, c := range d.Ranked {
+				if ep := p.endpoint(c.Address); ep != nil && ep.tryAcquire(limit) {
+					return d, ep, 0, ""
+				}
+			}
+		}
+		if expired {
+			g.m.Shed.WithLabelValues(p.name, "saturated").Inc()
+			return schedule.Decision{}, nil, http.StatusTooManyRequests, fmt.Sprintf("every endpoint of model %q is at its limit of %d requests in flight; retry later", p.spec.ModelName, limit)
 		}
 		if timer == nil {
 			timer = time.NewTimer(wait)
@@ -148,10 +175,9 @@ func (g *Gateway) admit(ctx context.Context, p *pool, limit int, wait time.Durat
 		select {
 		case <-woken:
 		case <-timer.C:
-			g.m.Shed.WithLabelValues(p.name, "saturated").Inc()
-			return nil, http.StatusTooManyRequests, fmt.Sprintf("every endpoint of model %q is at its limit of %d requests in flight; retry later", p.spec.ModelName, limit)
+			expired = true // one last look before refusing
 		case <-ctx.Done():
-			return nil, http.StatusGatewayTimeout, "route timeout exceeded while waiting for an endpoint"
+			return schedule.Decision{}, nil, http.StatusGatewayTimeout, "route timeout exceeded while waiting for an endpoint"
 		}
 	}
 }
@@ -191,6 +217,8 @@ type forwardJob struct {
 	p        *pool
 	model    string
 	decision schedule.Decision
+	first    *endpoint // reserved by choose
+	limit    int
 	body     *replayBody
 	rid      string
 	start    time.Time
@@ -201,7 +229,8 @@ type forwardJob struct {
 }
 
 // forward sends the request to the ranked endpoints in turn until one answers, and
-// streams that answer to the client.
+// streams that answer to the client. The first endpoint arrives reserved; a
+// fallback is used only if it has a free slot.
 func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Request, j forwardJob) {
 	ranked := j.decision.Ranked
 	if len(ranked) > j.attempts {
@@ -209,44 +238,45 @@ func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Re
 	}
 	var lastErr error
 	for i, cand := range ranked {
-		ep := j.p.endpoint(cand.Address)
-		if ep == nil {
-			continue
-		}
-		last := i == len(ranked)-1 || !j.body.replayable()
-		attemptCtx, cancel := context.WithCancel(ctx)
-		out, err := g.upstreamRequest(attemptCtx, r, j, ep)
-		if err != nil {
-			cancel()
-			lastErr = err
-			break
-		}
-		ep.acquire()
-		resp, err := j.p.transport.RoundTrip(out)
-		if err != nil {
-			ep.release()
-			cancel()
-			j.p.freed.signal()
-			lastErr = err
-			if ctx.Err() != nil {
-				break
-			}
-			if !last && j.body.replayable() {
-				g.m.Retries.WithLabelValues(j.p.name, "connect").Inc()
-				j.log.Warn("endpoint failed before responding; trying the next", "endpoint", ep.addr, "err", err)
+		ep := j.first
+		if i > 0 {
+			if ep = j.p.endpoint(cand.Address); ep == nil || !ep.tryAcquire(j.limit) {
 				continue
 			}
+		}
+		body, ok := j.body.next()
+		if !ok {
+			ep.release()
+			g.freed.signal()
 			break
 		}
-		if resp.StatusCode >= 500 && !last && j.body.replayable() {
-			_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
-			resp.Body.Close()
+		attemptCtx, cancel := context.WithCancel(ctx)
+		out := g.upstreamRequest(attemptCtx, r, j, body, ep)
+		resp, err := j.p.transport.RoundTrip(out)
+		if err == nil && resp.StatusCode >= 500 && i < len(ranked)-1 {
+			// Worth another endpoint, if the body can still be sent whole.
+			if j.body.canReplay() {
+				_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+				resp.Body.Close()
+				ep.release()
+				cancel()
+				g.freed.signal()
+				g.m.Retries.WithLabelValues(j.p.name, "status").Inc()
+				j.log.Warn("endpoint answered with a server error; trying the next", "endpoint", ep.addr, "status", resp.StatusCode)
+				lastErr = fmt.Errorf("endpoint %s answered %s", ep.addr, resp.Status)
+				continue
+			}
+		}
+		if err != nil {
 			ep.release()
 			cancel()
-			j.p.freed.signal()
-			g.m.Retries.WithLabelValues(j.p.name, "status").Inc()
-			j.log.Warn("endpoint answered with a server error; trying the next", "endpoint", ep.addr, "status", resp.StatusCode)
-			lastErr = fmt.Errorf("endpoint %s answered %s", ep.addr, resp.Status)
+			g.freed.signal()
+			lastErr = err
+			if ctx.Err() != nil || j.body.clientError() != nil {
+				break
+			}
+			g.m.Retries.WithLabelValues(j.p.name, "connect").Inc()
+			j.log.Warn("endpoint failed before responding", "endpoint", ep.addr, "err", err)
 			continue
 		}
 		// Deferred so that a relay that aborts the connection still releases.
@@ -254,41 +284,48 @@ func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Re
 			resp.Body.Close()
 			ep.release()
 			cancel()
-			j.p.freed.signal()
+			g.freed.signal()
 		}()
 		g.relay(ctx, w, resp, j, ep)
 		return
 	}
 	// No endpoint answered.
-	code, msg := http.StatusBadGateway, "no endpoint could serve the request"
+	code, typ, msg := http.StatusBadGateway, openai.TypeServer, "no endpoint could serve the request"
+	var tooBig *http.MaxBytesError
+	cerr := j.body.clientError()
 	switch {
 	case r.Context().Err() != nil:
 		g.m.Requests.WithLabelValues(j.p.name, j.model, "", "499").Inc()
 		return
+	case errors.As(cerr, &tooBig):
+		code, typ, msg = http.StatusRequestEntityTooLarge, openai.TypeInvalidRequest, fmt.Sprintf("request body exceeds %d bytes", tooBig.Limit)
+	case errors.Is(cerr, os.ErrDeadlineExceeded):
+		w.Header().Set("Connection", "close")
+		code, typ, msg = http.StatusRequestTimeout, openai.TypeInvalidRequest, "the request body did not arrive in time"
+	case cerr != nil:
+		code, typ, msg = http.StatusBadRequest, openai.TypeInvalidRequest, "reading request body: "+cerr.Error()
 	case ctx.Err() != nil:
 		code, msg = http.StatusGatewayTimeout, "route timeout exceeded before an endpoint answered"
 	case lastErr != nil:
 		msg += ": " + lastErr.Error()
 	}
-	g.reject(w, j.p, j.model, code, openai.TypeServer, msg)
+	g.reject(w, j.p, j.model, code, typ, msg)
 }
 
 // upstreamRequest builds the request to one endpoint.
-func (g *Gateway) upstreamRequest(ctx context.Context, r *http.Request, j forwardJob, ep *endpoint) (*http.Request, error) {
-	out, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+ep.addr+r.URL.RequestURI(), j.body.reader())
-	if err != nil {
-		return nil, err
-	}
-	out.ContentLength = r.ContentLength
+func (g *Gateway) upstreamRequest(ctx context.Context, r *http.Request, j forwardJob, body io.ReadCloser, ep *endpoint) *http.Request {
+	out := (&http.Request{
+		Method: http.MethodPost, URL: &url.URL{Scheme: "http", Host: ep.addr, Path: r.URL.Path, RawQuery: r.URL.RawQuery},
+		Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1, Header: make(http.Header, len(r.Header)+2), Body: body, Host: ep.addr,
+		ContentLength: r.ContentLength,
+	}).WithContext(ctx)
 	for k, vs := range r.Header {
 		if isControlHeader(k) {
 			continue
 		}
 		out.Header[k] = vs
 	}
-	for _, h := range hopHeaders {
-		out.Header.Del(h)
-	}
+	removeHopHeaders(out.Header)
 	out.Header.Set("X-Request-Id", j.rid)
 	if ip, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
 		if prior := r.Header.Get("X-Forwarded-For"); prior != "" {
@@ -296,7 +333,22 @@ func (g *Gateway) upstreamRequest(ctx context.Context, r *http.Request, j forwar
 		}
 		out.Header.Set("X-Forwarded-For", ip)
 	}
-	return out, nil
+	return out
+}
+
+// removeHopHeaders deletes the connection-level headers, including those the
+// Connection header names.
+func removeHopHeaders(h http.Header) {
+	for _, v := range h.Values("Connection") {
+		for _, name := range strings.Split(v, ",") {
+			if name = strings.TrimSpace(name); name != "" {
+				h.Del(name)
+			}
+		}
+	}
+	for _, k := range hopHeaders {
+		h.Del(k)
+	}
 }
 
 // relay streams an endpoint's response to the client, flushing server-sent events
@@ -306,9 +358,7 @@ func (g *Gateway) relay(ctx context.Context, w http.ResponseWriter, resp *http.R
 	for k, vs := range resp.Header {
 		h[k] = vs
 	}
-	for _, k := range hopHeaders {
-		h.Del(k)
-	}
+	removeHopHeaders(h)
 	h.Del("Content-Length") // the body is relayed as it comes
 	if resp.ContentLength >= 0 {
 		h.Set("Content-Length", strconv.FormatInt(resp.ContentLength, 10))
@@ -372,7 +422,8 @@ func (g *Gateway) relay(ctx context.Context, w http.ResponseWriter, resp *http.R
 			g.m.Requests.WithLabelValues(j.p.name, j.model, ep.addr, code).Inc()
 			panic(http.ErrAbortHandler)
 		}
-		fmt.Fprintf(w, "data: {\"error\":{\"message\":%q,\"type\":%q,\"param\":null,\"code\":%d}}\n\n", msg, openai.TypeServer, status)
+		event, _ := json.Marshal(openai.ErrorBody{Error: openai.ErrorDetail{Message: msg, Type: openai.TypeServer, Code: status}})
+		fmt.Fprintf(w, "data: %s\n\n", event)
 		_ = rc.Flush()
 	default:
 		obs.finish()

@@ -27,7 +27,8 @@ const scanChunk = 16 << 10
 // ScanModel reads a JSON body from r only as far as it must to find the top-level
 // "model" string, appending every byte it consumed to consumed, so that the caller
 // can send consumed and then the rest of r on unchanged. found is false when the
-// object ends without a model. The first "model" key wins.
+// object ends without a model. The first "model" key wins (a body naming the model
+// twice is not checked further: the rest of it is never read).
 //
 // Routing needs only the model, so a body whose model comes first is not held in
 // memory: the scan stops at the model and the rest streams through. The scanner
@@ -120,7 +121,7 @@ func (s *scanner) run() (string, bool, error) {
 		if err := s.expect(':'); err != nil {
 			return "", false, err
 		}
-		if string(key) == `"model"` {
+		if isModelKey(key) {
 			c, err := s.peek()
 			if err != nil {
 				return "", false, err
@@ -154,6 +155,15 @@ func (s *scanner) run() (string, bool, error) {
 			return "", false, malformed("expected ',' or '}' at byte %d, found %q", s.pos-1, c)
 		}
 	}
+}
+
+// isModelKey reports whether a raw key (with quotes) is "model", escapes decoded.
+func isModelKey(raw []byte) bool {
+	if bytes.IndexByte(raw, '\\') < 0 {
+		return string(raw) == `"model"`
+	}
+	var k string
+	return json.Unmarshal(raw, &k) == nil && k == "model"
 }
 
 // str consumes a string and returns it with its quotes, escapes undecoded. The

@@ -30,6 +30,9 @@ func TestScanModel(t *testing.T) {
 		{"empty", ``, "", false, true, true},
 		{"first key wins", `{"model":"a","model":"b"}`, "a", true, false, false},
 		{"escaped", `{"model":"a\"b\u00e9"}`, "a\"bé", true, false, false},
+		{"escaped key", `{"mod\u0065l":"k"}`, "k", true, false, false},
+		{"whitespace only", "  \n ", "", false, true, true},
+		{"numbers", `{"t":-1.5E+3,"n":1e5,"model":"n"}`, "n", true, false, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var consumed bytes.Buffer
