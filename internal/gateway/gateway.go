@@ -189,10 +189,10 @@ func (g *Gateway) Drain() { g.draining.Store(true) }
 func newTransport(gw v1alpha1.GatewaySpec, h2c bool) *http.Transport {
 	d := &net.Dialer{Timeout: gw.Connect(), KeepAlive: 30 * time.Second}
 	t := &http.Transport{
-		DialContext:           d.DialContext,
-		MaxIdleConns:          0, // no global cap
-		MaxIdleConnsPerHost:   1024,
-		MaxConnsPerHost:       0,
+		DialContext:         d.DialContext,
+		MaxIdleConns:        0, // no global cap
+		MaxIdleConnsPerHost: 1024,
+		MaxConnsPerHost:     0,
 		// Shorter than the keep-alive of the model servers' HTTP stacks (uvicorn: 5 s),
 		// so the gateway never sends a request on a connection the server is closing.
 		IdleConnTimeout:       4 * time.Second,
