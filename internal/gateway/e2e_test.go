@@ -391,7 +391,7 @@ func TestBrokenJSONBodyCutsConnection(t *testing.T) {
 		w.Header().Set("Content-Type", "application/json")
 		w.Header().Set("Content-Length", "1000")
 		_, _ = w.Write([]byte(`{"choices":[`))
-		http.NewResponseController(w).Flush()
+		_ = http.NewResponseController(w).Flush()
 		panic(http.ErrAbortHandler)
 	}))
 	defer up.Close()
