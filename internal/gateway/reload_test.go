@@ -46,6 +46,7 @@ type debugConfig struct {
 	Active   string `json:"active"`
 	Accepted bool   `json:"lastReloadAccepted"`
 	Error    string `json:"lastReloadError"`
+	When     string `json:"lastReload"`
 }
 
 func readDebugConfig(t *testing.T, admin string) debugConfig {
@@ -122,8 +123,11 @@ func TestReloadWithoutFailedRequests(t *testing.T) {
 		d := readDebugConfig(t, addrs.Admin)
 		return !d.Accepted && strings.Contains(d.Error, "unknown field") && strings.Contains(d.Active, "queue: 7")
 	})
-	hup <- os.Interrupt // a SIGHUP re-reads the same invalid file: still rejected
-	if d := readDebugConfig(t, addrs.Admin); d.Accepted {
+	// A SIGHUP re-reads the same invalid file: rejected again, at a new time.
+	before := readDebugConfig(t, addrs.Admin).When
+	hup <- os.Interrupt
+	eventually(t, 5*time.Second, "the SIGHUP to be handled", func() bool { return readDebugConfig(t, addrs.Admin).When != before })
+	if d := readDebugConfig(t, addrs.Admin); d.Accepted || !strings.Contains(d.Active, "queue: 7") {
 		t.Fatal("invalid file accepted on SIGHUP")
 	}
 	if err := os.WriteFile(path, []byte(configYAML(4, b)), 0o600); err != nil { // in place this time
@@ -153,7 +157,15 @@ func TestReloadWithoutFailedRequests(t *testing.T) {
 		n, _ := drainBody(resp)
 		streamDone <- int(n)
 	}()
-	time.Sleep(100 * time.Millisecond)
+	eventually(t, 5*time.Second, "the stream to be in flight", func() bool {
+		resp, err := http.Get("http://" + addrs.Admin + "/debug/fleet")
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return strings.Contains(string(b), `"inFlight": 1`)
+	})
 	cancel()
 	if n := <-streamDone; n < 100*100 {
 		t.Errorf("in-flight stream cut by shutdown after %d bytes", n)
