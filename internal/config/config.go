@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"reflect"
 	"regexp"
@@ -67,8 +68,17 @@ func Load(path string) (*v1alpha1.InferenceGatewayConfig, error) {
 func Parse(name string, data []byte) (*v1alpha1.InferenceGatewayConfig, error) {
 	fail := func(ps ...Problem) error { return &Error{File: name, Problems: ps} }
 	var root yaml.Node
-	if err := yaml.Unmarshal(data, &root); err != nil {
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	if err := dec.Decode(&root); err != nil && !errors.Is(err, io.EOF) {
 		return nil, fail(yamlProblem(err))
+	}
+	var second yaml.Node
+	if err := dec.Decode(&second); !errors.Is(err, io.EOF) {
+		line := second.Line
+		if err != nil {
+			return nil, fail(yamlProblem(err))
+		}
+		return nil, fail(Problem{Line: line, Message: "the file holds more than one document; kvgate reads exactly one InferenceGatewayConfig"})
 	}
 	if root.Kind == 0 || len(root.Content) == 0 {
 		return nil, fail(Problem{Message: "the document is empty"})

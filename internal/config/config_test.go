@@ -97,6 +97,13 @@ func TestParseReportsEveryProblem(t *testing.T) {
 	}
 }
 
+func TestSecondDocumentRejected(t *testing.T) {
+	_, err := Parse("two.yaml", []byte(valid+"---\n"+valid))
+	if err == nil || !strings.Contains(err.Error(), "more than one document") {
+		t.Fatalf("err = %v", err)
+	}
+}
+
 func TestEmpty(t *testing.T) {
 	for _, doc := range []string{"", "   \n", "- a\n- b\n", "just text"} {
 		if _, err := Parse("e.yaml", []byte(doc)); err == nil {
