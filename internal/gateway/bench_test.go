@@ -15,11 +15,12 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/kvgate/kvgate/internal/procstat"
 )
 
 // The benchmarks here run `kvgate sim` and `kvgate serve` as their own processes,
@@ -406,18 +407,6 @@ func BenchmarkThroughput(b *testing.B) {
 	}
 }
 
-// procCPU returns the CPU seconds (user + system) a process has used.
-func procCPU(b *testing.B, pid int) float64 {
-	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		b.Fatal(err)
-	}
-	f := strings.Fields(string(raw[bytes.LastIndexByte(raw, ')')+2:]))
-	utime, _ := strconv.ParseFloat(f[11], 64)
-	stime, _ := strconv.ParseFloat(f[12], 64)
-	return (utime + stime) / 100 // USER_HZ
-}
-
 // BenchmarkMemory: the gateway process's resident memory with 1,000 idle
 // keep-alive client connections, then with 1,000 streams in flight, per
 // connection and per stream.
@@ -469,18 +458,18 @@ func BenchmarkMemory(b *testing.B) {
 	}
 }
 
-// rss reads a process's resident set size in bytes.
-func rss(b *testing.B, pid int) int64 {
-	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+func procCPU(b *testing.B, pid int) float64 {
+	v, err := procstat.CPUSeconds(pid)
 	if err != nil {
 		b.Fatal(err)
 	}
-	for _, line := range strings.Split(string(raw), "\n") {
-		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
-			kb, _ := strconv.ParseInt(strings.Fields(v)[0], 10, 64)
-			return kb << 10
-		}
+	return v
+}
+
+func rss(b *testing.B, pid int) int64 {
+	v, err := procstat.RSSBytes(pid)
+	if err != nil {
+		b.Fatal(err)
 	}
-	b.Fatal("no VmRSS")
-	return 0
+	return v
 }

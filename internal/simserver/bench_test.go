@@ -10,12 +10,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/kvgate/kvgate/internal/procstat"
 )
 
 // BenchmarkFleetCPU measures what the simulator itself costs: one `kvgate sim`
@@ -111,15 +112,10 @@ func BenchmarkFleetCPU(b *testing.B) {
 	}
 }
 
-// procCPU returns the CPU seconds (user + system) a process has used.
 func procCPU(b *testing.B, pid int) float64 {
-	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	v, err := procstat.CPUSeconds(pid)
 	if err != nil {
 		b.Fatal(err)
 	}
-	// Fields after the command name, which is in parentheses and may hold spaces.
-	f := strings.Fields(string(raw[bytes.LastIndexByte(raw, ')')+2:]))
-	utime, _ := strconv.ParseFloat(f[11], 64)
-	stime, _ := strconv.ParseFloat(f[12], 64)
-	return (utime + stime) / 100 // USER_HZ
+	return v
 }
