@@ -319,6 +319,16 @@ func (g *Gateway) upstreamRequest(ctx context.Context, r *http.Request, j forwar
 		Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1, Header: make(http.Header, len(r.Header)+2), Body: body, Host: ep.addr,
 		ContentLength: r.ContentLength,
 	}).WithContext(ctx)
+	// Lets the client send the request again on a fresh connection when a pooled one
+	// turns out to have been closed by the server, as long as the body still fits the
+	// replay buffer.
+	out.GetBody = func() (io.ReadCloser, error) {
+		rc, ok := j.body.next()
+		if !ok {
+			return nil, errors.New("request body no longer replayable")
+		}
+		return rc, nil
+	}
 	for k, vs := range r.Header {
 		if isControlHeader(k) {
 			continue

@@ -110,6 +110,8 @@ func (s *Server) applyRequestFaults(w http.ResponseWriter, r *http.Request) bool
 		return false
 	}
 	if hang {
+		// net/http notices the client leaving only once the body has been read.
+		_, _ = io.Copy(io.Discard, http.MaxBytesReader(nil, r.Body, s.opts.MaxBodyBytes))
 		<-r.Context().Done()
 		return false
 	}
