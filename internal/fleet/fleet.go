@@ -1,0 +1,304 @@
+// Package fleet keeps a live view of model-server endpoints: one scraper per
+// endpoint reads its metrics (internal/engine), tracks staleness and health, and
+// the gateway's own dispatches between two scrapes are counted on top, so that a
+// burst arriving between scrapes does not herd onto the pod that looked idle.
+package fleet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/kvgate/kvgate/internal/engine"
+)
+
+// Config tunes the scrapers; zero fields take the defaults.
+type Config struct {
+	Interval       time.Duration  // between scrapes; default 50 ms
+	Timeout        time.Duration  // of one scrape; default 1 s
+	StaleAfter     time.Duration  // metrics older than this are stale; default 2 s
+	UnhealthyAfter int            // consecutive failures that make an endpoint unhealthy; default 3
+	Dialect        engine.Dialect // "" detects per endpoint
+	BlockSize      int            // tokens per KV block when the server does not say; default 16
+	Client         *http.Client
+	Now            func() time.Time
+}
+
+func (c Config) withDefaults() Config {
+	if c.Interval == 0 {
+		c.Interval = 50 * time.Millisecond
+	}
+	if c.Timeout == 0 {
+		c.Timeout = time.Second
+	}
+	if c.StaleAfter == 0 {
+		c.StaleAfter = 2 * time.Second
+	}
+	if c.UnhealthyAfter == 0 {
+		c.UnhealthyAfter = 3
+	}
+	if c.BlockSize == 0 {
+		c.BlockSize = 16
+	}
+	if c.Client == nil {
+		c.Client = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 2, IdleConnTimeout: 4 * time.Second}}
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	return c
+}
+
+// Snapshot is an endpoint as the picker sees it: the last scrape with the
+// gateway's own dispatches since then folded in.
+type Snapshot struct {
+	Address string
+	engine.Metrics
+	Dialect   engine.Dialect
+	Scraped   bool          // at least one scrape succeeded
+	Age       time.Duration // since the last successful scrape
+	Stale     bool
+	Healthy   bool
+	Failures  int
+	LastError string
+	// Pending counts requests dispatched after the last scrape and not yet
+	// reflected in it; they are included in Waiting and KVUsage above.
+	Pending int
+}
+
+// Fleet scrapes a set of endpoints until they are removed.
+type Fleet struct {
+	cfg Config
+
+	mu        sync.Mutex
+	endpoints map[string]*endpoint
+}
+
+// New builds an empty fleet.
+func New(cfg Config) *Fleet {
+	return &Fleet{cfg: cfg.withDefaults(), endpoints: map[string]*endpoint{}}
+}
+
+type endpoint struct {
+	addr   string
+	cancel context.CancelFunc
+	done   chan struct{}
+
+	mu        sync.Mutex
+	metrics   engine.Metrics
+	dialect   engine.Dialect
+	scrapedAt time.Time // zero until the first success
+	failures  int
+	lastErr   error
+	pending   []dispatch // dispatched after the last scrape began
+	completed int        // completions of requests dispatched before the last scrape
+	nextID    uint64
+}
+
+type dispatch struct {
+	id     uint64
+	at     time.Time
+	blocks int
+}
+
+// Ticket identifies one dispatch, for Completed.
+type Ticket struct {
+	addr string
+	id   uint64
+}
+
+// Sync makes the fleet scrape exactly addrs: scrapers start for new addresses and
+// stop, with their state purged, for addresses that left.
+func (f *Fleet) Sync(ctx context.Context, addrs []string) {
+	want := map[string]bool{}
+	for _, a := range addrs {
+		want[a] = true
+	}
+	f.mu.Lock()
+	var stopped []*endpoint
+	for a, e := range f.endpoints {
+		if !want[a] {
+			e.cancel()
+			stopped = append(stopped, e)
+			delete(f.endpoints, a)
+		}
+	}
+	for a := range want {
+		if _, ok := f.endpoints[a]; ok {
+			continue
+		}
+		ectx, cancel := context.WithCancel(ctx)
+		e := &endpoint{addr: a, cancel: cancel, done: make(chan struct{}), dialect: f.cfg.Dialect}
+		f.endpoints[a] = e
+		go f.scrapeLoop(ectx, e)
+	}
+	f.mu.Unlock()
+	for _, e := range stopped {
+		<-e.done
+	}
+}
+
+// Close stops every scraper.
+func (f *Fleet) Close() { f.Sync(context.Background(), nil) }
+
+func (f *Fleet) scrapeLoop(ctx context.Context, e *endpoint) {
+	defer close(e.done)
+	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 1))
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-timer.C:
+		}
+		err := f.scrape(ctx, e)
+		wait := f.cfg.Interval
+		if err != nil {
+			e.mu.Lock()
+			// Back off on failure, doubling up to the staleness bound.
+			for i := 1; i < e.failures && wait < f.cfg.StaleAfter; i++ {
+				wait *= 2
+			}
+			e.mu.Unlock()
+		}
+		// ±10% jitter keeps a gateway's scrapers from firing in lockstep.
+		wait += time.Duration((rng.Float64() - 0.5) * 0.2 * float64(wait))
+		timer.Reset(wait)
+	}
+}
+
+func (f *Fleet) scrape(ctx context.Context, e *endpoint) error {
+	started := f.cfg.Now()
+	ctx, cancel := context.WithTimeout(ctx, f.cfg.Timeout)
+	defer cancel()
+	m, d, err := f.fetch(ctx, e)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if err != nil {
+		if ctx.Err() != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			return err // the fleet is stopping
+		}
+		e.failures++
+		e.lastErr = err
+		return err
+	}
+	e.metrics, e.dialect, e.failures, e.lastErr = m, d, 0, nil
+	e.scrapedAt = started
+	// Dispatches before the scrape began are in the server's numbers now.
+	kept := e.pending[:0]
+	for _, p := range e.pending {
+		if p.at.After(started) {
+			kept = append(kept, p)
+		}
+	}
+	e.pending = kept
+	e.completed = 0
+	return nil
+}
+
+func (f *Fleet) fetch(ctx context.Context, e *endpoint) (engine.Metrics, engine.Dialect, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+e.addr+"/metrics", nil)
+	if err != nil {
+		return engine.Metrics{}, "", err
+	}
+	resp, err := f.cfg.Client.Do(req)
+	if err != nil {
+		return engine.Metrics{}, "", err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return engine.Metrics{}, "", fmt.Errorf("metrics answered %s", resp.Status)
+	}
+	e.mu.Lock()
+	d := e.dialect
+	e.mu.Unlock()
+	return engine.Parse(resp.Body, d)
+}
+
+// Dispatched records that the gateway sent a request of promptTokens to addr; the
+// ticket goes to Completed when the request ends.
+func (f *Fleet) Dispatched(addr string, promptTokens int) Ticket {
+	e := f.get(addr)
+	if e == nil {
+		return Ticket{}
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	bs := e.metrics.BlockSize
+	if bs == 0 {
+		bs = f.cfg.BlockSize
+	}
+	e.nextID++
+	e.pending = append(e.pending, dispatch{id: e.nextID, at: f.cfg.Now(), blocks: (promptTokens + bs - 1) / bs})
+	return Ticket{addr: addr, id: e.nextID}
+}
+
+// Completed records that the request of a ticket finished.
+func (f *Fleet) Completed(t Ticket) {
+	e := f.get(t.addr)
+	if e == nil || t.id == 0 {
+		return
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for i, p := range e.pending {
+		if p.id == t.id {
+			e.pending = append(e.pending[:i], e.pending[i+1:]...)
+			return
+		}
+	}
+	// Dispatched before the last scrape: the server still counts it as running
+	// until its next scrape.
+	e.completed++
+}
+
+func (f *Fleet) get(addr string) *endpoint {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.endpoints[addr]
+}
+
+// Snapshot returns the endpoints among addrs that the fleet knows, in order.
+func (f *Fleet) Snapshot(addrs []string) []Snapshot {
+	now := f.cfg.Now()
+	out := make([]Snapshot, 0, len(addrs))
+	for _, a := range addrs {
+		e := f.get(a)
+		if e == nil {
+			continue
+		}
+		out = append(out, e.snapshot(now, f.cfg))
+	}
+	return out
+}
+
+func (e *endpoint) snapshot(now time.Time, cfg Config) Snapshot {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	s := Snapshot{Address: e.addr, Metrics: e.metrics, Dialect: e.dialect, Scraped: !e.scrapedAt.IsZero(), Failures: e.failures, Pending: len(e.pending)}
+	if e.lastErr != nil {
+		s.LastError = e.lastErr.Error()
+	}
+	blocks := 0
+	for _, p := range e.pending {
+		blocks += p.blocks
+	}
+	// Dispatched but not yet seen by the server: queued as far as we know, holding
+	// their prompt's blocks. Finished since the last scrape: no longer running.
+	s.Waiting += float64(len(e.pending))
+	s.Running = max(0, s.Running-float64(e.completed))
+	if s.NumBlocks > 0 {
+		s.KVUsage = min(1, s.KVUsage+float64(blocks)/float64(s.NumBlocks))
+	}
+	if s.Scraped {
+		s.Age = now.Sub(e.scrapedAt)
+	}
+	s.Stale = !s.Scraped || s.Age > cfg.StaleAfter
+	s.Healthy = s.Scraped && s.Failures < cfg.UnhealthyAfter
+	return s
+}

@@ -1,0 +1,131 @@
+package fleet
+
+import (
+	"context"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvgate/kvgate/internal/sim"
+	"github.com/kvgate/kvgate/internal/simserver"
+)
+
+func startSim(t *testing.T, cfg sim.Config) *simserver.Server {
+	t.Helper()
+	s, err := simserver.New(simserver.Options{Model: "m", Engine: cfg, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Listen("127.0.0.1:0"); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = s.Serve(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return s
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func TestScrapesFollowTheServer(t *testing.T) {
+	s := startSim(t, sim.Config{GPU: "h100", ModelSize: "8b", MaxNumSeqs: 2, NumGPUBlocks: 4000})
+	f := New(Config{Interval: 20 * time.Millisecond})
+	defer f.Close()
+	f.Sync(context.Background(), []string{s.Addr()})
+	snap := func() Snapshot { return f.Snapshot([]string{s.Addr()})[0] }
+	waitFor(t, "the first scrape", func() bool { return snap().Scraped })
+	if got := snap(); !got.Healthy || got.Stale || got.NumBlocks != 4000 || got.BlockSize != 16 || got.Dialect != "vllm" {
+		t.Fatalf("first snapshot %+v", got)
+	}
+	var wg sync.WaitGroup
+	for range 5 {
+		wg.Go(func() {
+			body := `{"model":"m","prompt":"` + strings.Repeat("word ", 400) + `","max_tokens":100,"ignore_eos":true}`
+			if resp, err := http.Post("http://"+s.Addr()+"/v1/completions", "application/json", strings.NewReader(body)); err == nil {
+				resp.Body.Close()
+			}
+		})
+	}
+	waitFor(t, "load in the scraped metrics", func() bool { g := snap(); return g.Running == 2 && g.Waiting == 3 && g.KVUsage > 0 })
+	wg.Wait()
+	waitFor(t, "the load to drain", func() bool { g := snap(); return g.Running == 0 && g.Waiting == 0 })
+}
+
+func TestFailingEndpointTurnsUnhealthyAndStale(t *testing.T) {
+	s := startSim(t, sim.Config{GPU: "h100", ModelSize: "8b"})
+	now := time.Now()
+	var mu sync.Mutex
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	advance := func(d time.Duration) { mu.Lock(); now = now.Add(d); mu.Unlock() }
+	f := New(Config{Interval: 10 * time.Millisecond, Timeout: 200 * time.Millisecond, Now: clock})
+	defer f.Close()
+	f.Sync(context.Background(), []string{s.Addr()})
+	snap := func() Snapshot { return f.Snapshot([]string{s.Addr()})[0] }
+	waitFor(t, "the first scrape", func() bool { return snap().Healthy })
+	if err := s.SetFaults(simserver.Faults{RefuseConnections: true}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "three failed scrapes", func() bool { return !snap().Healthy })
+	if g := snap(); g.Stale || g.LastError == "" {
+		t.Fatalf("unhealthy but not yet stale expected: %+v", g)
+	}
+	advance(3 * time.Second)
+	if g := snap(); !g.Stale || g.Age < 3*time.Second {
+		t.Fatalf("3 s without a scrape and not stale: %+v", g)
+	}
+	_ = s.SetFaults(simserver.Faults{})
+	waitFor(t, "recovery", func() bool { g := snap(); return g.Healthy && !g.Stale })
+}
+
+// Dispatches between two scrapes count toward the queue and KV until the server's
+// own metrics show them; completions of requests the server already counted lower
+// the running estimate.
+func TestInFlightAccounting(t *testing.T) {
+	s := startSim(t, sim.Config{GPU: "h100", ModelSize: "8b", NumGPUBlocks: 1000})
+	f := New(Config{Interval: time.Hour}) // one scrape, at start
+	defer f.Close()
+	f.Sync(context.Background(), []string{s.Addr()})
+	snap := func() Snapshot { return f.Snapshot([]string{s.Addr()})[0] }
+	waitFor(t, "the first scrape", func() bool { return snap().Scraped })
+	var tickets []Ticket
+	for range 10 {
+		tickets = append(tickets, f.Dispatched(s.Addr(), 1600)) // 100 blocks each
+	}
+	if g := snap(); g.Waiting != 10 || g.Pending != 10 || g.KVUsage != 1 {
+		t.Fatalf("after 10 dispatches of 100 blocks into 1000: %+v", g)
+	}
+	for _, tk := range tickets[:4] {
+		f.Completed(tk)
+	}
+	if g := snap(); g.Waiting != 6 || g.KVUsage < 0.59 || g.KVUsage > 0.61 {
+		t.Fatalf("after 4 completions: waiting %v KV %v", g.Waiting, g.KVUsage)
+	}
+	f.Completed(Ticket{}) // unknown tickets are ignored
+	f.Sync(context.Background(), nil)
+	if got := f.Snapshot([]string{s.Addr()}); len(got) != 0 {
+		t.Fatal("removed endpoint still reported")
+	}
+}
+
+// A server scraped in the wrong dialect fails its scrapes rather than reading as
+// idle.
+func TestWrongDialectFails(t *testing.T) {
+	s := startSim(t, sim.Config{GPU: "h100", ModelSize: "8b"})
+	f := New(Config{Interval: 10 * time.Millisecond, Dialect: "sglang"}) // the wrong dialect for a vLLM server
+	defer f.Close()
+	f.Sync(context.Background(), []string{s.Addr()})
+	waitFor(t, "failures", func() bool { g := f.Snapshot([]string{s.Addr()})[0]; return g.Failures >= 3 && !g.Healthy })
+}
