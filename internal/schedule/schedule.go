@@ -22,6 +22,7 @@ type Endpoint struct {
 	// InFlight counts the requests this gateway has sent to the endpoint and not
 	// yet seen finish.
 	InFlight int
+	Signals
 }
 
 // Candidate is an endpoint with its score; higher is better.

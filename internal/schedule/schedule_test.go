@@ -20,9 +20,9 @@ func TestLeastRequest(t *testing.T) {
 		first string
 		last  string
 	}{
-		{"fewest first", []Endpoint{{"a", 5}, {"b", 1}, {"c", 3}}, "b", "a"},
-		{"single", []Endpoint{{"a", 9}}, "a", "a"},
-		{"zero load wins", []Endpoint{{"a", 0}, {"b", 2}}, "a", "b"},
+		{"fewest first", []Endpoint{{Address: "a", InFlight: 5}, {Address: "b", InFlight: 1}, {Address: "c", InFlight: 3}}, "b", "a"},
+		{"single", []Endpoint{{Address: "a", InFlight: 9}}, "a", "a"},
+		{"zero load wins", []Endpoint{{Address: "a", InFlight: 0}, {Address: "b", InFlight: 2}}, "a", "b"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			d := p.Pick(Request{}, tc.eps)
@@ -40,7 +40,7 @@ func TestLeastRequest(t *testing.T) {
 	// Ties are broken at random: over many picks every tied endpoint leads.
 	seen := map[string]bool{}
 	for range 200 {
-		seen[p.Pick(Request{}, []Endpoint{{"a", 1}, {"b", 1}, {"c", 1}}).Ranked[0].Address] = true
+		seen[p.Pick(Request{}, []Endpoint{{Address: "a", InFlight: 1}, {Address: "b", InFlight: 1}, {Address: "c", InFlight: 1}}).Ranked[0].Address] = true
 	}
 	if len(seen) != 3 {
 		t.Errorf("tie-break led with only %v", seen)
@@ -49,7 +49,7 @@ func TestLeastRequest(t *testing.T) {
 
 func TestRoundRobin(t *testing.T) {
 	p, _ := New("round-robin", 0)
-	eps := []Endpoint{{"a", 0}, {"b", 0}, {"c", 0}}
+	eps := []Endpoint{{Address: "a", InFlight: 0}, {Address: "b", InFlight: 0}, {Address: "c", InFlight: 0}}
 	var firsts []string
 	for range 6 {
 		d := p.Pick(Request{}, eps)
@@ -70,7 +70,7 @@ func TestRandom(t *testing.T) {
 	p, _ := New("random", 3)
 	count := map[string]int{}
 	for range 3000 {
-		count[p.Pick(Request{}, []Endpoint{{"a", 0}, {"b", 0}, {"c", 0}}).Ranked[0].Address]++
+		count[p.Pick(Request{}, []Endpoint{{Address: "a", InFlight: 0}, {Address: "b", InFlight: 0}, {Address: "c", InFlight: 0}}).Ranked[0].Address]++
 	}
 	for _, a := range []string{"a", "b", "c"} {
 		if count[a] < 800 || count[a] > 1200 {

@@ -1,0 +1,101 @@
+package schedule
+
+import (
+	"slices"
+	"testing"
+
+	"github.com/kvgate/kvgate/internal/engine"
+)
+
+func ep(addr string, m engine.Metrics) Endpoint {
+	return Endpoint{Address: addr, Signals: Signals{Metrics: m, HasMetrics: true, Healthy: true}}
+}
+
+func TestScorers(t *testing.T) {
+	lora := func(max int, running, waiting []string) engine.Metrics {
+		return engine.Metrics{HasLoRA: true, MaxLoRA: max, RunningAdapters: running, WaitingAdapters: waiting}
+	}
+	for _, tc := range []struct {
+		name   string
+		scorer Scorer
+		req    Request
+		eps    []Endpoint
+		want   []float64
+	}{
+		{"kv cache", KVCache{}, Request{}, []Endpoint{ep("a", engine.Metrics{KVUsage: 0}), ep("b", engine.Metrics{KVUsage: 0.75}), ep("c", engine.Metrics{KVUsage: 1.2})}, []float64{1, 0.25, 0}},
+		{"queue min-max", Queue{}, Request{}, []Endpoint{ep("a", engine.Metrics{Waiting: 0}), ep("b", engine.Metrics{Waiting: 5}), ep("c", engine.Metrics{Waiting: 10})}, []float64{1, 0.5, 0}},
+		{"queue all equal", Queue{}, Request{}, []Endpoint{ep("a", engine.Metrics{Waiting: 3}), ep("b", engine.Metrics{Waiting: 3})}, []float64{1, 1}},
+		{"running min-max", RunningRequests{}, Request{}, []Endpoint{ep("a", engine.Metrics{Running: 8}), ep("b", engine.Metrics{Running: 2})}, []float64{0, 1}},
+		{"lora resident, free slot, waiting, none", LoRAAffinity{}, Request{Adapter: "x"}, []Endpoint{
+			ep("a", lora(2, []string{"x"}, nil)),
+			ep("b", lora(2, []string{"y"}, nil)),
+			ep("c", lora(2, []string{"y"}, []string{"x"})),
+			ep("d", lora(1, []string{"y"}, nil)),
+		}, []float64{1, 0.8, 0.6, 0}},
+		{"lora base model", LoRAAffinity{}, Request{}, []Endpoint{ep("a", lora(1, []string{"y"}, nil))}, []float64{1}},
+		{"prefix", Prefix{}, Request{}, []Endpoint{{Address: "a", Signals: Signals{PrefixMatch: 0.5}}, {Address: "b", Signals: Signals{PrefixMatch: 2}}}, []float64{0.5, 1}},
+		{"empty", Queue{}, Request{}, nil, []float64{}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := tc.scorer.Score(tc.req, tc.eps)
+			if !slices.Equal(got, tc.want) {
+				t.Fatalf("%s scores %v, want %v", tc.scorer.Name(), got, tc.want)
+			}
+		})
+	}
+}
+
+func TestWeightedPicker(t *testing.T) {
+	p := NewWeighted(GIEDefault, Thresholds{}, 1)
+	for _, tc := range []struct {
+		name  string
+		req   Request
+		eps   []Endpoint
+		first string
+		n     int
+	}{
+		{"emptier KV and queue wins", Request{}, []Endpoint{
+			ep("busy", engine.Metrics{Waiting: 4, KVUsage: 0.7}), ep("idle", engine.Metrics{Waiting: 0, KVUsage: 0.1}),
+		}, "idle", 2},
+		{"prefix outweighs a little load", Request{}, []Endpoint{
+			{Address: "cold", Signals: Signals{Healthy: true, Metrics: engine.Metrics{Waiting: 0, KVUsage: 0.1}}},
+			{Address: "warm", Signals: Signals{Healthy: true, PrefixMatch: 1, Metrics: engine.Metrics{Waiting: 1, KVUsage: 0.3}}},
+		}, "warm", 2},
+		{"unhealthy dropped", Request{}, []Endpoint{
+			{Address: "down", Signals: Signals{Healthy: false}}, ep("up", engine.Metrics{Waiting: 3, KVUsage: 0.5}),
+		}, "up", 1},
+		{"stale dropped while a fresh one exists", Request{}, []Endpoint{
+			{Address: "stale", Signals: Signals{Healthy: true, Stale: true}}, ep("fresh", engine.Metrics{Waiting: 4}),
+		}, "fresh", 1},
+		{"saturated dropped", Request{}, []Endpoint{
+			ep("full", engine.Metrics{KVUsage: 0.95}), ep("ok", engine.Metrics{Waiting: 4, KVUsage: 0.5}),
+		}, "ok", 1},
+		{"all saturated: fail open", Request{}, []Endpoint{
+			ep("x", engine.Metrics{Waiting: 9}), ep("y", engine.Metrics{Waiting: 7}),
+		}, "y", 2},
+		{"all stale: fail open", Request{}, []Endpoint{
+			{Address: "s1", Signals: Signals{Healthy: true, Stale: true}}, {Address: "s2", Signals: Signals{Healthy: true, Stale: true}},
+		}, "", 2},
+		{"adapter capacity", Request{Adapter: "x"}, []Endpoint{
+			ep("full", engine.Metrics{HasLoRA: true, MaxLoRA: 1, RunningAdapters: []string{"y"}}),
+			ep("room", engine.Metrics{HasLoRA: true, MaxLoRA: 2, RunningAdapters: []string{"y"}, Waiting: 3}),
+		}, "room", 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := p.Pick(tc.req, tc.eps)
+			if len(d.Ranked) != tc.n || (tc.first != "" && d.Ranked[0].Address != tc.first) {
+				t.Fatalf("ranked %+v, want %d led by %q", d.Ranked, tc.n, tc.first)
+			}
+			for i := 1; i < len(d.Ranked); i++ {
+				if d.Ranked[i].Score > d.Ranked[i-1].Score {
+					t.Fatal("not sorted by score")
+				}
+			}
+		})
+	}
+	// Explanations carry each scorer's score.
+	d := p.Pick(Request{}, []Endpoint{ep("a", engine.Metrics{KVUsage: 0.5})})
+	if s := d.Ranked[0].Scores; s["kvCache"] != 0.5 || s["queue"] != 1 || len(s) != 3 || d.Ranked[0].Score != 2*0.5+2*1 {
+		t.Fatalf("scores %+v total %v", s, d.Ranked[0].Score)
+	}
+}
