@@ -105,12 +105,13 @@ func Run(ctx context.Context, out io.Writer, opts Options) error {
 	}
 	fmt.Fprintf(out, "\n4. Through kvgate serve (http://%s), the same traffic twice: %.0f req/s for %s,\n", gw.addr, opts.Rate, opts.LoadDuration)
 	fmt.Fprintln(out, "   first with the round-robin picker (what a plain load balancer does), then, after a hot")
-	fmt.Fprintln(out, "   reload of the configuration, with kvgate's least-in-flight baseline picker:")
+	fmt.Fprintln(out, "   reload of the configuration, with kvgate's GPU-aware picker (scraped queue and KV cache,")
+	fmt.Fprintln(out, "   its own dispatches counted between scrapes, GIE default weights):")
 	gpuOf := map[string]string{}
 	for _, s := range fleet {
 		gpuOf[s.Addr()] = s.Engine().GPU
 	}
-	for _, picker := range []string{"round-robin", "least-request"} {
+	for _, picker := range []string{"round-robin", "kvgate"} {
 		if err := gw.use(picker); err != nil {
 			return err
 		}
@@ -129,9 +130,8 @@ func Run(ctx context.Context, out io.Writer, opts Options) error {
 		fmt.Fprintf(w, "     all\t%d\t%s\t%s\t\n", len(all), ms(pct(all, 50)), ms(pct(all, 95)))
 		_ = w.Flush()
 	}
-	fmt.Fprintln(out, "\n   Round-robin sends the A10G pods as much as the H100s and their queues grow; counting")
-	fmt.Fprintln(out, "   requests in flight already moves traffic to the faster pods. GPU-aware scoring (KV cache,")
-	fmt.Fprintln(out, "   queue, prefix and LoRA state scraped from every pod) builds on this.")
+	fmt.Fprintln(out, "\n   Round-robin sends the A10G pods as much as the H100s and their queues grow; kvgate reads")
+	fmt.Fprintln(out, "   every pod's queue and KV cache and sends the work where it will start soonest.")
 	return nil
 }
 
@@ -289,7 +289,7 @@ func startGateway(ctx context.Context, fleet []*simserver.Server) (*gateway, err
 	}
 	srv := &http.Server{Handler: g, ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = srv.Serve(ln) }()
-	go func() { <-ctx.Done(); _ = srv.Close() }()
+	go func() { <-ctx.Done(); _ = srv.Close(); g.Close() }()
 	d.addr = ln.Addr().String()
 	return d, nil
 }

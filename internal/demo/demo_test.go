@@ -15,7 +15,7 @@ func TestDemoReports(t *testing.T) {
 		t.Fatal(err)
 	}
 	report := out.String()
-	for _, want := range []string{"h100-0", "h100-1", "a10g-0", "a10g-1", "cached tokens", "LoRA", "TTFT p95", "picker round-robin:", "picker least-request:"} {
+	for _, want := range []string{"h100-0", "h100-1", "a10g-0", "a10g-1", "cached tokens", "LoRA", "TTFT p95", "picker round-robin:", "picker kvgate:"} {
 		if !strings.Contains(report, want) {
 			t.Errorf("report lacks %q:\n%s", want, report)
 		}

@@ -97,6 +97,17 @@ type fleetView struct {
 type endpointView struct {
 	Address  string `json:"address"`
 	InFlight int64  `json:"inFlight"`
+	// From the endpoint's scraped metrics, with this gateway's dispatches since the
+	// last scrape folded into waiting and KV usage.
+	Scraped   bool    `json:"scraped"`
+	Healthy   bool    `json:"healthy"`
+	Stale     bool    `json:"stale"`
+	AgeMs     float64 `json:"ageMs"`
+	Dialect   string  `json:"dialect,omitempty"`
+	Waiting   float64 `json:"waiting"`
+	Running   float64 `json:"running"`
+	KVUsage   float64 `json:"kvUsage"`
+	LastError string  `json:"lastError,omitempty"`
 }
 
 func (g *Gateway) serveDebugFleet(w http.ResponseWriter, _ *http.Request) {
@@ -105,7 +116,13 @@ func (g *Gateway) serveDebugFleet(w http.ResponseWriter, _ *http.Request) {
 		for _, p := range rt.pools {
 			v := fleetView{Scheduler: p.name, Model: p.spec.ModelName, Adapters: slices.Clone(p.spec.LoRAAdapters), Picker: p.spec.PickerName(), Endpoints: []endpointView{}}
 			for _, e := range p.endpoints {
-				v.Endpoints = append(v.Endpoints, endpointView{Address: e.addr, InFlight: e.inFlight.Load()})
+				ev := endpointView{Address: e.addr, InFlight: e.inFlight.Load()}
+				if snaps := g.fleet.Snapshot([]string{e.addr}); len(snaps) == 1 {
+					sn := snaps[0]
+					ev.Scraped, ev.Healthy, ev.Stale, ev.AgeMs = sn.Scraped, sn.Healthy, sn.Stale, float64(sn.Age.Microseconds())/1000
+					ev.Dialect, ev.Waiting, ev.Running, ev.KVUsage, ev.LastError = string(sn.Dialect), sn.Waiting, sn.Running, sn.KVUsage, sn.LastError
+				}
+				v.Endpoints = append(v.Endpoints, ev)
 			}
 			out = append(out, v)
 		}

@@ -80,6 +80,9 @@ func fixedSSE(t *testing.T) (string, []byte) {
 	body.WriteString("data: {\"choices\":[],\"usage\":{\"prompt_tokens\":7,\"completion_tokens\":200,\"total_tokens\":207}}\n\ndata: [DONE]\n\n")
 	want := body.Bytes()
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if notMetrics(w, r) {
+			return
+		}
 		_, _ = io.Copy(io.Discard, r.Body)
 		w.Header().Set("Content-Type", "text/event-stream")
 		rc := http.NewResponseController(w)
@@ -135,7 +138,11 @@ func TestRetriesBeforeFirstByte(t *testing.T) {
 	if err := failing.SetFaults(simserver.Faults{ErrorRate: 1, ErrorStatus: 503}); err != nil {
 		t.Fatal(err)
 	}
-	g, base := startGateway(t, gatewayConfig(scheduler("p", llama, deadAddr, failingAddr, okAddr)))
+	// The least-request picker keeps trying the broken endpoints; the GPU-aware one
+	// would stop choosing them once their scrapes fail (TestGPUAwarePicking).
+	sc := scheduler("p", llama, deadAddr, failingAddr, okAddr)
+	sc.Picker = "least-request"
+	g, base := startGateway(t, gatewayConfig(sc))
 	c := sdk(base)
 	for range 20 {
 		var ep string
@@ -276,11 +283,19 @@ func TestClientDisconnectCancelsUpstream(t *testing.T) {
 func TestClientCannotPickThePod(t *testing.T) {
 	got := make(chan http.Header, 1)
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if notMetrics(w, r) {
+			return
+		}
 		got <- r.Header.Clone()
 		_, _ = w.Write([]byte(`{"usage":{"prompt_tokens":1,"completion_tokens":1}}`))
 	}))
 	defer up.Close()
-	other := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { t.Error("the client's chosen pod was used") }))
+	other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if notMetrics(w, r) {
+			return
+		}
+		t.Error("the client's chosen pod was used")
+	}))
 	defer other.Close()
 	addr := strings.TrimPrefix(up.URL, "http://")
 	_, base := startGateway(t, gatewayConfig(scheduler("p", "m", addr)))
@@ -307,7 +322,7 @@ func TestExplainHeader(t *testing.T) {
 	_, base := startGateway(t, gatewayConfig(scheduler("p", llama, a, b)))
 	resp, _, _ := call(t, "POST", base+"/v1/chat/completions", chat(llama), "X-Kvgate-Explain", "1")
 	scores := resp.Header.Get("X-Kvgate-Scores")
-	if !strings.Contains(scores, a) || !strings.Contains(scores, b) || !strings.Contains(scores, "inFlight=") {
+	if !strings.Contains(scores, a) || !strings.Contains(scores, b) || !strings.Contains(scores, "kvCache=") || !strings.Contains(scores, "queue=") {
 		t.Fatalf("x-kvgate-scores %q", scores)
 	}
 	resp, _, _ = call(t, "POST", base+"/v1/chat/completions", chat(llama))
@@ -361,6 +376,9 @@ func TestManyConcurrentStreams(t *testing.T) {
 // without TLS; the default is HTTP/1.1.
 func TestUpstreamProtocols(t *testing.T) {
 	up := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if notMetrics(w, r) {
+			return
+		}
 		w.Header().Set("X-Upstream-Proto", r.Proto)
 		_, _ = io.Copy(io.Discard, r.Body)
 		_, _ = w.Write([]byte(`{"usage":{"prompt_tokens":1,"completion_tokens":1}}`))
@@ -388,6 +406,9 @@ func TestUpstreamProtocols(t *testing.T) {
 // in-flight count still returns to zero.
 func TestBrokenJSONBodyCutsConnection(t *testing.T) {
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if notMetrics(w, r) {
+			return
+		}
 		w.Header().Set("Content-Type", "application/json")
 		w.Header().Set("Content-Length", "1000")
 		_, _ = w.Write([]byte(`{"choices":[`))
@@ -409,4 +430,47 @@ func TestBrokenJSONBodyCutsConnection(t *testing.T) {
 	eventually(t, 2*time.Second, "the in-flight count to return to zero", func() bool {
 		return counter(t, g, "kvgate_endpoint_in_flight") == 0 && counter(t, g, "kvgate_stream_errors_total") == 1
 	})
+}
+
+// The GPU-aware picker counts its own dispatches between scrapes: a burst arriving
+// faster than the 50 ms scrape interval spreads over the pool instead of herding
+// onto the endpoint that looked idlest at the last scrape.
+func TestGPUAwarePicking(t *testing.T) {
+	_, idle := startSim(t, llama, simserver.Options{})
+	_, busy := startSim(t, llama, simserver.Options{})
+	g, base := startGateway(t, gatewayConfig(scheduler("p", llama, idle, busy)))
+	// Two long requests on busy, sent to it directly: it looks busier than idle.
+	for range 2 {
+		go func() {
+			resp, err := http.Post("http://"+busy+"/v1/chat/completions", "application/json", strings.NewReader(chat(llama, `"max_tokens":3000`, `"ignore_eos":true`)))
+			if err == nil {
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+		}()
+	}
+	eventually(t, 3*time.Second, "both endpoints scraped, busy running 2", func() bool {
+		s := g.fleet.Snapshot([]string{idle, busy})
+		return len(s) == 2 && s[0].Scraped && s[1].Running == 2
+	})
+	var mu sync.Mutex
+	served := map[string]int{}
+	var wg sync.WaitGroup
+	for range 20 {
+		wg.Go(func() {
+			resp, err := http.Post(base+"/v1/chat/completions", "application/json", strings.NewReader(chat(llama, `"max_tokens":50`, `"ignore_eos":true`)))
+			if err != nil {
+				return
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			mu.Lock()
+			served[resp.Header.Get("X-Kvgate-Endpoint")]++
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	if served[idle]+served[busy] != 20 || served[busy] < 3 || served[idle] < served[busy] {
+		t.Fatalf("burst of 20 split %d idle / %d busy: want most on the idle pod but not all", served[idle], served[busy])
+	}
 }

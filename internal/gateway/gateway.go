@@ -6,6 +6,7 @@
 package gateway
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
@@ -21,6 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvgate/kvgate/api/v1alpha1"
+	"github.com/kvgate/kvgate/internal/fleet"
 	"github.com/kvgate/kvgate/internal/schedule"
 	"github.com/kvgate/kvgate/internal/telemetry"
 )
@@ -33,6 +35,8 @@ type Options struct {
 	// trickles its body gets 408 instead of holding a connection forever.
 	BodyReadTimeout time.Duration
 	Seed            uint64
+	// Fleet tunes the metric scrapers (interval, staleness, ...).
+	Fleet fleet.Config
 }
 
 // Gateway routes OpenAI requests to model-server pools. Apply installs a
@@ -52,6 +56,10 @@ type Gateway struct {
 	// gateway, not on a configuration, so that a request that started before a
 	// reload still wakes the requests waiting after it.
 	freed broadcast
+	// fleet scrapes every configured endpoint's metrics.
+	fleet     *fleet.Fleet
+	fleetCtx  context.Context
+	stopFleet context.CancelFunc
 }
 
 // routes is one applied configuration, immutable once built.
@@ -108,7 +116,15 @@ func New(opts Options) *Gateway {
 	if opts.BodyReadTimeout == 0 {
 		opts.BodyReadTimeout = time.Minute
 	}
-	return &Gateway{opts: opts, log: opts.Logger, m: opts.Metrics, endpoints: map[string]*endpoint{}}
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Gateway{opts: opts, log: opts.Logger, m: opts.Metrics, endpoints: map[string]*endpoint{},
+		fleet: fleet.New(opts.Fleet), fleetCtx: ctx, stopFleet: cancel}
+}
+
+// Close stops the gateway's scrapers.
+func (g *Gateway) Close() {
+	g.fleet.Close()
+	g.stopFleet()
 }
 
 // Metrics returns the gateway's metrics.
@@ -126,7 +142,7 @@ func (g *Gateway) Apply(cfg *v1alpha1.InferenceGatewayConfig) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	for i, sc := range cfg.Spec.Schedulers {
-		picker, err := schedule.New(sc.PickerName(), g.opts.Seed+uint64(i))
+		picker, err := newPicker(sc, g.opts.Seed+uint64(i))
 		if err != nil {
 			return fmt.Errorf("scheduler %s: %w", sc.Name, err)
 		}
@@ -160,6 +176,13 @@ func (g *Gateway) Apply(cfg *v1alpha1.InferenceGatewayConfig) error {
 			delete(g.endpoints, key)
 		}
 	}
+	var addrs []string
+	for _, p := range rt.pools {
+		for _, e := range p.endpoints {
+			addrs = append(addrs, e.addr)
+		}
+	}
+	g.fleet.Sync(g.fleetCtx, addrs)
 	old := g.routes.Swap(rt)
 	g.lastErr, g.lastReload = nil, time.Now()
 	g.m.ConfigAccepted.Set(1)
@@ -243,17 +266,52 @@ func requestID(r *http.Request) string {
 	return hex.EncodeToString(b[:])
 }
 
-// snapshot lists a pool's endpoints for the picker.
-func (p *pool) snapshot(limit int) []schedule.Endpoint {
+// snapshot lists a pool's endpoints below limit for the picker, with their
+// scraped metrics.
+func (p *pool) snapshot(fl *fleet.Fleet, limit int) []schedule.Endpoint {
 	out := make([]schedule.Endpoint, 0, len(p.endpoints))
+	addrs := make([]string, 0, len(p.endpoints))
 	for _, e := range p.endpoints {
 		n := int(e.inFlight.Load())
 		if limit > 0 && n >= limit {
 			continue
 		}
 		out = append(out, schedule.Endpoint{Address: e.addr, InFlight: n})
+		addrs = append(addrs, e.addr)
+	}
+	snaps := fl.Snapshot(addrs)
+	for i := range out {
+		for _, s := range snaps {
+			if s.Address == out[i].Address {
+				out[i].Signals = schedule.Signals{Metrics: s.Metrics, HasMetrics: s.Scraped, Healthy: s.Healthy, Stale: s.Stale}
+				break
+			}
+		}
 	}
 	return out
+}
+
+// newPicker builds a scheduler's picker: the GPU-aware weighted picker for
+// "kvgate" (the default), or a baseline.
+func newPicker(sc v1alpha1.SchedulerSpec, seed uint64) (schedule.Picker, error) {
+	if sc.PickerName() != "kvgate" {
+		return schedule.New(sc.PickerName(), seed)
+	}
+	w := schedule.Weights{}
+	for k, v := range schedule.GIEDefault {
+		w[k] = v
+	}
+	if sw := sc.Weights; sw != nil {
+		for name, v := range map[string]*int32{"queue": sw.Queue, "kvCache": sw.KVCache, "prefix": sw.Prefix, "loraAffinity": sw.LoRAAffinity, "runningRequests": sw.RunningRequests} {
+			if v != nil {
+				w[name] = float64(*v)
+			}
+		}
+	}
+	if _, set := w["loraAffinity"]; !set && len(sc.LoRAAdapters) > 0 {
+		w["loraAffinity"] = 1
+	}
+	return schedule.NewWeighted(w, schedule.Thresholds{}, seed), nil
 }
 
 func (p *pool) endpoint(addr string) *endpoint {

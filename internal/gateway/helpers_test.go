@@ -71,6 +71,7 @@ func startGateway(t testing.TB, cfg *v1alpha1.InferenceGatewayConfig, opts ...fu
 		f(&o)
 	}
 	g := New(o)
+	t.Cleanup(g.Close)
 	if err := g.Apply(cfg); err != nil {
 		t.Fatal(err)
 	}
@@ -185,4 +186,15 @@ func eventually(t testing.TB, d time.Duration, what string, cond func() bool) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// notMetrics answers the gateway's metric scrapes with 404 for test upstreams that
+// are not model servers, so only proxied requests reach the test's handler. It
+// reports whether it answered.
+func notMetrics(w http.ResponseWriter, r *http.Request) bool {
+	if r.URL.Path == "/metrics" {
+		http.NotFound(w, r)
+		return true
+	}
+	return false
 }

@@ -18,6 +18,9 @@ import (
 // hashUpstream answers with the SHA-256 of the body it received.
 func hashUpstream(t *testing.T) string {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if notMetrics(w, r) {
+			return
+		}
 		h := sha256.New()
 		_, _ = io.Copy(h, r.Body)
 		w.Header().Set("X-Body-Sha256", hex.EncodeToString(h.Sum(nil)))
@@ -30,6 +33,9 @@ func hashUpstream(t *testing.T) string {
 // failAfterReading reads the whole body, then answers 503.
 func failAfterReading(t *testing.T, calls *atomic.Int64) string {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if notMetrics(w, r) {
+			return
+		}
 		calls.Add(1)
 		_, _ = io.Copy(io.Discard, r.Body)
 		http.Error(w, `{"error":{"message":"busy","type":"server_error","code":503}}`, http.StatusServiceUnavailable)
@@ -73,6 +79,9 @@ func TestRetryReplaysLargeBody(t *testing.T) {
 func TestInFlightLimitHolds(t *testing.T) {
 	var cur, peak atomic.Int64
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if notMetrics(w, r) {
+			return
+		}
 		n := cur.Add(1)
 		for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
 		}
@@ -110,6 +119,9 @@ func TestInFlightLimitHolds(t *testing.T) {
 func TestWaiterWokenAcrossReload(t *testing.T) {
 	release := make(chan struct{})
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if notMetrics(w, r) {
+			return
+		}
 		_, _ = io.Copy(io.Discard, r.Body)
 		if r.Header.Get("X-Hold") != "" {
 			<-release

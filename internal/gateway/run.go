@@ -42,6 +42,7 @@ func Run(ctx context.Context, o ServerOptions) error {
 	}
 	o.Gateway.Logger = log
 	g := New(o.Gateway)
+	defer g.Close()
 	initial, err := os.ReadFile(o.ConfigPath)
 	if err != nil {
 		return err

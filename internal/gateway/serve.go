@@ -140,8 +140,13 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// the last attempt's reader must not read it afterwards.
 	defer rb.detach()
 	explain := r.Header.Get("X-Kvgate-Explain") == "1"
+	size := r.ContentLength
+	if size < 0 {
+		size = int64(head.Len())
+	}
 	g.forward(ctx, w, r, forwardJob{p: p, model: model, decision: decision, first: first, limit: limit, body: rb, rid: rid, start: start,
-		attempts: rt.gw.Attempts(), explain: explain, log: log, client: r.Context()})
+		promptTokens: int(size / 4),
+		attempts:     rt.gw.Attempts(), explain: explain, log: log, client: r.Context()})
 }
 
 // choose waits, up to wait, for an endpoint of p below limit, ranks the candidates
@@ -156,7 +161,7 @@ func (g *Gateway) choose(ctx context.Context, p *pool, req schedule.Request, lim
 	expired := false
 	for {
 		woken := g.freed.wait()
-		if cands := p.snapshot(limit); len(cands) > 0 {
+		if cands := p.snapshot(g.fleet, limit); len(cands) > 0 {
 			d := p.picker.Pick(req, cands)
 			for _, c := range d.Ranked {
 				if ep := p.endpoint(c.Address); ep != nil && ep.tryAcquire(limit) {
@@ -219,13 +224,16 @@ type forwardJob struct {
 	decision schedule.Decision
 	first    *endpoint // reserved by choose
 	limit    int
-	body     *replayBody
-	rid      string
-	start    time.Time
-	attempts int
-	explain  bool
-	log      *slog.Logger
-	client   context.Context // the client's request context
+	// promptTokens estimates the prompt's size for the fleet's KV accounting, from
+	// the body's length (about four bytes a token).
+	promptTokens int
+	body         *replayBody
+	rid          string
+	start        time.Time
+	attempts     int
+	explain      bool
+	log          *slog.Logger
+	client       context.Context // the client's request context
 }
 
 // forward sends the request to the ranked endpoints in turn until one answers, and
@@ -244,10 +252,17 @@ func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Re
 				continue
 			}
 		}
+		// The fleet counts the request toward the endpoint's queue and KV until the
+		// endpoint's own metrics show it.
+		ticket := g.fleet.Dispatched(ep.addr, j.promptTokens)
+		done := func() {
+			ep.release()
+			g.fleet.Completed(ticket)
+			g.freed.signal()
+		}
 		body, ok := j.body.next()
 		if !ok {
-			ep.release()
-			g.freed.signal()
+			done()
 			break
 		}
 		attemptCtx, cancel := context.WithCancel(ctx)
@@ -258,9 +273,8 @@ func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Re
 			if j.body.canReplay() {
 				_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 				resp.Body.Close()
-				ep.release()
 				cancel()
-				g.freed.signal()
+				done()
 				g.m.Retries.WithLabelValues(j.p.name, "status").Inc()
 				j.log.Warn("endpoint answered with a server error; trying the next", "endpoint", ep.addr, "status", resp.StatusCode)
 				lastErr = fmt.Errorf("endpoint %s answered %s", ep.addr, resp.Status)
@@ -268,9 +282,8 @@ func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Re
 			}
 		}
 		if err != nil {
-			ep.release()
 			cancel()
-			g.freed.signal()
+			done()
 			lastErr = err
 			if ctx.Err() != nil || j.body.clientError() != nil {
 				break
@@ -282,9 +295,8 @@ func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Re
 		// Deferred so that a relay that aborts the connection still releases.
 		defer func() {
 			resp.Body.Close()
-			ep.release()
 			cancel()
-			g.freed.signal()
+			done()
 		}()
 		g.relay(ctx, w, resp, j, ep)
 		return
