@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net/http"
 	"sync"
@@ -52,6 +53,9 @@ func (c Config) withDefaults() Config {
 	}
 	return c
 }
+
+// maxExposition bounds how much of a /metrics answer is read.
+const maxExposition = 8 << 20
 
 // Snapshot is an endpoint as the picker sees it: the last scrape with the
 // gateway's own dispatches since then folded in.
@@ -217,7 +221,8 @@ func (f *Fleet) fetch(ctx context.Context, e *endpoint) (engine.Metrics, engine.
 	e.mu.Lock()
 	d := e.dialect
 	e.mu.Unlock()
-	return engine.Parse(resp.Body, d)
+	// A model server's exposition is tens of kilobytes; more is not a model server.
+	return engine.Parse(io.LimitReader(resp.Body, maxExposition), d)
 }
 
 // Dispatched records that the gateway sent a request of promptTokens to addr; the
