@@ -472,6 +472,9 @@ func TestGPUAwarePicking(t *testing.T) {
 		})
 	}
 	wg.Wait()
+	if counter(t, g, "kvgate_endpoint_healthy") != 2 || counter(t, g, "kvgate_endpoint_stale") != 0 {
+		t.Errorf("fleet metrics: healthy %v stale %v", counter(t, g, "kvgate_endpoint_healthy"), counter(t, g, "kvgate_endpoint_stale"))
+	}
 	// Without the accounting every request would go to the pod with the emptier KV
 	// cache at the last scrape.
 	if served[idle]+served[busy] != 20 || served[busy] < 3 || served[idle] < 3 {

@@ -117,8 +117,11 @@ func New(opts Options) *Gateway {
 		opts.BodyReadTimeout = time.Minute
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Gateway{opts: opts, log: opts.Logger, m: opts.Metrics, endpoints: map[string]*endpoint{},
+	g := &Gateway{opts: opts, log: opts.Logger, m: opts.Metrics, endpoints: map[string]*endpoint{},
 		fleet: fleet.New(opts.Fleet), fleetCtx: ctx, stopFleet: cancel}
+	// A registry shared by several gateways (tests) keeps the first one's collector.
+	_ = opts.Metrics.Registry.Register(newFleetCollector(g))
+	return g
 }
 
 // Close stops the gateway's scrapers.

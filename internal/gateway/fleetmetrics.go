@@ -1,0 +1,57 @@
+package gateway
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// fleetCollector exports the fleet's view of every endpoint at scrape time.
+type fleetCollector struct {
+	g                               *Gateway
+	healthy, stale, age, queue, kvu *prometheus.Desc
+}
+
+func newFleetCollector(g *Gateway) *fleetCollector {
+	labels := []string{"scheduler", "endpoint"}
+	return &fleetCollector{
+		g:       g,
+		healthy: prometheus.NewDesc("kvgate_endpoint_healthy", "1 when the endpoint's last scrapes succeeded, 0 after consecutive failures.", labels, nil),
+		stale:   prometheus.NewDesc("kvgate_endpoint_stale", "1 when the endpoint's metrics are older than the staleness bound (2 s) or were never read.", labels, nil),
+		age:     prometheus.NewDesc("kvgate_endpoint_metrics_age_seconds", "Age of the endpoint's last successful scrape.", labels, nil),
+		queue:   prometheus.NewDesc("kvgate_endpoint_waiting", "Requests queued at the endpoint as the picker sees them: its last scrape plus this gateway's dispatches since.", labels, nil),
+		kvu:     prometheus.NewDesc("kvgate_endpoint_kv_cache_usage", "KV-cache usage of the endpoint as the picker sees it, 0..1.", labels, nil),
+	}
+}
+
+func (c *fleetCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.healthy, c.stale, c.age, c.queue, c.kvu} {
+		ch <- d
+	}
+}
+
+func (c *fleetCollector) Collect(ch chan<- prometheus.Metric) {
+	rt := c.g.routes.Load()
+	if rt == nil {
+		return
+	}
+	b2f := func(b bool) float64 {
+		if b {
+			return 1
+		}
+		return 0
+	}
+	for _, p := range rt.pools {
+		addrs := make([]string, len(p.endpoints))
+		for i, e := range p.endpoints {
+			addrs[i] = e.addr
+		}
+		for _, s := range c.g.fleet.Snapshot(addrs) {
+			ch <- prometheus.MustNewConstMetric(c.healthy, prometheus.GaugeValue, b2f(s.Healthy), p.name, s.Address)
+			ch <- prometheus.MustNewConstMetric(c.stale, prometheus.GaugeValue, b2f(s.Stale), p.name, s.Address)
+			if s.Scraped {
+				ch <- prometheus.MustNewConstMetric(c.age, prometheus.GaugeValue, s.Age.Seconds(), p.name, s.Address)
+				ch <- prometheus.MustNewConstMetric(c.queue, prometheus.GaugeValue, s.Waiting, p.name, s.Address)
+				ch <- prometheus.MustNewConstMetric(c.kvu, prometheus.GaugeValue, s.KVUsage, p.name, s.Address)
+			}
+		}
+	}
+}
