@@ -1,8 +1,6 @@
 package engine
 
 import (
-	"context"
-	"log/slog"
 	"net/http"
 	"slices"
 	"strings"
@@ -11,6 +9,7 @@ import (
 
 	"github.com/kvgate/kvgate/internal/sim"
 	"github.com/kvgate/kvgate/internal/simserver"
+	"github.com/kvgate/kvgate/internal/simserver/simtest"
 )
 
 func TestParseExpositions(t *testing.T) {
@@ -98,17 +97,7 @@ func TestParseErrors(t *testing.T) {
 func TestParseSimulator(t *testing.T) {
 	for _, d := range []simserver.Dialect{simserver.DialectVLLM, simserver.DialectSGLang, simserver.DialectTRTLLM, simserver.DialectTriton} {
 		t.Run(string(d), func(t *testing.T) {
-			s, err := simserver.New(simserver.Options{Model: "m", Dialect: d, Logger: slog.New(slog.DiscardHandler),
-				Engine: sim.Config{GPU: "h100", ModelSize: "8b", NumGPUBlocks: 5000, MaxNumSeqs: 2}})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := s.Listen("127.0.0.1:0"); err != nil {
-				t.Fatal(err)
-			}
-			ctx, cancel := context.WithCancel(context.Background())
-			defer cancel()
-			go func() { _ = s.Serve(ctx) }()
+			s := simtest.Start(t, simserver.Options{Dialect: d, Engine: sim.Config{GPU: "h100", ModelSize: "8b", NumGPUBlocks: 5000, MaxNumSeqs: 2}})
 			for range 5 {
 				go func() {
 					body := `{"model":"m","prompt":"` + strings.Repeat("word ", 500) + `","max_tokens":300,"ignore_eos":true}`

@@ -2,7 +2,6 @@ package fleet
 
 import (
 	"context"
-	"log/slog"
 	"net/http"
 	"strings"
 	"sync"
@@ -11,22 +10,11 @@ import (
 
 	"github.com/kvgate/kvgate/internal/sim"
 	"github.com/kvgate/kvgate/internal/simserver"
+	"github.com/kvgate/kvgate/internal/simserver/simtest"
 )
 
 func startSim(t *testing.T, cfg sim.Config) *simserver.Server {
-	t.Helper()
-	s, err := simserver.New(simserver.Options{Model: "m", Engine: cfg, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Listen("127.0.0.1:0"); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { _ = s.Serve(ctx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
-	return s
+	return simtest.Start(t, simserver.Options{Engine: cfg})
 }
 
 func waitFor(t *testing.T, what string, cond func() bool) {

@@ -1,7 +1,6 @@
 package gateway
 
 import (
-	"context"
 	"encoding/json"
 	"io"
 	"log/slog"
@@ -18,6 +17,7 @@ import (
 
 	"github.com/kvgate/kvgate/api/v1alpha1"
 	"github.com/kvgate/kvgate/internal/simserver"
+	"github.com/kvgate/kvgate/internal/simserver/simtest"
 )
 
 const (
@@ -32,21 +32,7 @@ var quiet = slog.New(slog.DiscardHandler)
 func startSim(t testing.TB, model string, opts simserver.Options) (*simserver.Server, string) {
 	t.Helper()
 	opts.Model = model
-	opts.Logger = quiet
-	if opts.Engine.GPU == "" {
-		opts.Engine.GPU, opts.Engine.ModelSize = "h100", "8b"
-	}
-	s, err := simserver.New(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Listen("127.0.0.1:0"); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { _ = s.Serve(ctx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
+	s := simtest.Start(t, opts)
 	return s, s.Addr()
 }
 
