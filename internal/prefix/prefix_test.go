@@ -74,7 +74,7 @@ func TestIndex(t *testing.T) {
 }
 
 func BenchmarkHashes16KB(b *testing.B) {
-	text := strings.Repeat("The committee reviewed every clause of the agreement. ", 300)[:16384]
+	text := strings.Repeat("The committee reviewed every clause of the agreement. ", 400)[:16384]
 	seed := Seed("m", "")
 	b.SetBytes(int64(len(text)))
 	for b.Loop() {
