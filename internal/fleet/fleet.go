@@ -268,16 +268,18 @@ func (f *Fleet) get(addr string) *endpoint {
 	return f.endpoints[addr]
 }
 
-// Snapshot returns the endpoints among addrs that the fleet knows, in order.
+// Snapshot returns one entry per address, in order, so callers can index it
+// alongside addrs; an address the fleet does not scrape reads as never scraped
+// (stale, unhealthy).
 func (f *Fleet) Snapshot(addrs []string) []Snapshot {
 	now := f.cfg.Now()
-	out := make([]Snapshot, 0, len(addrs))
-	for _, a := range addrs {
-		e := f.get(a)
-		if e == nil {
-			continue
+	out := make([]Snapshot, len(addrs))
+	for i, a := range addrs {
+		if e := f.get(a); e != nil {
+			out[i] = e.snapshot(now, f.cfg)
+		} else {
+			out[i] = Snapshot{Address: a, Stale: true}
 		}
-		out = append(out, e.snapshot(now, f.cfg))
 	}
 	return out
 }

@@ -103,8 +103,8 @@ func TestInFlightAccounting(t *testing.T) {
 	}
 	f.Completed(Ticket{}) // unknown tickets are ignored
 	f.Sync(context.Background(), nil)
-	if got := f.Snapshot([]string{s.Addr()}); len(got) != 0 {
-		t.Fatal("removed endpoint still reported")
+	if got := f.Snapshot([]string{s.Addr()}); len(got) != 1 || got[0].Scraped || got[0].Healthy || !got[0].Stale || got[0].Pending != 0 {
+		t.Fatalf("removed endpoint kept its state: %+v", got)
 	}
 }
 

@@ -282,14 +282,9 @@ func (p *pool) snapshot(fl *fleet.Fleet, limit int) []schedule.Endpoint {
 		out = append(out, schedule.Endpoint{Address: e.addr, InFlight: n})
 		addrs = append(addrs, e.addr)
 	}
-	snaps := fl.Snapshot(addrs)
-	for i := range out {
-		for _, s := range snaps {
-			if s.Address == out[i].Address {
-				out[i].Signals = schedule.Signals{Metrics: s.Metrics, HasMetrics: s.Scraped, Healthy: s.Healthy, Stale: s.Stale}
-				break
-			}
-		}
+	// Aligned with addrs: one lookup per endpoint on the request path.
+	for i, s := range fl.Snapshot(addrs) {
+		out[i].Signals = schedule.Signals{Metrics: s.Metrics, HasMetrics: s.Scraped, Healthy: s.Healthy, Stale: s.Stale}
 	}
 	return out
 }

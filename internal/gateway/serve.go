@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"maps"
 	"net"
 	"net/http"
@@ -52,7 +51,6 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	rid := requestID(r)
 	w.Header().Set("X-Request-Id", rid)
-	log := g.log.With("request_id", rid)
 	if r.URL.Path == "/v1/models" {
 		g.serveModels(w, r)
 		return
@@ -93,7 +91,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if model == "" {
 		m, found, err := openai.ScanModel(body, head)
 		if err != nil {
-			g.rejectBody(w, log, err)
+			g.rejectBody(w, rid, err)
 			return
 		}
 		if !found {
@@ -146,7 +144,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	g.forward(ctx, w, r, forwardJob{p: p, model: model, decision: decision, first: first, limit: limit, body: rb, rid: rid, start: start,
 		promptTokens: int(size / 4),
-		attempts:     rt.gw.Attempts(), explain: explain, log: log, client: r.Context()})
+		attempts:     rt.gw.Attempts(), explain: explain, client: r.Context()})
 }
 
 // choose waits, up to wait, for an endpoint of p below limit, ranks the candidates
@@ -188,7 +186,7 @@ func (g *Gateway) choose(ctx context.Context, p *pool, req schedule.Request, lim
 }
 
 // rejectBody answers a body that could not be read up to the model.
-func (g *Gateway) rejectBody(w http.ResponseWriter, log *slog.Logger, err error) {
+func (g *Gateway) rejectBody(w http.ResponseWriter, rid string, err error) {
 	var tooBig *http.MaxBytesError
 	var syntax *openai.SyntaxError
 	switch {
@@ -203,7 +201,7 @@ func (g *Gateway) rejectBody(w http.ResponseWriter, log *slog.Logger, err error)
 		g.reject(w, nil, "", http.StatusBadRequest, openai.TypeInvalidRequest, err.Error())
 	default:
 		// The client went away or broke the connection while sending.
-		log.Debug("reading request body", "err", err)
+		g.log.Debug("reading request body", "request_id", rid, "err", err)
 		g.reject(w, nil, "", http.StatusBadRequest, openai.TypeInvalidRequest, "reading request body: "+err.Error())
 	}
 }
@@ -232,7 +230,6 @@ type forwardJob struct {
 	start        time.Time
 	attempts     int
 	explain      bool
-	log          *slog.Logger
 	client       context.Context // the client's request context
 }
 
@@ -276,7 +273,7 @@ func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Re
 				cancel()
 				done()
 				g.m.Retries.WithLabelValues(j.p.name, "status").Inc()
-				j.log.Warn("endpoint answered with a server error; trying the next", "endpoint", ep.addr, "status", resp.StatusCode)
+				g.log.Warn("endpoint answered with a server error; trying the next", "request_id", j.rid, "endpoint", ep.addr, "status", resp.StatusCode)
 				lastErr = fmt.Errorf("endpoint %s answered %s", ep.addr, resp.Status)
 				continue
 			}
@@ -289,7 +286,7 @@ func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Re
 				break
 			}
 			g.m.Retries.WithLabelValues(j.p.name, "connect").Inc()
-			j.log.Warn("endpoint failed before responding", "endpoint", ep.addr, "err", err)
+			g.log.Warn("endpoint failed before responding", "request_id", j.rid, "endpoint", ep.addr, "err", err)
 			continue
 		}
 		// Deferred so that a relay that aborts the connection still releases.
@@ -437,7 +434,7 @@ func (g *Gateway) relay(ctx context.Context, w http.ResponseWriter, resp *http.R
 		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
 			msg, status = "route timeout exceeded mid-response", http.StatusGatewayTimeout
 		}
-		j.log.Warn("response broke after bytes reached the client", "endpoint", ep.addr, "err", readErr)
+		g.log.Warn("response broke after bytes reached the client", "request_id", j.rid, "endpoint", ep.addr, "err", readErr)
 		if !sse {
 			// Headers are out and the body is not a stream of events: cut the
 			// connection so the client cannot take a truncated body for a whole one.
@@ -456,7 +453,7 @@ func (g *Gateway) relay(ctx context.Context, w http.ResponseWriter, resp *http.R
 	}
 	g.m.Requests.WithLabelValues(j.p.name, j.model, ep.addr, code).Inc()
 	g.m.Duration.WithLabelValues(j.p.name).Observe(time.Since(j.start).Seconds())
-	j.log.Debug("served", "scheduler", j.p.name, "model", j.model, "endpoint", ep.addr, "status", resp.StatusCode, "code", code,
+	g.log.Debug("served", "request_id", j.rid, "scheduler", j.p.name, "model", j.model, "endpoint", ep.addr, "status", resp.StatusCode, "code", code,
 		"duration", time.Since(j.start))
 }
 

@@ -46,8 +46,8 @@ type Picker interface {
 }
 
 // New returns the named baseline picker: least-request, round-robin or random.
-// The GPU-aware picker ("kvgate") lands with the engine metrics; until then it is
-// least-request.
+// "kvgate" here also means least-request: the GPU-aware picker needs weights and
+// is built with NewWeighted (the gateway does so for "kvgate").
 func New(name string, seed uint64) (Picker, error) {
 	switch name {
 	case "", "kvgate", "least-request":
