@@ -1,6 +1,10 @@
 package v1alpha1
 
-import "time"
+import (
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
 
 // The accessors below return a field's value or its default, so that code reading a
 // configuration never repeats the defaults.
@@ -86,4 +90,91 @@ func (g GatewaySpec) RetryBuffer() int64 {
 		return *g.RetryBufferBytes
 	}
 	return DefaultRetryBufferBytes
+}
+
+// SaturationQueue is the waiting count that saturates an endpoint.
+func (s SchedulerSpec) SaturationQueue() int {
+	if s.Saturation != nil && s.Saturation.QueueDepth != nil {
+		return int(*s.Saturation.QueueDepth)
+	}
+	return DefaultSaturationQueue
+}
+
+// SaturationKV is the KV-cache usage, 0..1, that saturates an endpoint.
+func (s SchedulerSpec) SaturationKV() float64 {
+	if s.Saturation != nil && s.Saturation.KVCachePercent != nil {
+		return float64(*s.Saturation.KVCachePercent) / 100
+	}
+	return DefaultSaturationKVPercent / 100.0
+}
+
+// PrefixBlockChars is the prefix index's block size in characters.
+func (s SchedulerSpec) PrefixBlockChars() int {
+	if s.Prefix != nil && s.Prefix.BlockChars != nil {
+		return int(*s.Prefix.BlockChars)
+	}
+	return DefaultPrefixBlockChars
+}
+
+// PrefixMaxBlocks is how many leading blocks are matched.
+func (s SchedulerSpec) PrefixMaxBlocks() int {
+	if s.Prefix != nil && s.Prefix.MaxBlocks != nil {
+		return int(*s.Prefix.MaxBlocks)
+	}
+	return DefaultPrefixMaxBlocks
+}
+
+// PrefixCapacity is the blocks an endpoint of unknown KV size is remembered to hold.
+func (s SchedulerSpec) PrefixCapacity() int {
+	if s.Prefix != nil && s.Prefix.CapacityBlocks != nil {
+		return int(*s.Prefix.CapacityBlocks)
+	}
+	return DefaultPrefixCapacity
+}
+
+// ProfileName is the scheduler's weight profile, "kvgate" when unset.
+func (s SchedulerSpec) ProfileName() string {
+	if s.Profile != "" {
+		return s.Profile
+	}
+	return "kvgate"
+}
+
+func durationOr(d *metav1.Duration, def time.Duration) time.Duration {
+	if d != nil {
+		return d.Duration
+	}
+	return def
+}
+
+// ScrapeInterval is the time between two scrapes of an endpoint.
+func (g GatewaySpec) ScrapeInterval() time.Duration {
+	if g.Scrape == nil {
+		return DefaultScrapeInterval
+	}
+	return durationOr(g.Scrape.Interval, DefaultScrapeInterval)
+}
+
+// ScrapeTimeout bounds one scrape.
+func (g GatewaySpec) ScrapeTimeout() time.Duration {
+	if g.Scrape == nil {
+		return DefaultScrapeTimeout
+	}
+	return durationOr(g.Scrape.Timeout, DefaultScrapeTimeout)
+}
+
+// StaleAfter is the age at which metrics are stale.
+func (g GatewaySpec) StaleAfter() time.Duration {
+	if g.Scrape == nil {
+		return DefaultStaleAfter
+	}
+	return durationOr(g.Scrape.StaleAfter, DefaultStaleAfter)
+}
+
+// UnhealthyAfter is how many failed scrapes in a row make an endpoint unhealthy.
+func (g GatewaySpec) UnhealthyAfter() int {
+	if g.Scrape != nil && g.Scrape.UnhealthyAfter != nil {
+		return int(*g.Scrape.UnhealthyAfter)
+	}
+	return DefaultUnhealthyAfter
 }

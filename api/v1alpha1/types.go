@@ -99,6 +99,13 @@ type SchedulerSpec struct {
 	// +kubebuilder:validation:MaxItems=50
 	// +optional
 	LoRAAdapters []string `json:"loraAdapters,omitempty"`
+	// Saturation marks an endpoint too busy to take more; saturated endpoints are
+	// passed over unless every endpoint is saturated.
+	// +optional
+	Saturation *SaturationSpec `json:"saturation,omitempty"`
+	// Prefix tunes the prefix-affinity index.
+	// +optional
+	Prefix *PrefixSpec `json:"prefix,omitempty"`
 	// RouteTimeout bounds a request from arrival to its last byte; 0s disables it.
 	// +optional
 	RouteTimeout *metav1.Duration `json:"routeTimeout,omitempty"`
@@ -119,6 +126,58 @@ type Weights struct {
 	LoRAAffinity *int32 `json:"loraAffinity,omitempty"`
 	// +kubebuilder:validation:Minimum=0
 	RunningRequests *int32 `json:"runningRequests,omitempty"`
+}
+
+// SaturationSpec holds the thresholds at which an endpoint counts as saturated.
+type SaturationSpec struct {
+	// QueueDepth: this many waiting requests or more saturate (default 5).
+	// +kubebuilder:validation:Minimum=1
+	// +optional
+	QueueDepth *int32 `json:"queueDepth,omitempty"`
+	// KVCachePercent: KV-cache usage at or above this percentage saturates
+	// (default 80).
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=100
+	// +optional
+	KVCachePercent *int32 `json:"kvCachePercent,omitempty"`
+}
+
+// PrefixSpec tunes the approximate prefix-cache index.
+type PrefixSpec struct {
+	// BlockChars is the size of a prompt block in characters (default 64, about
+	// 16 tokens).
+	// +kubebuilder:validation:Minimum=8
+	// +kubebuilder:validation:Maximum=4096
+	// +optional
+	BlockChars *int32 `json:"blockChars,omitempty"`
+	// MaxBlocks is how many leading blocks of a prompt are matched (default 256).
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=4096
+	// +optional
+	MaxBlocks *int32 `json:"maxBlocks,omitempty"`
+	// CapacityBlocks is how many blocks an endpoint is remembered to hold when its
+	// metrics do not give its KV-cache size (default 31250).
+	// +kubebuilder:validation:Minimum=1
+	// +optional
+	CapacityBlocks *int32 `json:"capacityBlocks,omitempty"`
+}
+
+// ScrapeSpec tunes how model-server metrics are read.
+type ScrapeSpec struct {
+	// Interval between two scrapes of an endpoint (default 50ms).
+	// +optional
+	Interval *metav1.Duration `json:"interval,omitempty"`
+	// Timeout of one scrape (default 1s).
+	// +optional
+	Timeout *metav1.Duration `json:"timeout,omitempty"`
+	// StaleAfter: metrics older than this make an endpoint stale (default 2s).
+	// +optional
+	StaleAfter *metav1.Duration `json:"staleAfter,omitempty"`
+	// UnhealthyAfter consecutive failed scrapes make an endpoint unhealthy
+	// (default 3).
+	// +kubebuilder:validation:Minimum=1
+	// +optional
+	UnhealthyAfter *int32 `json:"unhealthyAfter,omitempty"`
 }
 
 // GatewaySpec tunes the data plane.
@@ -146,6 +205,9 @@ type GatewaySpec struct {
 	// (default 8 MiB); a larger body is streamed once and not retried.
 	// +optional
 	RetryBufferBytes *int64 `json:"retryBufferBytes,omitempty"`
+	// Scrape tunes how model-server metrics are read.
+	// +optional
+	Scrape *ScrapeSpec `json:"scrape,omitempty"`
 }
 
 // InferenceGatewayConfigStatus is the observed state.

@@ -17,6 +17,15 @@ const (
 	DefaultQueueTimeout        = time.Second
 	DefaultConnectTimeout      = 2 * time.Second
 	DefaultRetryBufferBytes    = 8 << 20
+	DefaultSaturationQueue     = 5
+	DefaultSaturationKVPercent = 80
+	DefaultPrefixBlockChars    = 64
+	DefaultPrefixMaxBlocks     = 256
+	DefaultPrefixCapacity      = 31_250
+	DefaultScrapeInterval      = 50 * time.Millisecond
+	DefaultScrapeTimeout       = time.Second
+	DefaultStaleAfter          = 2 * time.Second
+	DefaultUnhealthyAfter      = 3
 )
 
 // App protocols of model servers.
@@ -122,6 +131,25 @@ func (c *InferenceGatewayConfig) Validate() []FieldError {
 				}
 			}
 		}
+		if st := sc.Saturation; st != nil {
+			if v := st.QueueDepth; v != nil && *v < 1 {
+				add(p+".saturation.queueDepth", "must be ≥ 1, got %d", *v)
+			}
+			if v := st.KVCachePercent; v != nil && (*v < 1 || *v > 100) {
+				add(p+".saturation.kvCachePercent", "must be between 1 and 100, got %d", *v)
+			}
+		}
+		if px := sc.Prefix; px != nil {
+			if v := px.BlockChars; v != nil && (*v < 8 || *v > 4096) {
+				add(p+".prefix.blockChars", "must be between 8 and 4096, got %d", *v)
+			}
+			if v := px.MaxBlocks; v != nil && (*v < 1 || *v > 4096) {
+				add(p+".prefix.maxBlocks", "must be between 1 and 4096, got %d", *v)
+			}
+			if v := px.CapacityBlocks; v != nil && *v < 1 {
+				add(p+".prefix.capacityBlocks", "must be ≥ 1, got %d", *v)
+			}
+		}
 		if sc.RouteTimeout != nil && sc.RouteTimeout.Duration < 0 {
 			add(p+".routeTimeout", "must not be negative")
 		}
@@ -144,6 +172,20 @@ func (c *InferenceGatewayConfig) Validate() []FieldError {
 	}
 	if g.ResponseHeaderTimeout != nil && g.ResponseHeaderTimeout.Duration < 0 {
 		add("spec.gateway.responseHeaderTimeout", "must not be negative")
+	}
+	if sp := g.Scrape; sp != nil {
+		if d := sp.Interval; d != nil && (d.Duration < 10*time.Millisecond || d.Duration > time.Minute) {
+			add("spec.gateway.scrape.interval", "must be between 10ms and 1m, got %s", d.Duration)
+		}
+		if d := sp.Timeout; d != nil && (d.Duration <= 0 || d.Duration > time.Minute) {
+			add("spec.gateway.scrape.timeout", "must be between 1ns and 1m, got %s", d.Duration)
+		}
+		if d := sp.StaleAfter; d != nil && d.Duration < g.ScrapeInterval() {
+			add("spec.gateway.scrape.staleAfter", "must be at least the scrape interval (%s), got %s", g.ScrapeInterval(), d.Duration)
+		}
+		if v := sp.UnhealthyAfter; v != nil && *v < 1 {
+			add("spec.gateway.scrape.unhealthyAfter", "must be ≥ 1, got %d", *v)
+		}
 	}
 	// Errors in a stable, document-like order.
 	slices.SortStableFunc(errs, func(a, b FieldError) int { return strings.Compare(a.Path, b.Path) })

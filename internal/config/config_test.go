@@ -19,6 +19,9 @@ spec:
     endpoints: ["127.0.0.1:8001", "127.0.0.1:8002"]
     loraAdapters: [sql-expert]
     weights: {queue: 2, kvCache: 2, prefix: 3}
+    profile: chat
+    saturation: {queueDepth: 8, kvCachePercent: 90}
+    prefix: {blockChars: 128, maxBlocks: 64}
     routeTimeout: 30s
   - name: qwen
     modelName: Qwen/Qwen2.5-32B
@@ -28,6 +31,7 @@ spec:
   gateway:
     maxAttempts: 2
     queueTimeout: 500ms
+    scrape: {interval: 100ms, staleAfter: 1s, unhealthyAfter: 5}
 `
 
 func TestParseValid(t *testing.T) {
@@ -39,7 +43,14 @@ func TestParseValid(t *testing.T) {
 	if len(s) != 2 || s[0].Port() != 8000 || !s[1].H2C() || s[0].Timeout().String() != "30s" || *s[0].Weights.Prefix != 3 {
 		t.Fatalf("decoded %+v", s)
 	}
-	if cfg.Spec.Gateway.Attempts() != 2 || cfg.Spec.BBR.MaxBodyBytes() != 256<<20 {
+	if s[0].SaturationQueue() != 8 || s[0].SaturationKV() != 0.9 || s[0].PrefixBlockChars() != 128 || s[0].PrefixMaxBlocks() != 64 || s[0].PrefixCapacity() != 31250 || s[0].ProfileName() != "chat" {
+		t.Errorf("scoring settings %+v", s[0])
+	}
+	if s[1].SaturationQueue() != 5 || s[1].SaturationKV() != 0.8 || s[1].PrefixBlockChars() != 64 || s[1].ProfileName() != "kvgate" {
+		t.Errorf("scoring defaults %+v", s[1])
+	}
+	gw := cfg.Spec.Gateway
+	if gw.Attempts() != 2 || cfg.Spec.BBR.MaxBodyBytes() != 256<<20 || gw.ScrapeInterval().String() != "100ms" || gw.StaleAfter().String() != "1s" || gw.UnhealthyAfter() != 5 || gw.ScrapeTimeout().String() != "1s" {
 		t.Errorf("gateway %+v", cfg.Spec.Gateway)
 	}
 }
@@ -50,11 +61,11 @@ func TestParseErrors(t *testing.T) {
 		want           string // substring of the error, including file:line
 	}{
 		{"unknown field", "    weights: {queue: 2", "    scoreWeights: {queue: 2", "igwc.yaml:13: spec.schedulers[0].scoreWeights: unknown field"},
-		{"unknown top field", "  gateway:\n", "  gatewy:\n", "igwc.yaml:20: spec.gatewy: unknown field"},
-		{"wrong type", "    maxAttempts: 2", "    maxAttempts: two", `igwc.yaml:21: spec.gateway.maxAttempts: must be an integer, got "two"`},
+		{"unknown top field", "  gateway:\n", "  gatewy:\n", "igwc.yaml:23: spec.gatewy: unknown field"},
+		{"wrong type", "    maxAttempts: 2", "    maxAttempts: two", `igwc.yaml:24: spec.gateway.maxAttempts: must be an integer, got "two"`},
 		{"bool type", "    enabled: true", "    enabled: yes please", "igwc.yaml:7: spec.bbr.enabled: must be true or false"},
 		{"list expected", `    loraAdapters: [sql-expert]`, `    loraAdapters: sql-expert`, "igwc.yaml:12: spec.schedulers[0].loraAdapters: must be a list"},
-		{"duplicate model", "    modelName: Qwen/Qwen2.5-32B", "    modelName: meta-llama/Llama-3.1-8B-Instruct", `igwc.yaml:16: spec.schedulers[1].modelName: "meta-llama/Llama-3.1-8B-Instruct" is already served`},
+		{"duplicate model", "    modelName: Qwen/Qwen2.5-32B", "    modelName: meta-llama/Llama-3.1-8B-Instruct", `igwc.yaml:19: spec.schedulers[1].modelName: "meta-llama/Llama-3.1-8B-Instruct" is already served`},
 		{"bbr required", "    enabled: true", "    enabled: false", "igwc.yaml:7: spec.bbr.enabled: must be true when there is more than one scheduler"},
 		{"negative weight", "{queue: 2, kvCache: 2", "{queue: -1, kvCache: 2", "spec.schedulers[0].weights.queue: must be ≥ 0"},
 		{"bad endpoint", `"127.0.0.1:8002"`, `"127.0.0.1:99999"`, "igwc.yaml:11: spec.schedulers[0].endpoints[1]"},
@@ -68,8 +79,15 @@ func TestParseErrors(t *testing.T) {
 		{"bad name", "  - name: qwen", "  - name: Qwen_32B", `spec.schedulers[1].name: "Qwen_32B" must be a DNS label`},
 		{"adapter clash", "[sql-expert]", "[Qwen/Qwen2.5-32B]", "is already served"},
 		{"yaml syntax", "  bbr:\n", "  bbr: [\n", "not valid YAML"},
-		{"unquoted number as string", "    modelName: Qwen/Qwen2.5-32B", "    modelName: 3.10", `igwc.yaml:16: spec.schedulers[1].modelName: must be a string, got "3.10" (quote it)`},
+		{"unquoted number as string", "    modelName: Qwen/Qwen2.5-32B", "    modelName: 3.10", `igwc.yaml:19: spec.schedulers[1].modelName: must be a string, got "3.10" (quote it)`},
 		{"gateway attempts", "    maxAttempts: 2", "    maxAttempts: 0", "spec.gateway.maxAttempts: must be between 1 and 10"},
+		{"bad profile", "profile: chat", "profile: fast", `spec.schedulers[0].profile: "fast" is not one of`},
+		{"saturation queue", "queueDepth: 8", "queueDepth: 0", "igwc.yaml:15: spec.schedulers[0].saturation.queueDepth: must be ≥ 1"},
+		{"saturation kv", "kvCachePercent: 90", "kvCachePercent: 120", "spec.schedulers[0].saturation.kvCachePercent: must be between 1 and 100"},
+		{"prefix block", "blockChars: 128", "blockChars: 2", "spec.schedulers[0].prefix.blockChars: must be between 8 and 4096"},
+		{"prefix unknown field", "maxBlocks: 64", "maxBlock: 64", "spec.schedulers[0].prefix.maxBlock: unknown field"},
+		{"scrape interval", "interval: 100ms", "interval: 1ms", "spec.gateway.scrape.interval: must be between 10ms and 1m"},
+		{"stale below interval", "staleAfter: 1s", "staleAfter: 50ms", "spec.gateway.scrape.staleAfter: must be at least the scrape interval"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			doc := strings.Replace(valid, tc.from, tc.to, 1)

@@ -12,6 +12,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvgate/kvgate/internal/engine"
@@ -19,12 +20,11 @@ import (
 
 // Config tunes the scrapers; zero fields take the defaults.
 type Config struct {
-	Interval       time.Duration  // between scrapes; default 50 ms
-	Timeout        time.Duration  // of one scrape; default 1 s
-	StaleAfter     time.Duration  // metrics older than this are stale; default 2 s
-	UnhealthyAfter int            // consecutive failures that make an endpoint unhealthy; default 3
-	Dialect        engine.Dialect // "" detects per endpoint
-	BlockSize      int            // tokens per KV block when the server does not say; default 16
+	Interval       time.Duration // between scrapes; default 50 ms
+	Timeout        time.Duration // of one scrape; default 1 s
+	StaleAfter     time.Duration // metrics older than this are stale; default 2 s
+	UnhealthyAfter int           // consecutive failures that make an endpoint unhealthy; default 3
+	BlockSize      int           // tokens per KV block when the server does not say; default 16
 	Client         *http.Client
 	Now            func() time.Time
 }
@@ -76,7 +76,7 @@ type Snapshot struct {
 
 // Fleet scrapes a set of endpoints until they are removed.
 type Fleet struct {
-	cfg Config
+	cfg atomic.Pointer[Config]
 
 	mu        sync.Mutex
 	endpoints map[string]*endpoint
@@ -84,7 +84,34 @@ type Fleet struct {
 
 // New builds an empty fleet.
 func New(cfg Config) *Fleet {
-	return &Fleet{cfg: cfg.withDefaults(), endpoints: map[string]*endpoint{}}
+	f := &Fleet{endpoints: map[string]*endpoint{}}
+	f.SetConfig(cfg)
+	return f
+}
+
+// SetConfig retunes the scrapers from their next scrape on; a zero Client or Now
+// keeps the current one.
+func (f *Fleet) SetConfig(cfg Config) {
+	if old := f.cfg.Load(); old != nil {
+		if cfg.Client == nil {
+			cfg.Client = old.Client
+		}
+		if cfg.Now == nil {
+			cfg.Now = old.Now
+		}
+	}
+	cfg = cfg.withDefaults()
+	f.cfg.Store(&cfg)
+}
+
+// Config returns the scrapers' configuration, defaults filled in.
+func (f *Fleet) Config() Config { return *f.cfg.Load() }
+
+// Target is an endpoint to scrape and the metric dialect it speaks ("" detects it
+// from the exposition).
+type Target struct {
+	Addr    string
+	Dialect engine.Dialect
 }
 
 type endpoint struct {
@@ -93,9 +120,10 @@ type endpoint struct {
 	done   chan struct{}
 
 	mu        sync.Mutex
+	want      engine.Dialect // configured; "" detects
 	metrics   engine.Metrics
-	dialect   engine.Dialect
-	scrapedAt time.Time // zero until the first success
+	dialect   engine.Dialect // of the last successful scrape
+	scrapedAt time.Time      // zero until the first success
 	failures  int
 	lastErr   error
 	pending   []dispatch // dispatched after the last scrape began
@@ -115,28 +143,32 @@ type Ticket struct {
 	id   uint64
 }
 
-// Sync makes the fleet scrape exactly addrs: scrapers start for new addresses and
-// stop, with their state purged, for addresses that left.
-func (f *Fleet) Sync(ctx context.Context, addrs []string) {
-	want := map[string]bool{}
-	for _, a := range addrs {
-		want[a] = true
+// Sync makes the fleet scrape exactly targets: scrapers start for new addresses
+// and stop, with their state purged, for addresses that left; a changed dialect
+// applies from the next scrape.
+func (f *Fleet) Sync(ctx context.Context, targets []Target) {
+	want := make(map[string]engine.Dialect, len(targets))
+	for _, t := range targets {
+		want[t.Addr] = t.Dialect
 	}
 	f.mu.Lock()
 	var stopped []*endpoint
 	for a, e := range f.endpoints {
-		if !want[a] {
+		if _, ok := want[a]; !ok {
 			e.cancel()
 			stopped = append(stopped, e)
 			delete(f.endpoints, a)
 		}
 	}
-	for a := range want {
-		if _, ok := f.endpoints[a]; ok {
+	for a, d := range want {
+		if e, ok := f.endpoints[a]; ok {
+			e.mu.Lock()
+			e.want = d
+			e.mu.Unlock()
 			continue
 		}
 		ectx, cancel := context.WithCancel(ctx)
-		e := &endpoint{addr: a, cancel: cancel, done: make(chan struct{}), dialect: f.cfg.Dialect}
+		e := &endpoint{addr: a, cancel: cancel, done: make(chan struct{}), want: d}
 		f.endpoints[a] = e
 		go f.scrapeLoop(ectx, e)
 	}
@@ -160,12 +192,13 @@ func (f *Fleet) scrapeLoop(ctx context.Context, e *endpoint) {
 			return
 		case <-timer.C:
 		}
-		err := f.scrape(ctx, e)
-		wait := f.cfg.Interval
+		cfg := f.cfg.Load()
+		err := f.scrape(ctx, e, cfg)
+		wait := cfg.Interval
 		if err != nil {
 			e.mu.Lock()
 			// Back off on failure, doubling up to the staleness bound.
-			for i := 1; i < e.failures && wait < f.cfg.StaleAfter; i++ {
+			for i := 1; i < e.failures && wait < cfg.StaleAfter; i++ {
 				wait *= 2
 			}
 			e.mu.Unlock()
@@ -176,11 +209,11 @@ func (f *Fleet) scrapeLoop(ctx context.Context, e *endpoint) {
 	}
 }
 
-func (f *Fleet) scrape(ctx context.Context, e *endpoint) error {
-	started := f.cfg.Now()
-	ctx, cancel := context.WithTimeout(ctx, f.cfg.Timeout)
+func (f *Fleet) scrape(ctx context.Context, e *endpoint, cfg *Config) error {
+	started := cfg.Now()
+	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
 	defer cancel()
-	m, d, err := f.fetch(ctx, e)
+	m, d, err := fetch(ctx, e, cfg.Client)
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if err != nil {
@@ -205,12 +238,12 @@ func (f *Fleet) scrape(ctx context.Context, e *endpoint) error {
 	return nil
 }
 
-func (f *Fleet) fetch(ctx context.Context, e *endpoint) (engine.Metrics, engine.Dialect, error) {
+func fetch(ctx context.Context, e *endpoint, client *http.Client) (engine.Metrics, engine.Dialect, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+e.addr+"/metrics", nil)
 	if err != nil {
 		return engine.Metrics{}, "", err
 	}
-	resp, err := f.cfg.Client.Do(req)
+	resp, err := client.Do(req)
 	if err != nil {
 		return engine.Metrics{}, "", err
 	}
@@ -219,7 +252,7 @@ func (f *Fleet) fetch(ctx context.Context, e *endpoint) (engine.Metrics, engine.
 		return engine.Metrics{}, "", fmt.Errorf("metrics answered %s", resp.Status)
 	}
 	e.mu.Lock()
-	d := e.dialect
+	d := e.want
 	e.mu.Unlock()
 	// A model server's exposition is tens of kilobytes; more is not a model server.
 	return engine.Parse(io.LimitReader(resp.Body, maxExposition), d)
@@ -234,12 +267,13 @@ func (f *Fleet) Dispatched(addr string, promptTokens int) Ticket {
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	cfg := f.cfg.Load()
 	bs := e.metrics.BlockSize
 	if bs == 0 {
-		bs = f.cfg.BlockSize
+		bs = cfg.BlockSize
 	}
 	e.nextID++
-	e.pending = append(e.pending, dispatch{id: e.nextID, at: f.cfg.Now(), blocks: (promptTokens + bs - 1) / bs})
+	e.pending = append(e.pending, dispatch{id: e.nextID, at: cfg.Now(), blocks: (promptTokens + bs - 1) / bs})
 	return Ticket{addr: addr, id: e.nextID}
 }
 
@@ -272,11 +306,12 @@ func (f *Fleet) get(addr string) *endpoint {
 // alongside addrs; an address the fleet does not scrape reads as never scraped
 // (stale, unhealthy).
 func (f *Fleet) Snapshot(addrs []string) []Snapshot {
-	now := f.cfg.Now()
+	cfg := f.cfg.Load()
+	now := cfg.Now()
 	out := make([]Snapshot, len(addrs))
 	for i, a := range addrs {
 		if e := f.get(a); e != nil {
-			out[i] = e.snapshot(now, f.cfg)
+			out[i] = e.snapshot(now, cfg)
 		} else {
 			out[i] = Snapshot{Address: a, Stale: true}
 		}
@@ -284,7 +319,7 @@ func (f *Fleet) Snapshot(addrs []string) []Snapshot {
 	return out
 }
 
-func (e *endpoint) snapshot(now time.Time, cfg Config) Snapshot {
+func (e *endpoint) snapshot(now time.Time, cfg *Config) Snapshot {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	s := Snapshot{Address: e.addr, Metrics: e.metrics, Dialect: e.dialect, Scraped: !e.scrapedAt.IsZero(), Failures: e.failures, Pending: len(e.pending)}

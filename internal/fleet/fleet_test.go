@@ -32,7 +32,7 @@ func TestScrapesFollowTheServer(t *testing.T) {
 	s := startSim(t, sim.Config{GPU: "h100", ModelSize: "8b", MaxNumSeqs: 2, NumGPUBlocks: 4000})
 	f := New(Config{Interval: 20 * time.Millisecond})
 	defer f.Close()
-	f.Sync(context.Background(), []string{s.Addr()})
+	f.Sync(context.Background(), []Target{{Addr: s.Addr()}})
 	snap := func() Snapshot { return f.Snapshot([]string{s.Addr()})[0] }
 	waitFor(t, "the first scrape", func() bool { return snap().Scraped })
 	if got := snap(); !got.Healthy || got.Stale || got.NumBlocks != 4000 || got.BlockSize != 16 || got.Dialect != "vllm" {
@@ -60,7 +60,7 @@ func TestFailingEndpointTurnsUnhealthyAndStale(t *testing.T) {
 	advance := func(d time.Duration) { mu.Lock(); now = now.Add(d); mu.Unlock() }
 	f := New(Config{Interval: 10 * time.Millisecond, Timeout: 200 * time.Millisecond, Now: clock})
 	defer f.Close()
-	f.Sync(context.Background(), []string{s.Addr()})
+	f.Sync(context.Background(), []Target{{Addr: s.Addr()}})
 	snap := func() Snapshot { return f.Snapshot([]string{s.Addr()})[0] }
 	waitFor(t, "the first scrape", func() bool { return snap().Healthy })
 	if err := s.SetFaults(simserver.Faults{RefuseConnections: true}); err != nil {
@@ -85,7 +85,7 @@ func TestInFlightAccounting(t *testing.T) {
 	s := startSim(t, sim.Config{GPU: "h100", ModelSize: "8b", NumGPUBlocks: 1000})
 	f := New(Config{Interval: time.Hour}) // one scrape, at start
 	defer f.Close()
-	f.Sync(context.Background(), []string{s.Addr()})
+	f.Sync(context.Background(), []Target{{Addr: s.Addr()}})
 	snap := func() Snapshot { return f.Snapshot([]string{s.Addr()})[0] }
 	waitFor(t, "the first scrape", func() bool { return snap().Scraped })
 	var tickets []Ticket
@@ -112,8 +112,11 @@ func TestInFlightAccounting(t *testing.T) {
 // idle.
 func TestWrongDialectFails(t *testing.T) {
 	s := startSim(t, sim.Config{GPU: "h100", ModelSize: "8b"})
-	f := New(Config{Interval: 10 * time.Millisecond, Dialect: "sglang"}) // the wrong dialect for a vLLM server
+	f := New(Config{Interval: 10 * time.Millisecond})
 	defer f.Close()
-	f.Sync(context.Background(), []string{s.Addr()})
+	f.Sync(context.Background(), []Target{{Addr: s.Addr(), Dialect: "sglang"}}) // the wrong dialect for a vLLM server
 	waitFor(t, "failures", func() bool { g := f.Snapshot([]string{s.Addr()})[0]; return g.Failures >= 3 && !g.Healthy })
+	// Corrected by a later Sync, the same scraper recovers.
+	f.Sync(context.Background(), []Target{{Addr: s.Addr(), Dialect: "vllm"}})
+	waitFor(t, "recovery", func() bool { g := f.Snapshot([]string{s.Addr()})[0]; return g.Healthy && g.Dialect == "vllm" })
 }

@@ -2,12 +2,15 @@ package gateway
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvgate/kvgate/internal/prefix"
 )
 
 // fleetCollector exports the fleet's view of every endpoint at scrape time.
 type fleetCollector struct {
 	g                               *Gateway
 	healthy, stale, age, queue, kvu *prometheus.Desc
+	prefixBlocks, prefixBytes       *prometheus.Desc
 }
 
 func newFleetCollector(g *Gateway) *fleetCollector {
@@ -19,16 +22,22 @@ func newFleetCollector(g *Gateway) *fleetCollector {
 		age:     prometheus.NewDesc("kvgate_endpoint_metrics_age_seconds", "Age of the endpoint's last successful scrape.", labels, nil),
 		queue:   prometheus.NewDesc("kvgate_endpoint_waiting", "Requests queued at the endpoint as the picker sees them: its last scrape plus this gateway's dispatches since.", labels, nil),
 		kvu:     prometheus.NewDesc("kvgate_endpoint_kv_cache_usage", "KV-cache usage of the endpoint as the picker sees it, 0..1.", labels, nil),
+		prefixBlocks: prometheus.NewDesc("kvgate_prefix_index_blocks",
+			"Prompt blocks the prefix index remembers across endpoints (each endpoint bounded by its KV-cache size).", nil, nil),
+		prefixBytes: prometheus.NewDesc("kvgate_prefix_index_bytes", "Estimated heap size of the prefix index.", nil, nil),
 	}
 }
 
 func (c *fleetCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.healthy, c.stale, c.age, c.queue, c.kvu} {
+	for _, d := range []*prometheus.Desc{c.healthy, c.stale, c.age, c.queue, c.kvu, c.prefixBlocks, c.prefixBytes} {
 		ch <- d
 	}
 }
 
 func (c *fleetCollector) Collect(ch chan<- prometheus.Metric) {
+	n := c.g.prefix.Entries()
+	ch <- prometheus.MustNewConstMetric(c.prefixBlocks, prometheus.GaugeValue, float64(n))
+	ch <- prometheus.MustNewConstMetric(c.prefixBytes, prometheus.GaugeValue, float64(n*prefix.EntryBytes))
 	rt := c.g.routes.Load()
 	if rt == nil {
 		return

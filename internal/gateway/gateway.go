@@ -22,7 +22,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvgate/kvgate/api/v1alpha1"
+	"github.com/kvgate/kvgate/internal/engine"
 	"github.com/kvgate/kvgate/internal/fleet"
+	"github.com/kvgate/kvgate/internal/prefix"
 	"github.com/kvgate/kvgate/internal/schedule"
 	"github.com/kvgate/kvgate/internal/telemetry"
 )
@@ -57,7 +59,10 @@ type Gateway struct {
 	// reload still wakes the requests waiting after it.
 	freed broadcast
 	// fleet scrapes every configured endpoint's metrics.
-	fleet     *fleet.Fleet
+	fleet *fleet.Fleet
+	// prefix remembers which prompt blocks went to which endpoint; chains are
+	// seeded by model, so pools share it without mixing.
+	prefix    *prefix.Index
 	fleetCtx  context.Context
 	stopFleet context.CancelFunc
 }
@@ -69,6 +74,9 @@ type routes struct {
 	pools   []*pool
 	maxBody int64
 	gw      v1alpha1.GatewaySpec
+	// promptLimit is how much of a prompt the pools' prefix indexes hash, 0 when
+	// none does.
+	promptLimit int
 }
 
 // pool is one scheduler: its endpoints, picker and upstream transport.
@@ -78,6 +86,22 @@ type pool struct {
 	endpoints []*endpoint
 	picker    schedule.Picker
 	transport *http.Transport
+	prefix    prefixConfig
+}
+
+// prefixConfig is a pool's prefix-affinity setup; blockChars 0 turns it off.
+type prefixConfig struct {
+	blockChars, maxBlocks, capacity int
+	seeds                           map[string]uint64 // by model or adapter name
+}
+
+// capacityOf is how many prompt blocks an endpoint's KV cache holds: its token
+// capacity over about four characters a token, or the configured default.
+func (c prefixConfig) capacityOf(m engine.Metrics) int {
+	if m.NumBlocks > 0 && m.BlockSize > 0 {
+		return max(1, m.NumBlocks*m.BlockSize*4/c.blockChars)
+	}
+	return c.capacity
 }
 
 // endpoint is one model server as this gateway sees it.
@@ -118,7 +142,7 @@ func New(opts Options) *Gateway {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	g := &Gateway{opts: opts, log: opts.Logger, m: opts.Metrics, endpoints: map[string]*endpoint{},
-		fleet: fleet.New(opts.Fleet), fleetCtx: ctx, stopFleet: cancel}
+		fleet: fleet.New(opts.Fleet), prefix: prefix.New(), fleetCtx: ctx, stopFleet: cancel}
 	// A registry shared by several gateways (tests) keeps the first one's collector.
 	_ = opts.Metrics.Registry.Register(newFleetCollector(g))
 	return g
@@ -150,6 +174,14 @@ func (g *Gateway) Apply(cfg *v1alpha1.InferenceGatewayConfig) error {
 			return fmt.Errorf("scheduler %s: %w", sc.Name, err)
 		}
 		p := &pool{name: sc.Name, spec: sc, picker: picker, transport: newTransport(gw, sc.H2C())}
+		if usesPrefix(sc) {
+			p.prefix = prefixConfig{blockChars: sc.PrefixBlockChars(), maxBlocks: sc.PrefixMaxBlocks(), capacity: sc.PrefixCapacity(),
+				seeds: map[string]uint64{sc.ModelName: prefix.Seed(sc.ModelName, "")}}
+			for _, a := range sc.LoRAAdapters {
+				p.prefix.seeds[a] = prefix.Seed(sc.ModelName, a)
+			}
+			rt.promptLimit = max(rt.promptLimit, p.prefix.blockChars*p.prefix.maxBlocks)
+		}
 		for _, addr := range sc.Endpoints {
 			key := sc.Name + "|" + addr
 			ep, ok := g.endpoints[key]
@@ -179,13 +211,27 @@ func (g *Gateway) Apply(cfg *v1alpha1.InferenceGatewayConfig) error {
 			delete(g.endpoints, key)
 		}
 	}
-	var addrs []string
+	var targets []fleet.Target
+	inUse := map[string]bool{}
 	for _, p := range rt.pools {
 		for _, e := range p.endpoints {
-			addrs = append(addrs, e.addr)
+			targets = append(targets, fleet.Target{Addr: e.addr, Dialect: engine.Dialect(p.spec.EngineType)})
+			inUse[e.addr] = true
 		}
 	}
-	g.fleet.Sync(g.fleetCtx, addrs)
+	// What went to an endpoint that left says nothing about one that may later
+	// reuse its address.
+	if prev := g.routes.Load(); prev != nil {
+		for _, p := range prev.pools {
+			for _, e := range p.endpoints {
+				if !inUse[e.addr] {
+					g.prefix.Forget(e.addr)
+				}
+			}
+		}
+	}
+	g.fleet.SetConfig(g.fleetConfig(gw))
+	g.fleet.Sync(g.fleetCtx, targets)
 	old := g.routes.Swap(rt)
 	g.lastErr, g.lastReload = nil, time.Now()
 	g.m.ConfigAccepted.Set(1)
@@ -270,8 +316,8 @@ func requestID(r *http.Request) string {
 }
 
 // snapshot lists a pool's endpoints below limit for the picker, with their
-// scraped metrics.
-func (p *pool) snapshot(fl *fleet.Fleet, limit int) []schedule.Endpoint {
+// scraped metrics and, for a prompt's block hashes, their prefix affinity.
+func (p *pool) snapshot(fl *fleet.Fleet, idx *prefix.Index, hashes []uint64, limit int) []schedule.Endpoint {
 	out := make([]schedule.Endpoint, 0, len(p.endpoints))
 	addrs := make([]string, 0, len(p.endpoints))
 	for _, e := range p.endpoints {
@@ -286,7 +332,41 @@ func (p *pool) snapshot(fl *fleet.Fleet, limit int) []schedule.Endpoint {
 	for i, s := range fl.Snapshot(addrs) {
 		out[i].Signals = schedule.Signals{Metrics: s.Metrics, HasMetrics: s.Scraped, Healthy: s.Healthy, Stale: s.Stale}
 	}
+	if len(hashes) > 0 {
+		matched := make([]int, len(addrs))
+		idx.Match(hashes, addrs, matched)
+		for i, n := range matched {
+			out[i].PrefixMatch = float64(n) / float64(len(hashes))
+		}
+	}
 	return out
+}
+
+// fleetConfig is the scrapers' configuration: the gateway's options with the
+// configuration file's settings on top.
+func (g *Gateway) fleetConfig(gw v1alpha1.GatewaySpec) fleet.Config {
+	c := g.opts.Fleet
+	if sp := gw.Scrape; sp != nil {
+		if sp.Interval != nil {
+			c.Interval = gw.ScrapeInterval()
+		}
+		if sp.Timeout != nil {
+			c.Timeout = gw.ScrapeTimeout()
+		}
+		if sp.StaleAfter != nil {
+			c.StaleAfter = gw.StaleAfter()
+		}
+		if sp.UnhealthyAfter != nil {
+			c.UnhealthyAfter = gw.UnhealthyAfter()
+		}
+	}
+	return c
+}
+
+// usesPrefix says whether a scheduler's picker scores prefix affinity.
+func usesPrefix(sc v1alpha1.SchedulerSpec) bool {
+	w, err := weights(sc)
+	return err == nil && sc.PickerName() == "kvgate" && w["prefix"] > 0
 }
 
 // newPicker builds a scheduler's picker: the GPU-aware weighted picker for
@@ -295,9 +375,18 @@ func newPicker(sc v1alpha1.SchedulerSpec, seed uint64) (schedule.Picker, error) 
 	if sc.PickerName() != "kvgate" {
 		return schedule.New(sc.PickerName(), seed)
 	}
-	w := schedule.Weights{}
-	for k, v := range schedule.GIEDefault {
-		w[k] = v
+	w, err := weights(sc)
+	if err != nil {
+		return nil, err
+	}
+	return schedule.NewWeighted(w, schedule.Thresholds{Queue: float64(sc.SaturationQueue()), KVUsage: sc.SaturationKV()}, seed), nil
+}
+
+// weights are a scheduler's profile with its own weights on top.
+func weights(sc v1alpha1.SchedulerSpec) (schedule.Weights, error) {
+	w, err := schedule.Profile(sc.ProfileName())
+	if err != nil {
+		return nil, err
 	}
 	if sw := sc.Weights; sw != nil {
 		for name, v := range map[string]*int32{"queue": sw.Queue, "kvCache": sw.KVCache, "prefix": sw.Prefix, "loraAffinity": sw.LoRAAffinity, "runningRequests": sw.RunningRequests} {
@@ -309,7 +398,7 @@ func newPicker(sc v1alpha1.SchedulerSpec, seed uint64) (schedule.Picker, error) 
 	if _, set := w["loraAffinity"]; !set && len(sc.LoRAAdapters) > 0 {
 		w["loraAffinity"] = 1
 	}
-	return schedule.NewWeighted(w, schedule.Thresholds{}, seed), nil
+	return w, nil
 }
 
 func (p *pool) endpoint(addr string) *endpoint {

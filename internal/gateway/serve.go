@@ -18,7 +18,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kvgate/kvgate/internal/engine"
 	"github.com/kvgate/kvgate/internal/openai"
+	"github.com/kvgate/kvgate/internal/prefix"
 	"github.com/kvgate/kvgate/internal/schedule"
 )
 
@@ -44,6 +46,9 @@ func isControlHeader(name string) bool {
 }
 
 var headPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
+// hashPool holds prompt block-hash slices.
+var hashPool = sync.Pool{New: func() any { s := make([]uint64, 0, prefix.DefaultMaxBlocks); return &s }}
 var copyPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
 
 // ServeHTTP implements the OpenAI data plane.
@@ -88,17 +93,25 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}()
 	model := r.Header.Get("X-Gateway-Model-Name")
-	if model == "" {
-		m, found, err := openai.ScanModel(body, head)
-		if err != nil {
-			g.rejectBody(w, rid, err)
-			return
+	var prompt []byte
+	if model == "" || rt.promptLimit > 0 {
+		sc, err := openai.Scan(body, head, rt.promptLimit)
+		if model == "" {
+			if err != nil {
+				g.rejectBody(w, rid, err)
+				return
+			}
+			if !sc.ModelFound {
+				g.reject(w, nil, "", http.StatusBadRequest, openai.TypeInvalidRequest, noMatchingModel)
+				return
+			}
+			model = sc.Model
 		}
-		if !found {
-			g.reject(w, nil, "", http.StatusBadRequest, openai.TypeInvalidRequest, noMatchingModel)
-			return
+		// With the model in a header the body is the model server's business: a
+		// body the scan cannot read only goes without prefix affinity.
+		if err == nil {
+			prompt = sc.Prompt
 		}
-		model = m
 	}
 	p := rt.byModel[model]
 	if p == nil {
@@ -119,8 +132,15 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if model != p.spec.ModelName {
 		req.Adapter = model
 	}
+	var hashes []uint64
+	if pc := p.prefix; pc.blockChars > 0 && len(prompt) >= pc.blockChars {
+		hb := hashPool.Get().(*[]uint64)
+		defer hashPool.Put(hb)
+		hashes = prefix.Hashes((*hb)[:0], prompt, pc.blockChars, pc.maxBlocks, pc.seeds[model])
+		*hb = hashes
+	}
 	limit := rt.gw.InFlightLimit()
-	decision, first, code, msg := g.choose(ctx, p, req, limit, rt.gw.QueueWait())
+	decision, cands, first, code, msg := g.choose(ctx, p, req, hashes, limit, rt.gw.QueueWait())
 	if code != 0 {
 		if code != http.StatusGatewayTimeout {
 			w.Header().Set("Retry-After", "1")
@@ -129,6 +149,11 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	g.m.Decision.Observe(time.Since(start).Seconds())
+	if p.prefix.blockChars > 0 {
+		if i := slices.IndexFunc(cands, func(e schedule.Endpoint) bool { return e.Address == first.addr }); i >= 0 {
+			g.m.PrefixMatch.WithLabelValues(p.name).Observe(cands[i].PrefixMatch)
+		}
+	}
 
 	rb := newReplayBody(head.Bytes(), body, rt.gw.RetryBuffer())
 	if r.ContentLength == 0 && head.Len() == 0 {
@@ -143,33 +168,33 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		size = int64(head.Len())
 	}
 	g.forward(ctx, w, r, forwardJob{p: p, model: model, decision: decision, first: first, limit: limit, body: rb, rid: rid, start: start,
-		promptTokens: int(size / 4),
-		attempts:     rt.gw.Attempts(), explain: explain, client: r.Context()})
+		promptTokens: int(size / 4), hashes: hashes, cands: cands,
+		attempts: rt.gw.Attempts(), explain: explain, client: r.Context()})
 }
 
 // choose waits, up to wait, for an endpoint of p below limit, ranks the candidates
 // and reserves the best one it can. It returns the decision and the reserved
 // endpoint, or the status and message of a refusal.
-func (g *Gateway) choose(ctx context.Context, p *pool, req schedule.Request, limit int, wait time.Duration) (schedule.Decision, *endpoint, int, string) {
+func (g *Gateway) choose(ctx context.Context, p *pool, req schedule.Request, hashes []uint64, limit int, wait time.Duration) (schedule.Decision, []schedule.Endpoint, *endpoint, int, string) {
 	if len(p.endpoints) == 0 {
 		g.m.Shed.WithLabelValues(p.name, "no_endpoint").Inc()
-		return schedule.Decision{}, nil, http.StatusServiceUnavailable, fmt.Sprintf("no ready endpoint for model %q", p.spec.ModelName)
+		return schedule.Decision{}, nil, nil, http.StatusServiceUnavailable, fmt.Sprintf("no ready endpoint for model %q", p.spec.ModelName)
 	}
 	var timer *time.Timer
 	expired := false
 	for {
 		woken := g.freed.wait()
-		if cands := p.snapshot(g.fleet, limit); len(cands) > 0 {
+		if cands := p.snapshot(g.fleet, g.prefix, hashes, limit); len(cands) > 0 {
 			d := p.picker.Pick(req, cands)
 			for _, c := range d.Ranked {
 				if ep := p.endpoint(c.Address); ep != nil && ep.tryAcquire(limit) {
-					return d, ep, 0, ""
+					return d, cands, ep, 0, ""
 				}
 			}
 		}
 		if expired {
 			g.m.Shed.WithLabelValues(p.name, "saturated").Inc()
-			return schedule.Decision{}, nil, http.StatusTooManyRequests, fmt.Sprintf("every endpoint of model %q is at its limit of %d requests in flight; retry later", p.spec.ModelName, limit)
+			return schedule.Decision{}, nil, nil, http.StatusTooManyRequests, fmt.Sprintf("every endpoint of model %q is at its limit of %d requests in flight; retry later", p.spec.ModelName, limit)
 		}
 		if timer == nil {
 			timer = time.NewTimer(wait)
@@ -180,7 +205,7 @@ func (g *Gateway) choose(ctx context.Context, p *pool, req schedule.Request, lim
 		case <-timer.C:
 			expired = true // one last look before refusing
 		case <-ctx.Done():
-			return schedule.Decision{}, nil, http.StatusGatewayTimeout, "route timeout exceeded while waiting for an endpoint"
+			return schedule.Decision{}, nil, nil, http.StatusGatewayTimeout, "route timeout exceeded while waiting for an endpoint"
 		}
 	}
 }
@@ -226,11 +251,15 @@ type forwardJob struct {
 	// the body's length (about four bytes a token).
 	promptTokens int
 	body         *replayBody
-	rid          string
-	start        time.Time
-	attempts     int
-	explain      bool
-	client       context.Context // the client's request context
+	// hashes are the prompt's prefix blocks, recorded against each endpoint the
+	// request is sent to; cands are the endpoints as the picker saw them.
+	hashes   []uint64
+	cands    []schedule.Endpoint
+	rid      string
+	start    time.Time
+	attempts int
+	explain  bool
+	client   context.Context // the client's request context
 }
 
 // forward sends the request to the ranked endpoints in turn until one answers, and
@@ -252,6 +281,13 @@ func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Re
 		// The fleet counts the request toward the endpoint's queue and KV until the
 		// endpoint's own metrics show it.
 		ticket := g.fleet.Dispatched(ep.addr, j.promptTokens)
+		if len(j.hashes) > 0 {
+			var m engine.Metrics
+			if i := slices.IndexFunc(j.cands, func(e schedule.Endpoint) bool { return e.Address == ep.addr }); i >= 0 {
+				m = j.cands[i].Metrics
+			}
+			g.prefix.Record(ep.addr, j.hashes, j.p.prefix.capacityOf(m))
+		}
 		done := func() {
 			ep.release()
 			g.fleet.Completed(ticket)

@@ -24,32 +24,81 @@ func malformed(format string, args ...any) error {
 // scanChunk is how much ScanModel reads at a time.
 const scanChunk = 16 << 10
 
-// ScanModel reads a JSON body from r only as far as it must to find the top-level
-// "model" string, appending every byte it consumed to consumed, so that the caller
-// can send consumed and then the rest of r on unchanged. found is false when the
-// object ends without a model. The first "model" key wins (a body naming the model
-// twice is not checked further: the rest of it is never read).
-//
-// Routing needs only the model, so a body whose model comes first is not held in
-// memory: the scan stops at the model and the rest streams through. The scanner
-// checks the structure it walks (strings, nesting, separators) and leaves the full
-// validation of values to the model server; it is hand-written because it is on
-// every request's path and a 256 KB body costs it ~30 times less than encoding/json
-// (BenchmarkScanModel256KB).
-func ScanModel(r io.Reader, consumed *bytes.Buffer) (model string, found bool, err error) {
-	s := scanner{r: r, buf: consumed}
-	return s.run()
+// Scanned is what Scan found at the head of a body.
+type Scanned struct {
+	Model      string
+	ModelFound bool
+	// Prompt is the raw JSON of the first prompt-bearing value ("messages",
+	// "prompt" or "input"), cut to the limit Scan was given. It aliases the
+	// consumed buffer: it is valid until that buffer is next written.
+	Prompt []byte
 }
 
+// promptSearch bounds how far past a leading model Scan looks for the prompt.
+const promptSearch = 1 << 20
+
+// Scan reads a JSON body from r only as far as routing needs, appending every byte
+// it consumed to consumed, so that the caller can send consumed and then the rest
+// of r on unchanged. Routing needs the top-level "model" string and, for prefix
+// affinity, the first promptLimit bytes of the prompt; promptLimit 0 stops at the
+// model. The first "model" key wins (a body naming the model twice is not checked
+// further: the rest of it is never read).
+//
+// The prompt is kept as raw JSON, escapes and all: the prefix index only needs the
+// same conversation to give the same bytes, and a chat's messages array grows by
+// appending, so the raw JSON of an earlier turn is a prefix of the next one's.
+//
+// A body whose model and prompt prefix come first is not held in memory: the scan
+// stops there and the rest streams through. The scanner checks the structure it
+// walks (strings, nesting, separators) and leaves the full validation of values to
+// the model server; it is hand-written because it is on every request's path and a
+// 256 KB body costs it ~30 times less than encoding/json (BenchmarkScan256KB).
+func Scan(r io.Reader, consumed *bytes.Buffer, promptLimit int) (Scanned, error) {
+	s := scanner{r: r, buf: consumed, base: consumed.Len(), promptLimit: promptLimit, promptStart: -1, promptEnd: -1}
+	s.pos = s.base
+	err := s.run()
+	if errors.Is(err, errEnough) {
+		err = nil
+	}
+	out := Scanned{Model: s.model, ModelFound: s.modelFound}
+	if s.promptStart >= 0 {
+		data := s.buf.Bytes()
+		end := len(data)
+		if s.promptEnd >= 0 {
+			end = s.promptEnd
+		}
+		out.Prompt = data[s.promptStart:min(end, s.promptStart+promptLimit)]
+	}
+	return out, err
+}
+
+// errEnough stops the scan once it holds what routing needs.
+var errEnough = errors.New("enough of the body read")
+
+// promptKeys name the values the prefix index hashes.
+var promptKeys = []string{"messages", "prompt", "input"}
+
 type scanner struct {
-	r   io.Reader
-	buf *bytes.Buffer
-	pos int  // next byte of buf.Bytes() to look at
-	eof bool // r is exhausted
+	r    io.Reader
+	buf  *bytes.Buffer
+	base int  // where this body starts in buf
+	pos  int  // next byte of buf.Bytes() to look at
+	eof  bool // r is exhausted
+
+	model      string
+	modelFound bool
+
+	promptLimit            int
+	promptStart, promptEnd int // the prompt value's span in buf; -1 until seen
+	// stopAt, when positive, ends the scan once buf holds that many bytes.
+	stopAt int
 }
 
 // more reads the next chunk of the body into the buffer.
 func (s *scanner) more() error {
+	if s.stopAt > 0 && s.buf.Len() >= s.stopAt {
+		return errEnough
+	}
 	if s.eof {
 		return malformed("unexpected end of body")
 	}
@@ -91,79 +140,115 @@ func (s *scanner) expect(c byte) error {
 		return err
 	}
 	if got != c {
-		return malformed("expected %q at byte %d, found %q", c, s.pos, got)
+		return malformed("expected %q at byte %d, found %q", c, s.pos-s.base, got)
 	}
 	s.pos++
 	return nil
 }
 
-func (s *scanner) run() (string, bool, error) {
+func (s *scanner) run() error {
 	c, err := s.peek()
 	if err != nil {
-		return "", false, err
+		return err
 	}
 	if c != '{' {
-		return "", false, ErrNotObject
+		return ErrNotObject
 	}
 	s.pos++
 	if c, err = s.peek(); err != nil {
-		return "", false, err
+		return err
 	}
 	if c == '}' {
 		s.pos++
-		return "", false, nil
+		return nil
 	}
 	for {
 		key, err := s.str()
 		if err != nil {
-			return "", false, err
+			return err
 		}
 		if err := s.expect(':'); err != nil {
-			return "", false, err
+			return err
 		}
-		if isModelKey(key) {
-			c, err := s.peek()
-			if err != nil {
-				return "", false, err
+		switch {
+		case !s.modelFound && keyIs(key, "model"):
+			if err := s.readModel(); err != nil {
+				return err
 			}
-			if c != '"' {
-				return "", false, errors.New("'model' must be a string")
+			if s.promptLimit <= 0 || s.promptStart >= 0 {
+				return nil
 			}
-			raw, err := s.str()
-			if err != nil {
-				return "", false, err
+			s.stopAt = s.pos + promptSearch
+		case s.promptLimit > 0 && s.promptStart < 0 && isPromptKey(key):
+			if _, err := s.peek(); err != nil {
+				return err
 			}
-			var m string
-			if err := json.Unmarshal(raw, &m); err != nil {
-				return "", false, malformed("model: %v", err)
+			s.promptStart = s.pos
+			if s.modelFound {
+				s.stopAt = s.pos + s.promptLimit
 			}
-			return m, true, nil
-		}
-		if err := s.skipValue(); err != nil {
-			return "", false, err
+			if err := s.skipValue(); err != nil {
+				return err
+			}
+			s.promptEnd = s.pos
+			if s.modelFound {
+				return nil
+			}
+		default:
+			if err := s.skipValue(); err != nil {
+				return err
+			}
 		}
 		c, err := s.peek()
 		if err != nil {
-			return "", false, err
+			return err
 		}
 		s.pos++
 		switch c {
 		case ',':
 		case '}':
-			return "", false, nil
+			return nil
 		default:
-			return "", false, malformed("expected ',' or '}' at byte %d, found %q", s.pos-1, c)
+			return malformed("expected ',' or '}' at byte %d, found %q", s.pos-1-s.base, c)
 		}
 	}
 }
 
-// isModelKey reports whether a raw key (with quotes) is "model", escapes decoded.
-func isModelKey(raw []byte) bool {
+func (s *scanner) readModel() error {
+	c, err := s.peek()
+	if err != nil {
+		return err
+	}
+	if c != '"' {
+		return errors.New("'model' must be a string")
+	}
+	raw, err := s.str()
+	if err != nil {
+		return err
+	}
+	if err := json.Unmarshal(raw, &s.model); err != nil {
+		return malformed("model: %v", err)
+	}
+	s.modelFound = true
+	return nil
+}
+
+func isPromptKey(raw []byte) bool {
+	for _, k := range promptKeys {
+		if keyIs(raw, k) {
+			return true
+		}
+	}
+	return false
+}
+
+// keyIs reports whether a raw key (with quotes) is name, escapes decoded.
+func keyIs(raw []byte, name string) bool {
 	if bytes.IndexByte(raw, '\\') < 0 {
-		return string(raw) == `"model"`
+		return len(raw) == len(name)+2 && string(raw[1:len(raw)-1]) == name
 	}
 	var k string
-	return json.Unmarshal(raw, &k) == nil && k == "model"
+	return json.Unmarshal(raw, &k) == nil && k == name
 }
 
 // str consumes a string and returns it with its quotes, escapes undecoded. The
@@ -215,7 +300,7 @@ func (s *scanner) skipValue() error {
 	case c == '-' || c >= '0' && c <= '9' || c == 't' || c == 'f' || c == 'n':
 		return s.skipLiteral()
 	default:
-		return malformed("unexpected %q at byte %d", c, s.pos)
+		return malformed("unexpected %q at byte %d", c, s.pos-s.base)
 	}
 }
 
@@ -269,7 +354,7 @@ func (s *scanner) skipLiteral() error {
 
 func (s *scanner) checkLiteral(lit []byte) error {
 	if !json.Valid(lit) {
-		return malformed("invalid literal %q at byte %d", lit, s.pos-len(lit))
+		return malformed("invalid literal %q at byte %d", lit, s.pos-s.base-len(lit))
 	}
 	return nil
 }

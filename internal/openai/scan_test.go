@@ -9,7 +9,7 @@ import (
 	"testing"
 )
 
-func TestScanModel(t *testing.T) {
+func TestScan(t *testing.T) {
 	big := strings.Repeat("word ", 50_000)
 	for _, tc := range []struct {
 		name, body string
@@ -37,9 +37,9 @@ func TestScanModel(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			var consumed bytes.Buffer
 			r := strings.NewReader(tc.body)
-			model, found, err := ScanModel(r, &consumed)
-			if (err != nil) != tc.err || model != tc.model || found != tc.found {
-				t.Fatalf("got %q %v %v", model, found, err)
+			got, err := Scan(r, &consumed, 0)
+			if (err != nil) != tc.err || got.Model != tc.model || got.ModelFound != tc.found {
+				t.Fatalf("got %q %v %v", got.Model, got.ModelFound, err)
 			}
 			var se *SyntaxError
 			if errors.As(err, &se) != tc.syntax {
@@ -55,11 +55,52 @@ func TestScanModel(t *testing.T) {
 	// A model ahead of a large prompt stops the scan early.
 	body := `{"model":"m","prompt":"` + big + `"}`
 	var consumed bytes.Buffer
-	if m, _, err := ScanModel(strings.NewReader(body), &consumed); err != nil || m != "m" {
-		t.Fatal(m, err)
+	if got, err := Scan(strings.NewReader(body), &consumed, 1024); err != nil || got.Model != "m" || len(got.Prompt) != 1024 {
+		t.Fatal(got.Model, len(got.Prompt), err)
 	}
 	if consumed.Len() > 64<<10 {
 		t.Errorf("scan read %d bytes of a %d-byte body to find a leading model", consumed.Len(), len(body))
+	}
+}
+
+func TestScanPrompt(t *testing.T) {
+	long := `"` + strings.Repeat("abcdefgh", 100_000) + `"`
+	for _, tc := range []struct {
+		name, body string
+		limit      int
+		model      string
+		prompt     string
+		maxRead    int // most bytes the scan may consume; 0: the whole body
+	}{
+		{"chat, model first", `{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true}`, 100, "m", `[{"role":"user","content":"hi"}]`, 0},
+		{"chat, model last", `{"messages":[{"role":"user","content":"hi"}],"stream":true,"model":"m"}`, 100, "m", `[{"role":"user","content":"hi"}]`, 0},
+		{"completion prompt cut to limit", `{"model":"m","prompt":"0123456789"}`, 4, "m", `"012`, 0},
+		{"token prompt", `{"prompt":[1, 2,3],"model":"m"}`, 100, "m", `[1, 2,3]`, 0},
+		{"responses input", `{"model":"m","input":"say"}`, 100, "m", `"say"`, 0},
+		{"first prompt key wins", `{"model":"m","input":"a","prompt":"b"}`, 100, "m", `"a"`, 0},
+		{"no prompt", `{"model":"m","max_tokens":3}`, 100, "m", "", 0},
+		{"nested prompt key ignored", `{"model":"m","metadata":{"prompt":"x"}}`, 100, "m", "", 0},
+		{"limit 0 ignores the prompt", `{"prompt":"x","model":"m"}`, 0, "m", "", 0},
+		{"long prompt after the model stops early", `{"model":"m","prompt":` + long + `}`, 1000, "m", long[:1000], 64 << 10},
+		{"long prompt before the model is read through", `{"prompt":` + long + `,"model":"m"}`, 10, "m", long[:10], 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var consumed bytes.Buffer
+			consumed.WriteString("junk before") // Scan appends; earlier bytes are not its body
+			r := strings.NewReader(tc.body)
+			got, err := Scan(r, &consumed, tc.limit)
+			if err != nil || got.Model != tc.model || string(got.Prompt) != tc.prompt {
+				t.Fatalf("got model %q prompt %.40q err %v; want %q %.40q", got.Model, got.Prompt, err, tc.model, tc.prompt)
+			}
+			read := consumed.Len() - len("junk before")
+			if tc.maxRead > 0 && read > tc.maxRead {
+				t.Errorf("read %d bytes, want at most %d", read, tc.maxRead)
+			}
+			rest, _ := io.ReadAll(r)
+			if consumed.String()[len("junk before"):]+string(rest) != tc.body {
+				t.Errorf("consumed + rest != body")
+			}
+		})
 	}
 }
 
@@ -70,7 +111,8 @@ func FuzzScanModel(f *testing.F) {
 	f.Fuzz(func(t *testing.T, body []byte) {
 		var consumed bytes.Buffer
 		r := bytes.NewReader(body)
-		model, found, err := ScanModel(r, &consumed)
+		got, err := Scan(r, &consumed, len(body)%300)
+		model, found := got.Model, got.ModelFound
 		rest, _ := io.ReadAll(r)
 		if !bytes.Equal(append(consumed.Bytes(), rest...), body) {
 			t.Fatal("consumed + rest != body")
@@ -90,9 +132,9 @@ func FuzzScanModel(f *testing.F) {
 	})
 }
 
-// BenchmarkScanModel256KB scans a 256 KB chat body whose model comes last, as the
+// BenchmarkScan256KB scans a 256 KB chat body whose model comes last, as the
 // OpenAI SDKs write it: the gateway's worst case.
-func BenchmarkScanModel256KB(b *testing.B) {
+func BenchmarkScan256KB(b *testing.B) {
 	var content strings.Builder
 	for content.Len() < 256<<10 {
 		content.WriteString("The committee reviewed every clause of the agreement in detail. ")
@@ -102,8 +144,8 @@ func BenchmarkScanModel256KB(b *testing.B) {
 	var consumed bytes.Buffer
 	for b.Loop() {
 		consumed.Reset()
-		if m, _, err := ScanModel(bytes.NewReader(body), &consumed); err != nil || m != "m" {
-			b.Fatal(m, err)
+		if got, err := Scan(bytes.NewReader(body), &consumed, 16384); err != nil || got.Model != "m" {
+			b.Fatal(got.Model, err)
 		}
 	}
 }

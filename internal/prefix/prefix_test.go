@@ -1,25 +1,33 @@
 package prefix
 
 import (
+	"fmt"
+	"math/rand/v2"
+	"runtime"
 	"strings"
 	"testing"
 )
 
+func hashes(text string, seed uint64) []uint64 {
+	return Hashes(nil, []byte(text), 64, 256, seed)
+}
+
 func TestHashes(t *testing.T) {
 	shared := strings.Repeat("You are a helpful assistant. ", 20) // 580 chars: 9 blocks
-	a := Hashes(shared+"Question one?", 64, 256, Seed("m", ""))
-	b := Hashes(shared+"A different question entirely, much longer than the first one.", 64, 256, Seed("m", ""))
+	a := hashes(shared+"Question one?", Seed("m", ""))
+	b := hashes(shared+"A different question entirely, much longer than the first one.", Seed("m", ""))
 	for _, tc := range []struct {
 		name string
 		got  int
 		want int
 	}{
-		{"full blocks only", len(Hashes(strings.Repeat("x", 127), 64, 256, 1)), 1},
-		{"empty", len(Hashes("", 64, 256, 1)), 0},
-		{"max blocks", len(Hashes(strings.Repeat("x", 64*300), 64, 256, 1)), 256},
+		{"full blocks only", len(hashes(strings.Repeat("x", 127), 1)), 1},
+		{"empty", len(hashes("", 1)), 0},
+		{"max blocks", len(hashes(strings.Repeat("x", 64*300), 1)), 256},
 		{"shared prefix blocks agree", commonPrefix(a, b), 9},
-		{"another adapter shares nothing", commonPrefix(a, Hashes(shared, 64, 256, Seed("m", "lora"))), 0},
-		{"a change early changes every later block", commonPrefix(a, Hashes("X"+shared[1:], 64, 256, Seed("m", ""))), 0},
+		{"another adapter shares nothing", commonPrefix(a, hashes(shared, Seed("m", "lora"))), 0},
+		{"a change early changes every later block", commonPrefix(a, hashes("X"+shared[1:], Seed("m", ""))), 0},
+		{"appends to dst", len(Hashes(make([]uint64, 3), []byte(shared), 64, 256, 1)), 12},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if tc.got != tc.want {
@@ -37,47 +45,173 @@ func commonPrefix(a, b []uint64) int {
 	return n
 }
 
+func match(x *Index, h []uint64, addrs ...string) []int {
+	out := make([]int, len(addrs))
+	x.Match(h, addrs, out)
+	return out
+}
+
 func TestIndex(t *testing.T) {
+	doc := hashes(strings.Repeat("policy text ", 100), Seed("m", ""))
+	other := hashes(strings.Repeat("other words ", 100), Seed("m", ""))
 	x := New()
-	doc := Hashes(strings.Repeat("policy text ", 100), 64, 256, Seed("m", ""))
-	if x.Match("a", doc) != 0 {
-		t.Fatal("empty index matched")
-	}
 	x.Record("a", doc[:10], 0)
+	x.Record("b", doc[:4], 0)
+	x.Record("c", doc[2:8], 0) // holds middle blocks only: matches nothing
+	x.Record("small", doc[:10], 4)
 	for _, tc := range []struct {
-		name string
-		addr string
-		want int
+		name  string
+		h     []uint64
+		addrs []string
+		want  []int
 	}{
-		{"recorded prefix", "a", 10},
-		{"other endpoint", "b", 0},
+		{"longest run per endpoint", doc, []string{"a", "b", "c", "unknown"}, []int{10, 4, 0, 0}},
+		{"order of candidates", doc, []string{"b", "a"}, []int{4, 10}},
+		{"a subset of candidates", doc, []string{"b"}, []int{4}},
+		{"another prompt", other, []string{"a", "b"}, []int{0, 0}},
+		{"no hashes", nil, []string{"a"}, []int{0}},
+		// Recorded tail first, the 4-block endpoint kept the head of the prompt.
+		{"small capacity keeps the head", doc, []string{"small"}, []int{4}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := x.Match(tc.addr, doc); got != tc.want {
-				t.Fatalf("match %d, want %d", got, tc.want)
+			if got := match(x, tc.h, tc.addrs...); fmt.Sprint(got) != fmt.Sprint(tc.want) {
+				t.Fatalf("match %v, want %v", got, tc.want)
 			}
 		})
 	}
-	// A capacity of 4 blocks keeps only the most recent 4: the prefix's head is gone.
-	x.Record("small", doc[:10], 4)
-	if got := x.Match("small", doc); got != 0 || x.Entries() != 14 {
-		t.Fatalf("small endpoint matched %d, entries %d", got, x.Entries())
+	if got := x.Entries(); got != 10+4+6+4 {
+		t.Errorf("entries %d", got)
 	}
-	x.Record("small", doc[:3], 4)
-	if got := x.Match("small", doc); got != 3 {
-		t.Fatalf("after re-recording the head: %d", got)
+	// Shrinking evicts the least recent blocks and their reverse entries.
+	x.Record("a", doc[:2], 2)
+	if got := match(x, doc, "a"); got[0] != 2 {
+		t.Errorf("after resize: %v", got)
 	}
 	x.Forget("a")
-	if x.Match("a", doc) != 0 {
-		t.Fatal("forgotten endpoint still matches")
+	x.Forget("a")
+	if got := match(x, doc, "a", "b"); got[0] != 0 || got[1] != 4 {
+		t.Fatalf("after forget: %v", got)
+	}
+	// A new endpoint reuses the freed id without inheriting anything.
+	x.Record("d", other[:1], 0)
+	if got := match(x, doc, "d"); got[0] != 0 {
+		t.Fatalf("new endpoint inherited blocks: %v", got)
+	}
+	if x.Entries() != 4+6+4+1 {
+		t.Errorf("entries %d after forget", x.Entries())
+	}
+	for h, ids := range x.holders {
+		for _, id := range ids {
+			if x.byID[id] == nil || !x.byID[id].lru.Contains(h) {
+				t.Fatalf("reverse map lists id %d for a block it does not hold", id)
+			}
+		}
 	}
 }
 
+// TestIndexRandomized checks Match against a brute-force model over random
+// records, resizes and forgets.
+func TestIndexRandomized(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	x := New()
+	type model struct {
+		cap   int
+		order []uint64 // least recent first
+	}
+	ref := map[string]*model{}
+	touch := func(m *model, h uint64) {
+		for i, v := range m.order {
+			if v == h {
+				m.order = append(m.order[:i], m.order[i+1:]...)
+				break
+			}
+		}
+		m.order = append(m.order, h)
+		if len(m.order) > m.cap {
+			m.order = m.order[len(m.order)-m.cap:]
+		}
+	}
+	prompts := make([][]uint64, 8)
+	for i := range prompts {
+		prompts[i] = hashes(strings.Repeat(fmt.Sprint(i%3), 64*(i+1))+strings.Repeat("z", 64*i), 7)
+	}
+	addrs := []string{"a", "b", "c", "d", "e"}
+	for range 3000 {
+		a := addrs[rng.IntN(len(addrs))]
+		if rng.IntN(20) == 0 {
+			x.Forget(a)
+			delete(ref, a)
+		} else {
+			p := prompts[rng.IntN(len(prompts))]
+			c := 4 + rng.IntN(12)
+			x.Record(a, p, c)
+			m := ref[a]
+			if m == nil {
+				m = &model{}
+				ref[a] = m
+			}
+			m.cap = c
+			if len(m.order) > c {
+				m.order = m.order[len(m.order)-c:]
+			}
+			for i := len(p) - 1; i >= 0; i-- {
+				touch(m, p[i])
+			}
+		}
+		q := prompts[rng.IntN(len(prompts))]
+		got := match(x, q, addrs...)
+		for i, a := range addrs {
+			want := 0
+			if m := ref[a]; m != nil {
+				for want < len(q) && contains(m.order, q[want]) {
+					want++
+				}
+			}
+			if got[i] != want {
+				t.Fatalf("endpoint %s matched %d, model says %d", a, got[i], want)
+			}
+		}
+	}
+}
+
+func contains(s []uint64, h uint64) bool {
+	for _, v := range s {
+		if v == h {
+			return true
+		}
+	}
+	return false
+}
+
 func BenchmarkHashes16KB(b *testing.B) {
-	text := strings.Repeat("The committee reviewed every clause of the agreement. ", 400)[:16384]
+	text := []byte(strings.Repeat("The committee reviewed every clause of the agreement. ", 400)[:16384])
 	seed := Seed("m", "")
+	dst := make([]uint64, 0, 256)
 	b.SetBytes(int64(len(text)))
 	for b.Loop() {
-		Hashes(text, 64, 256, seed)
+		dst = Hashes(dst[:0], text, 64, 256, seed)
+	}
+}
+
+// BenchmarkIndexMemory measures the heap cost of one remembered block, the
+// figure behind EntryBytes.
+func BenchmarkIndexMemory(b *testing.B) {
+	const n = 200_000
+	for b.Loop() {
+		runtime.GC()
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		x := New()
+		h := make([]uint64, 256)
+		for i := range n / 256 {
+			for j := range h {
+				h[j] = uint64(i*256 + j)
+			}
+			x.Record(fmt.Sprint("ep", i%16), h, n)
+		}
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/float64(x.Entries()), "B/entry")
+		runtime.KeepAlive(x)
 	}
 }

@@ -1,6 +1,7 @@
 package schedule
 
 import (
+	"maps"
 	"testing"
 )
 
@@ -82,5 +83,32 @@ func TestRandom(t *testing.T) {
 func TestUnknownPicker(t *testing.T) {
 	if _, err := New("best", 0); err == nil {
 		t.Fatal("unknown picker accepted")
+	}
+}
+
+func TestProfile(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		want    Weights
+		wantErr bool
+	}{
+		{"gie-default", GIEDefault, false},
+		{"", profiles[DefaultProfile], false},
+		{"kvgate", profiles[DefaultProfile], false},
+		{"batch", profiles["batch"], false},
+		{"fastest", nil, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := Profile(tc.name)
+			if (err != nil) != tc.wantErr || !maps.Equal(got, tc.want) {
+				t.Fatalf("got %v %v", got, err)
+			}
+			if got != nil {
+				got["queue"] = 99 // a copy: the built-in profile stays
+				if p, _ := Profile(tc.name); p["queue"] == 99 {
+					t.Fatal("Profile returned the shared map")
+				}
+			}
+		})
 	}
 }

@@ -1,6 +1,8 @@
 package schedule
 
 import (
+	"fmt"
+	"maps"
 	"slices"
 )
 
@@ -10,6 +12,30 @@ type Weights map[string]float64
 // GIEDefault are the weights of the Gateway API Inference Extension's default
 // profile, which AWS's gateway documents too.
 var GIEDefault = Weights{"queue": 2, "kvCache": 2, "prefix": 3}
+
+// profiles are the built-in weights by name; docs/benchmarks.md says how the chat
+// and batch weights were chosen.
+var profiles = map[string]Weights{
+	"gie-default": GIEDefault,
+	"chat":        {"queue": 2, "kvCache": 2, "prefix": 3, "runningRequests": 1},
+	"batch":       {"queue": 1, "kvCache": 3, "prefix": 3},
+}
+
+// DefaultProfile is the profile of a scheduler that names none.
+const DefaultProfile = "chat"
+
+// Profile returns a copy of the named profile's weights ("kvgate" is the default
+// profile).
+func Profile(name string) (Weights, error) {
+	if name == "" || name == "kvgate" {
+		name = DefaultProfile
+	}
+	w, ok := profiles[name]
+	if !ok {
+		return nil, fmt.Errorf("unknown profile %q", name)
+	}
+	return maps.Clone(w), nil
+}
 
 // Thresholds mark an endpoint saturated (the GIE defaults).
 type Thresholds struct {

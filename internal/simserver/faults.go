@@ -13,7 +13,8 @@ import (
 
 // Faults make a server misbehave on purpose, for reliability tests of whatever sits
 // in front of it. They apply to the inference endpoints; /health and /metrics keep
-// answering unless the server refuses connections altogether.
+// answering unless the server refuses connections altogether or MetricsErrorStatus
+// is set.
 type Faults struct {
 	// ErrorRate is the share of requests answered at once with ErrorStatus
 	// (default 500) and an OpenAI-shaped error body.
@@ -31,6 +32,10 @@ type Faults struct {
 	// RefuseConnections closes the listening socket and every open connection, as
 	// a crashed pod would; clearing it listens again on the same address.
 	RefuseConnections bool `json:"refuseConnections,omitempty"`
+	// MetricsErrorStatus makes /metrics answer with this status while inference
+	// goes on, as a broken metrics exporter would: a gateway sees the server's
+	// metrics go stale.
+	MetricsErrorStatus int `json:"metricsErrorStatus,omitempty"`
 }
 
 func (f Faults) validate() error {
@@ -41,6 +46,9 @@ func (f Faults) validate() error {
 	}
 	if f.ErrorStatus != 0 && (f.ErrorStatus < 400 || f.ErrorStatus > 599) {
 		return fmt.Errorf("fault errorStatus = %d: must be a 4xx or 5xx status", f.ErrorStatus)
+	}
+	if f.MetricsErrorStatus != 0 && (f.MetricsErrorStatus < 400 || f.MetricsErrorStatus > 599) {
+		return fmt.Errorf("fault metricsErrorStatus = %d: must be a 4xx or 5xx status", f.MetricsErrorStatus)
 	}
 	if f.AddedLatency < 0 || f.CloseAfterTokens < 0 {
 		return fmt.Errorf("fault addedLatency and closeAfterTokens must not be negative")

@@ -29,7 +29,14 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("/v1/load_lora_adapter", s.handleLoadLoRA)
 	mux.HandleFunc("/v1/unload_lora_adapter", s.handleUnloadLoRA)
 	mux.HandleFunc("/health", s.handleHealth)
-	mux.Handle("/metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}))
+	metrics := promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{})
+	mux.HandleFunc("/metrics", func(w http.ResponseWriter, r *http.Request) {
+		if code := s.Faults().MetricsErrorStatus; code != 0 {
+			http.Error(w, "metrics exporter failing (fault injected)", code)
+			return
+		}
+		metrics.ServeHTTP(w, r)
+	})
 	mux.HandleFunc("/admin/faults", s.handleFaults)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		openai.WriteError(w, http.StatusNotFound, openai.TypeNotFound, fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path))

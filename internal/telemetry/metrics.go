@@ -21,12 +21,13 @@ type Gateway struct {
 	Duration       *prometheus.HistogramVec // scheduler
 	TTFT           *prometheus.HistogramVec // scheduler
 	Decision       prometheus.Histogram
-	Tokens         *prometheus.CounterVec // scheduler, kind
-	Retries        *prometheus.CounterVec // scheduler, reason
-	Shed           *prometheus.CounterVec // scheduler, reason
-	StreamErrors   *prometheus.CounterVec // scheduler
-	InFlight       *prometheus.GaugeVec   // scheduler, endpoint
-	Reloads        *prometheus.CounterVec // result
+	PrefixMatch    *prometheus.HistogramVec // scheduler
+	Tokens         *prometheus.CounterVec   // scheduler, kind
+	Retries        *prometheus.CounterVec   // scheduler, reason
+	Shed           *prometheus.CounterVec   // scheduler, reason
+	StreamErrors   *prometheus.CounterVec   // scheduler
+	InFlight       *prometheus.GaugeVec     // scheduler, endpoint
+	Reloads        *prometheus.CounterVec   // result
 	ConfigAccepted prometheus.Gauge
 }
 
@@ -51,6 +52,10 @@ func NewGateway() *Gateway {
 			Name: "kvgate_decision_duration_seconds", Buckets: decisionBuckets,
 			Help: "Time from a request's arrival to the choice of its endpoint: reading the body up to the model, admission and the picker.",
 		}),
+		PrefixMatch: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "kvgate_prefix_match_ratio", Buckets: []float64{0, 0.1, 0.25, 0.5, 0.75, 0.9, 1},
+			Help: "Share of a prompt's leading blocks the chosen endpoint was believed to hold, for requests of pools that score prefix affinity.",
+		}, []string{"scheduler"}),
 		Tokens: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvgate_tokens_total",
 			Help: "Tokens from the usage the model servers reported, by scheduler and kind (prompt, completion).",
@@ -80,7 +85,7 @@ func NewGateway() *Gateway {
 			Help: "1 when the last configuration read was accepted, 0 when it was rejected and the previous one still serves.",
 		}),
 	}
-	g.Registry.MustRegister(g.Requests, g.Duration, g.TTFT, g.Decision, g.Tokens, g.Retries, g.Shed, g.StreamErrors,
+	g.Registry.MustRegister(g.Requests, g.Duration, g.TTFT, g.Decision, g.PrefixMatch, g.Tokens, g.Retries, g.Shed, g.StreamErrors,
 		g.InFlight, g.Reloads, g.ConfigAccepted,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return g
