@@ -5,12 +5,9 @@
 package fleet
 
 import (
+	"bytes"
 	"context"
-	"errors"
-	"fmt"
-	"io"
 	"math/rand/v2"
-	"net/http"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -25,7 +22,6 @@ type Config struct {
 	StaleAfter     time.Duration // metrics older than this are stale; default 2 s
 	UnhealthyAfter int           // consecutive failures that make an endpoint unhealthy; default 3
 	BlockSize      int           // tokens per KV block when the server does not say; default 16
-	Client         *http.Client
 	Now            func() time.Time
 }
 
@@ -44,9 +40,6 @@ func (c Config) withDefaults() Config {
 	}
 	if c.BlockSize == 0 {
 		c.BlockSize = 16
-	}
-	if c.Client == nil {
-		c.Client = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 2, IdleConnTimeout: 4 * time.Second}}
 	}
 	if c.Now == nil {
 		c.Now = time.Now
@@ -78,7 +71,7 @@ type Snapshot struct {
 type Fleet struct {
 	cfg atomic.Pointer[Config]
 
-	mu        sync.Mutex
+	mu        sync.RWMutex
 	endpoints map[string]*endpoint
 }
 
@@ -89,13 +82,10 @@ func New(cfg Config) *Fleet {
 	return f
 }
 
-// SetConfig retunes the scrapers from their next scrape on; a zero Client or Now
-// keeps the current one.
+// SetConfig retunes the scrapers from their next scrape on; a zero Now keeps the
+// current one.
 func (f *Fleet) SetConfig(cfg Config) {
 	if old := f.cfg.Load(); old != nil {
-		if cfg.Client == nil {
-			cfg.Client = old.Client
-		}
 		if cfg.Now == nil {
 			cfg.Now = old.Now
 		}
@@ -183,6 +173,10 @@ func (f *Fleet) Close() { f.Sync(context.Background(), nil) }
 
 func (f *Fleet) scrapeLoop(ctx context.Context, e *endpoint) {
 	defer close(e.done)
+	sc := newScrapeConn(e.addr)
+	defer sc.close()
+	// A fleet that stops aborts a scrape in progress rather than wait it out.
+	defer context.AfterFunc(ctx, sc.close)()
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 1))
 	timer := time.NewTimer(0)
 	defer timer.Stop()
@@ -193,7 +187,7 @@ func (f *Fleet) scrapeLoop(ctx context.Context, e *endpoint) {
 		case <-timer.C:
 		}
 		cfg := f.cfg.Load()
-		err := f.scrape(ctx, e, cfg)
+		err := f.scrape(ctx, e, sc, cfg)
 		wait := cfg.Interval
 		if err != nil {
 			e.mu.Lock()
@@ -209,15 +203,13 @@ func (f *Fleet) scrapeLoop(ctx context.Context, e *endpoint) {
 	}
 }
 
-func (f *Fleet) scrape(ctx context.Context, e *endpoint, cfg *Config) error {
+func (f *Fleet) scrape(ctx context.Context, e *endpoint, sc *scrapeConn, cfg *Config) error {
 	started := cfg.Now()
-	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
-	defer cancel()
-	m, d, err := fetch(ctx, e, cfg.Client)
+	m, d, err := fetch(e, sc, cfg.Timeout)
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if err != nil {
-		if ctx.Err() != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		if ctx.Err() != nil {
 			return err // the fleet is stopping
 		}
 		e.failures++
@@ -238,24 +230,19 @@ func (f *Fleet) scrape(ctx context.Context, e *endpoint, cfg *Config) error {
 	return nil
 }
 
-func fetch(ctx context.Context, e *endpoint, client *http.Client) (engine.Metrics, engine.Dialect, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+e.addr+"/metrics", nil)
-	if err != nil {
+var exposition = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
+func fetch(e *endpoint, sc *scrapeConn, timeout time.Duration) (engine.Metrics, engine.Dialect, error) {
+	buf := exposition.Get().(*bytes.Buffer)
+	defer exposition.Put(buf)
+	buf.Reset()
+	if err := sc.get(timeout, buf); err != nil {
 		return engine.Metrics{}, "", err
-	}
-	resp, err := client.Do(req)
-	if err != nil {
-		return engine.Metrics{}, "", err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return engine.Metrics{}, "", fmt.Errorf("metrics answered %s", resp.Status)
 	}
 	e.mu.Lock()
 	d := e.want
 	e.mu.Unlock()
-	// A model server's exposition is tens of kilobytes; more is not a model server.
-	return engine.Parse(io.LimitReader(resp.Body, maxExposition), d)
+	return engine.Parse(buf, d)
 }
 
 // Dispatched records that the gateway sent a request of promptTokens to addr; the
@@ -297,8 +284,8 @@ func (f *Fleet) Completed(t Ticket) {
 }
 
 func (f *Fleet) get(addr string) *endpoint {
-	f.mu.Lock()
-	defer f.mu.Unlock()
+	f.mu.RLock()
+	defer f.mu.RUnlock()
 	return f.endpoints[addr]
 }
 
@@ -306,17 +293,23 @@ func (f *Fleet) get(addr string) *endpoint {
 // alongside addrs; an address the fleet does not scrape reads as never scraped
 // (stale, unhealthy).
 func (f *Fleet) Snapshot(addrs []string) []Snapshot {
+	return f.AppendSnapshots(nil, addrs)
+}
+
+// AppendSnapshots is Snapshot appending to dst, for callers that reuse memory.
+func (f *Fleet) AppendSnapshots(dst []Snapshot, addrs []string) []Snapshot {
 	cfg := f.cfg.Load()
 	now := cfg.Now()
-	out := make([]Snapshot, len(addrs))
-	for i, a := range addrs {
-		if e := f.get(a); e != nil {
-			out[i] = e.snapshot(now, cfg)
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	for _, a := range addrs {
+		if e := f.endpoints[a]; e != nil {
+			dst = append(dst, e.snapshot(now, cfg))
 		} else {
-			out[i] = Snapshot{Address: a, Stale: true}
+			dst = append(dst, Snapshot{Address: a, Stale: true})
 		}
 	}
-	return out
+	return dst
 }
 
 func (e *endpoint) snapshot(now time.Time, cfg *Config) Snapshot {

@@ -315,11 +315,22 @@ func requestID(r *http.Request) string {
 	return hex.EncodeToString(b[:])
 }
 
+// snapshotScratch is the memory of one request's candidate lists, reused across
+// requests.
+type snapshotScratch struct {
+	eps     []schedule.Endpoint
+	addrs   []string
+	snaps   []fleet.Snapshot
+	matched []int
+}
+
+var snapshotPool = sync.Pool{New: func() any { return new(snapshotScratch) }}
+
 // snapshot lists a pool's endpoints below limit for the picker, with their
-// scraped metrics and, for a prompt's block hashes, their prefix affinity.
-func (p *pool) snapshot(fl *fleet.Fleet, idx *prefix.Index, hashes []uint64, limit int) []schedule.Endpoint {
-	out := make([]schedule.Endpoint, 0, len(p.endpoints))
-	addrs := make([]string, 0, len(p.endpoints))
+// scraped metrics and, for a prompt's block hashes, their prefix affinity. The
+// list lives in sc.
+func (p *pool) snapshot(fl *fleet.Fleet, idx *prefix.Index, hashes []uint64, limit int, sc *snapshotScratch) []schedule.Endpoint {
+	out, addrs := sc.eps[:0], sc.addrs[:0]
 	for _, e := range p.endpoints {
 		n := int(e.inFlight.Load())
 		if limit > 0 && n >= limit {
@@ -329,16 +340,22 @@ func (p *pool) snapshot(fl *fleet.Fleet, idx *prefix.Index, hashes []uint64, lim
 		addrs = append(addrs, e.addr)
 	}
 	// Aligned with addrs: one lookup per endpoint on the request path.
-	for i, s := range fl.Snapshot(addrs) {
+	sc.snaps = fl.AppendSnapshots(sc.snaps[:0], addrs)
+	for i := range sc.snaps {
+		s := &sc.snaps[i]
 		out[i].Signals = schedule.Signals{Metrics: s.Metrics, HasMetrics: s.Scraped, Healthy: s.Healthy, Stale: s.Stale}
 	}
 	if len(hashes) > 0 {
-		matched := make([]int, len(addrs))
+		if cap(sc.matched) < len(addrs) {
+			sc.matched = make([]int, len(addrs))
+		}
+		matched := sc.matched[:len(addrs)]
 		idx.Match(hashes, addrs, matched)
 		for i, n := range matched {
 			out[i].PrefixMatch = float64(n) / float64(len(hashes))
 		}
 	}
+	sc.eps, sc.addrs = out, addrs
 	return out
 }
 
@@ -365,8 +382,8 @@ func (g *Gateway) fleetConfig(gw v1alpha1.GatewaySpec) fleet.Config {
 
 // usesPrefix says whether a scheduler's picker scores prefix affinity.
 func usesPrefix(sc v1alpha1.SchedulerSpec) bool {
-	w, err := weights(sc)
-	return err == nil && sc.PickerName() == "kvgate" && w["prefix"] > 0
+	pr, err := profile(sc)
+	return err == nil && sc.PickerName() == "kvgate" && pr.Weights["prefix"] > 0
 }
 
 // newPicker builds a scheduler's picker: the GPU-aware weighted picker for
@@ -375,19 +392,20 @@ func newPicker(sc v1alpha1.SchedulerSpec, seed uint64) (schedule.Picker, error) 
 	if sc.PickerName() != "kvgate" {
 		return schedule.New(sc.PickerName(), seed)
 	}
-	w, err := weights(sc)
+	pr, err := profile(sc)
 	if err != nil {
 		return nil, err
 	}
-	return schedule.NewWeighted(w, schedule.Thresholds{Queue: float64(sc.SaturationQueue()), KVUsage: sc.SaturationKV()}, seed), nil
+	return schedule.NewWeighted(pr, schedule.Thresholds{Queue: float64(sc.SaturationQueue()), KVUsage: sc.SaturationKV()}, seed), nil
 }
 
-// weights are a scheduler's profile with its own weights on top.
-func weights(sc v1alpha1.SchedulerSpec) (schedule.Weights, error) {
-	w, err := schedule.Profile(sc.ProfileName())
+// profile is a scheduler's profile with its own weights on top.
+func profile(sc v1alpha1.SchedulerSpec) (schedule.Profile, error) {
+	pr, err := schedule.LookupProfile(sc.ProfileName())
 	if err != nil {
-		return nil, err
+		return pr, err
 	}
+	w := pr.Weights
 	if sw := sc.Weights; sw != nil {
 		for name, v := range map[string]*int32{"queue": sw.Queue, "kvCache": sw.KVCache, "prefix": sw.Prefix, "loraAffinity": sw.LoRAAffinity, "runningRequests": sw.RunningRequests} {
 			if v != nil {
@@ -396,9 +414,11 @@ func weights(sc v1alpha1.SchedulerSpec) (schedule.Weights, error) {
 		}
 	}
 	if _, set := w["loraAffinity"]; !set && len(sc.LoRAAdapters) > 0 {
-		w["loraAffinity"] = 1
+		// Adapter residency is cache affinity too: as heavy as the prefix, it outweighs
+		// a request or two of queue difference.
+		w["loraAffinity"] = 3
 	}
-	return w, nil
+	return pr, nil
 }
 
 func (p *pool) endpoint(addr string) *endpoint {

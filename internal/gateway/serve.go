@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"maps"
 	"net"
 	"net/http"
 	"net/url"
@@ -140,7 +139,9 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		*hb = hashes
 	}
 	limit := rt.gw.InFlightLimit()
-	decision, cands, first, code, msg := g.choose(ctx, p, req, hashes, limit, rt.gw.QueueWait())
+	scratch := snapshotPool.Get().(*snapshotScratch)
+	defer snapshotPool.Put(scratch)
+	decision, cands, first, code, msg := g.choose(ctx, p, req, hashes, limit, rt.gw.QueueWait(), scratch)
 	if code != 0 {
 		if code != http.StatusGatewayTimeout {
 			w.Header().Set("Retry-After", "1")
@@ -175,7 +176,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // choose waits, up to wait, for an endpoint of p below limit, ranks the candidates
 // and reserves the best one it can. It returns the decision and the reserved
 // endpoint, or the status and message of a refusal.
-func (g *Gateway) choose(ctx context.Context, p *pool, req schedule.Request, hashes []uint64, limit int, wait time.Duration) (schedule.Decision, []schedule.Endpoint, *endpoint, int, string) {
+func (g *Gateway) choose(ctx context.Context, p *pool, req schedule.Request, hashes []uint64, limit int, wait time.Duration, sc *snapshotScratch) (schedule.Decision, []schedule.Endpoint, *endpoint, int, string) {
 	if len(p.endpoints) == 0 {
 		g.m.Shed.WithLabelValues(p.name, "no_endpoint").Inc()
 		return schedule.Decision{}, nil, nil, http.StatusServiceUnavailable, fmt.Sprintf("no ready endpoint for model %q", p.spec.ModelName)
@@ -184,7 +185,7 @@ func (g *Gateway) choose(ctx context.Context, p *pool, req schedule.Request, has
 	expired := false
 	for {
 		woken := g.freed.wait()
-		if cands := p.snapshot(g.fleet, g.prefix, hashes, limit); len(cands) > 0 {
+		if cands := p.snapshot(g.fleet, g.prefix, hashes, limit, sc); len(cands) > 0 {
 			d := p.picker.Pick(req, cands)
 			for _, c := range d.Ranked {
 				if ep := p.endpoint(c.Address); ep != nil && ep.tryAcquire(limit) {
@@ -502,8 +503,8 @@ func explain(d schedule.Decision) string {
 			b.WriteString(", ")
 		}
 		fmt.Fprintf(&b, "%s %.3f", c.Address, c.Score)
-		for _, k := range slices.Sorted(maps.Keys(c.Scores)) {
-			fmt.Fprintf(&b, " %s=%.3f", k, c.Scores[k])
+		for k, v := range c.Scores.All() {
+			fmt.Fprintf(&b, " %s=%.3f", k, v)
 		}
 	}
 	return b.String()

@@ -5,6 +5,7 @@ package schedule
 
 import (
 	"fmt"
+	"iter"
 	"math/rand/v2"
 	"slices"
 	"sync/atomic"
@@ -30,17 +31,70 @@ type Candidate struct {
 	Address string
 	Score   float64
 	// Scores holds the per-scorer scores, for x-kvgate-explain.
-	Scores map[string]float64
+	Scores Scores
+}
+
+// ScoreNames name the per-scorer scores a Candidate can carry, in their order in
+// Scores.
+var ScoreNames = [...]string{"queue", "kvCache", "prefix", "loraAffinity", "runningRequests", "inFlight"}
+
+// Scores are a candidate's per-scorer scores; a fixed array, not a map, because a
+// decision fills one per candidate.
+type Scores struct {
+	v   [len(ScoreNames)]float64
+	set uint8
+}
+
+func scoreIndex(name string) int {
+	for i, n := range ScoreNames {
+		if n == name {
+			return i
+		}
+	}
+	return -1
+}
+
+func (s *Scores) put(i int, v float64) { s.v[i], s.set = v, s.set|1<<i }
+
+// Get returns the named score and whether the picker computed it.
+func (s Scores) Get(name string) (float64, bool) {
+	i := scoreIndex(name)
+	if i < 0 || s.set&(1<<i) == 0 {
+		return 0, false
+	}
+	return s.v[i], true
+}
+
+// Len is how many scores are set.
+func (s Scores) Len() int {
+	n := 0
+	for i := range ScoreNames {
+		if s.set&(1<<i) != 0 {
+			n++
+		}
+	}
+	return n
+}
+
+// All yields the set scores in ScoreNames order.
+func (s Scores) All() iter.Seq2[string, float64] {
+	return func(yield func(string, float64) bool) {
+		for i, n := range ScoreNames {
+			if s.set&(1<<i) != 0 && !yield(n, s.v[i]) {
+				return
+			}
+		}
+	}
 }
 
 // Decision ranks the candidates, best first; the ones after the first are the
-// fallbacks a retry uses.
+// fallbacks a retry uses. A picker may rank only its best few.
 type Decision struct {
 	Ranked []Candidate
 }
 
-// Picker ranks endpoints for a request. Implementations must be safe for
-// concurrent use.
+// Picker ranks endpoints for a request. Pick may reorder endpoints but keeps its
+// elements. Implementations must be safe for concurrent use.
 type Picker interface {
 	Pick(req Request, endpoints []Endpoint) Decision
 }
@@ -82,7 +136,8 @@ func (p *LeastRequest) Pick(_ Request, eps []Endpoint) Decision {
 		if hi > lo {
 			s = float64(hi-e.InFlight) / float64(hi-lo)
 		}
-		out[i] = Candidate{Address: e.Address, Score: s, Scores: map[string]float64{"inFlight": s}}
+		out[i] = Candidate{Address: e.Address, Score: s}
+		out[i].Scores.put(inFlightScore, s)
 	}
 	p.rng.shuffle(out)
 	slices.SortStableFunc(out, byScore)
@@ -126,6 +181,8 @@ func (p *Random) Pick(_ Request, eps []Endpoint) Decision {
 	return Decision{Ranked: out}
 }
 
+var inFlightScore = scoreIndex("inFlight")
+
 func byScore(a, b Candidate) int {
 	switch {
 	case a.Score > b.Score:
@@ -149,5 +206,14 @@ func newLockedRand(seed uint64) *lockedRand {
 func (r *lockedRand) shuffle(c []Candidate) {
 	r.mu <- struct{}{}
 	r.rng.Shuffle(len(c), func(i, j int) { c[i], c[j] = c[j], c[i] })
+	<-r.mu
+}
+
+// fill sets every key to a random value.
+func (r *lockedRand) fill(keys []uint64) {
+	r.mu <- struct{}{}
+	for i := range keys {
+		keys[i] = r.rng.Uint64()
+	}
 	<-r.mu
 }

@@ -93,19 +93,20 @@ func TestProfile(t *testing.T) {
 		wantErr bool
 	}{
 		{"gie-default", GIEDefault, false},
-		{"", profiles[DefaultProfile], false},
-		{"kvgate", profiles[DefaultProfile], false},
-		{"batch", profiles["batch"], false},
+		{"", profiles[DefaultProfile].Weights, false},
+		{"kvgate", profiles[DefaultProfile].Weights, false},
+		{"batch", profiles["batch"].Weights, false},
 		{"fastest", nil, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := Profile(tc.name)
+			p, err := LookupProfile(tc.name)
+			got := p.Weights
 			if (err != nil) != tc.wantErr || !maps.Equal(got, tc.want) {
 				t.Fatalf("got %v %v", got, err)
 			}
 			if got != nil {
 				got["queue"] = 99 // a copy: the built-in profile stays
-				if p, _ := Profile(tc.name); p["queue"] == 99 {
+				if p, _ := LookupProfile(tc.name); p.Weights["queue"] == 99 {
 					t.Fatal("Profile returned the shared map")
 				}
 			}

@@ -19,28 +19,29 @@ type Signals struct {
 	PrefixMatch float64
 }
 
-// Scorer scores every candidate in [0,1]; higher is better.
+// Scorer scores every candidate in [0,1], higher is better, into out (as long as
+// eps).
 type Scorer interface {
 	Name() string
-	Score(req Request, eps []Endpoint) []float64
+	Score(req Request, eps []Endpoint, out []float64)
 }
 
-// minMaxLow scores values so that the lowest gets 1 and the highest 0; all equal
-// gives every one 1.
-func minMaxLow(vals []float64) []float64 {
-	out := make([]float64, len(vals))
-	if len(vals) == 0 {
-		return out
+// minMaxLow rescales out in place so that the lowest value gets 1 and the highest
+// 1 − (hi−lo)/max(hi−lo, spread): with spread 0, plain min-max (the highest gets
+// 0); all equal gives every one 1.
+func minMaxLow(out []float64, spread float64) {
+	if len(out) == 0 {
+		return
 	}
-	lo, hi := slices.Min(vals), slices.Max(vals)
-	for i, v := range vals {
-		if hi == lo {
+	lo, hi := slices.Min(out), slices.Max(out)
+	span := max(hi-lo, spread)
+	for i, v := range out {
+		if span == 0 {
 			out[i] = 1
 		} else {
-			out[i] = (hi - v) / (hi - lo)
+			out[i] = 1 - (v-lo)/span
 		}
 	}
-	return out
 }
 
 // KVCache scores 1 − KV-cache usage.
@@ -52,16 +53,15 @@ var _ Scorer = KVCache{}
 func (KVCache) Name() string { return "kvCache" }
 
 // Score implements Scorer.
-func (KVCache) Score(_ Request, eps []Endpoint) []float64 {
-	out := make([]float64, len(eps))
-	for i, e := range eps {
-		out[i] = 1 - min(max(e.KVUsage, 0), 1)
+func (KVCache) Score(_ Request, eps []Endpoint, out []float64) {
+	for i := range eps {
+		out[i] = 1 - min(max(eps[i].KVUsage, 0), 1)
 	}
-	return out
 }
 
-// Queue scores the waiting count, min-max normalised across the candidates.
-type Queue struct{}
+// Queue scores the waiting count, min-max normalised across the candidates, with
+// a spread under which one request of difference does not swing the whole score.
+type Queue struct{ Spread float64 }
 
 var _ Scorer = Queue{}
 
@@ -69,16 +69,15 @@ var _ Scorer = Queue{}
 func (Queue) Name() string { return "queue" }
 
 // Score implements Scorer.
-func (Queue) Score(_ Request, eps []Endpoint) []float64 {
-	vals := make([]float64, len(eps))
-	for i, e := range eps {
-		vals[i] = e.Waiting
+func (q Queue) Score(_ Request, eps []Endpoint, out []float64) {
+	for i := range eps {
+		out[i] = eps[i].Waiting
 	}
-	return minMaxLow(vals)
+	minMaxLow(out, q.Spread)
 }
 
-// RunningRequests scores the running batch size, min-max normalised.
-type RunningRequests struct{}
+// RunningRequests scores the running batch size, min-max normalised like Queue.
+type RunningRequests struct{ Spread float64 }
 
 var _ Scorer = RunningRequests{}
 
@@ -86,12 +85,11 @@ var _ Scorer = RunningRequests{}
 func (RunningRequests) Name() string { return "runningRequests" }
 
 // Score implements Scorer.
-func (RunningRequests) Score(_ Request, eps []Endpoint) []float64 {
-	vals := make([]float64, len(eps))
-	for i, e := range eps {
-		vals[i] = e.Running
+func (r RunningRequests) Score(_ Request, eps []Endpoint, out []float64) {
+	for i := range eps {
+		out[i] = eps[i].Running
 	}
-	return minMaxLow(vals)
+	minMaxLow(out, r.Spread)
 }
 
 // LoRAAffinity scores where a request's adapter is: resident (running) 1.0, a free
@@ -105,9 +103,10 @@ var _ Scorer = LoRAAffinity{}
 func (LoRAAffinity) Name() string { return "loraAffinity" }
 
 // Score implements Scorer.
-func (LoRAAffinity) Score(req Request, eps []Endpoint) []float64 {
-	out := make([]float64, len(eps))
-	for i, e := range eps {
+func (LoRAAffinity) Score(req Request, eps []Endpoint, out []float64) {
+	for i := range eps {
+		e := &eps[i]
+		out[i] = 0
 		switch {
 		case req.Adapter == "":
 			out[i] = 1
@@ -119,7 +118,6 @@ func (LoRAAffinity) Score(req Request, eps []Endpoint) []float64 {
 			out[i] = 0.6
 		}
 	}
-	return out
 }
 
 // Prefix scores the share of the prompt's blocks the endpoint is believed to hold.
@@ -131,10 +129,8 @@ var _ Scorer = Prefix{}
 func (Prefix) Name() string { return "prefix" }
 
 // Score implements Scorer.
-func (Prefix) Score(_ Request, eps []Endpoint) []float64 {
-	out := make([]float64, len(eps))
-	for i, e := range eps {
-		out[i] = min(max(e.PrefixMatch, 0), 1)
+func (Prefix) Score(_ Request, eps []Endpoint, out []float64) {
+	for i := range eps {
+		out[i] = min(max(eps[i].PrefixMatch, 0), 1)
 	}
-	return out
 }

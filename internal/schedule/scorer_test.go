@@ -26,6 +26,9 @@ func TestScorers(t *testing.T) {
 		{"queue min-max", Queue{}, Request{}, []Endpoint{ep("a", engine.Metrics{Waiting: 0}), ep("b", engine.Metrics{Waiting: 5}), ep("c", engine.Metrics{Waiting: 10})}, []float64{1, 0.5, 0}},
 		{"queue all equal", Queue{}, Request{}, []Endpoint{ep("a", engine.Metrics{Waiting: 3}), ep("b", engine.Metrics{Waiting: 3})}, []float64{1, 1}},
 		{"running min-max", RunningRequests{}, Request{}, []Endpoint{ep("a", engine.Metrics{Running: 8}), ep("b", engine.Metrics{Running: 2})}, []float64{0, 1}},
+		{"queue spread: one request is a quarter", Queue{Spread: 4}, Request{}, []Endpoint{ep("a", engine.Metrics{Waiting: 1}), ep("b", engine.Metrics{Waiting: 0})}, []float64{0.75, 1}},
+		{"queue spread exceeded: min-max", Queue{Spread: 4}, Request{}, []Endpoint{ep("a", engine.Metrics{Waiting: 10}), ep("b", engine.Metrics{Waiting: 2}), ep("c", engine.Metrics{Waiting: 6})}, []float64{0, 1, 0.5}},
+		{"running spread", RunningRequests{Spread: 8}, Request{}, []Endpoint{ep("a", engine.Metrics{Running: 12}), ep("b", engine.Metrics{Running: 10})}, []float64{0.75, 1}},
 		{"lora resident, free slot, waiting, none", LoRAAffinity{}, Request{Adapter: "x"}, []Endpoint{
 			ep("a", lora(2, []string{"x"}, nil)),
 			ep("b", lora(2, []string{"y"}, nil)),
@@ -37,7 +40,11 @@ func TestScorers(t *testing.T) {
 		{"empty", Queue{}, Request{}, nil, []float64{}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got := tc.scorer.Score(tc.req, tc.eps)
+			got := make([]float64, len(tc.eps))
+			for i := range got {
+				got[i] = -1 // a scorer must write every entry
+			}
+			tc.scorer.Score(tc.req, tc.eps, got)
 			if !slices.Equal(got, tc.want) {
 				t.Fatalf("%s scores %v, want %v", tc.scorer.Name(), got, tc.want)
 			}
@@ -46,7 +53,7 @@ func TestScorers(t *testing.T) {
 }
 
 func TestWeightedPicker(t *testing.T) {
-	p := NewWeighted(GIEDefault, Thresholds{}, 1)
+	p := NewWeighted(Profile{Weights: GIEDefault}, Thresholds{}, 1)
 	for _, tc := range []struct {
 		name  string
 		req   Request
@@ -95,7 +102,10 @@ func TestWeightedPicker(t *testing.T) {
 	}
 	// Explanations carry each scorer's score.
 	d := p.Pick(Request{}, []Endpoint{ep("a", engine.Metrics{KVUsage: 0.5})})
-	if s := d.Ranked[0].Scores; s["kvCache"] != 0.5 || s["queue"] != 1 || len(s) != 3 || d.Ranked[0].Score != 2*0.5+2*1 {
+	s := d.Ranked[0].Scores
+	kv, _ := s.Get("kvCache")
+	q, _ := s.Get("queue")
+	if kv != 0.5 || q != 1 || s.Len() != 3 || d.Ranked[0].Score != 2*0.5+2*1 {
 		t.Fatalf("scores %+v total %v", s, d.Ranked[0].Score)
 	}
 }

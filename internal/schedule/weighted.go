@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"sync"
 )
 
 // Weights of the scorers, by scorer name.
@@ -13,28 +14,39 @@ type Weights map[string]float64
 // profile, which AWS's gateway documents too.
 var GIEDefault = Weights{"queue": 2, "kvCache": 2, "prefix": 3}
 
-// profiles are the built-in weights by name; docs/benchmarks.md says how the chat
+// Profile is a named set of weights with the spreads of the load scorers.
+type Profile struct {
+	Weights Weights
+	// QueueSpread and RunningSpread are the smallest spread of waiting (running)
+	// requests across candidates that spans the scorer's whole range; a smaller
+	// spread moves the score by 1/spread a request. 0 is plain min-max, as GIE
+	// scores, where one request of difference is worth the scorer's whole weight.
+	QueueSpread, RunningSpread float64
+}
+
+// profiles are the built-in profiles by name; docs/benchmarks.md says how the chat
 // and batch weights were chosen.
-var profiles = map[string]Weights{
-	"gie-default": GIEDefault,
-	"chat":        {"queue": 2, "kvCache": 2, "prefix": 3, "runningRequests": 1},
-	"batch":       {"queue": 1, "kvCache": 3, "prefix": 3},
+var profiles = map[string]Profile{
+	"gie-default": {Weights: GIEDefault},
+	"chat":        {Weights: Weights{"queue": 2, "kvCache": 2, "prefix": 3, "runningRequests": 1}, QueueSpread: 4, RunningSpread: 8},
+	"batch":       {Weights: Weights{"queue": 1, "kvCache": 3, "prefix": 3}, QueueSpread: 8},
 }
 
 // DefaultProfile is the profile of a scheduler that names none.
 const DefaultProfile = "chat"
 
-// Profile returns a copy of the named profile's weights ("kvgate" is the default
+// LookupProfile returns a copy of the named profile ("kvgate" is the default
 // profile).
-func Profile(name string) (Weights, error) {
+func LookupProfile(name string) (Profile, error) {
 	if name == "" || name == "kvgate" {
 		name = DefaultProfile
 	}
-	w, ok := profiles[name]
+	p, ok := profiles[name]
 	if !ok {
-		return nil, fmt.Errorf("unknown profile %q", name)
+		return Profile{}, fmt.Errorf("unknown profile %q", name)
 	}
-	return maps.Clone(w), nil
+	p.Weights = maps.Clone(p.Weights)
+	return p, nil
 }
 
 // Thresholds mark an endpoint saturated (the GIE defaults).
@@ -43,79 +55,147 @@ type Thresholds struct {
 	KVUsage float64 // KV usage at or above this saturates; default 0.8
 }
 
+// RankDepth is how many candidates Weighted ranks: the pick and its fallbacks.
+// Ranking only the best few keeps a decision over a thousand endpoints linear.
+const RankDepth = 8
+
 // Weighted is the GPU-aware picker: filters, then the weighted sum of the scorers,
 // highest first, ties broken at random.
 type Weighted struct {
 	scorers    []Scorer
-	weights    Weights
+	weights    []float64 // aligned with scorers
+	slots      []int     // each scorer's index in Scores
 	thresholds Thresholds
 	rng        *lockedRand
+	scratch    sync.Pool // *pickScratch
+}
+
+// pickScratch holds one decision's working memory.
+type pickScratch struct {
+	vals  [][]float64 // per scorer, per candidate
+	total []float64
+	keys  []uint64 // random tie-breakers
+	top   []int
 }
 
 var _ Picker = (*Weighted)(nil)
 
 // NewWeighted builds the picker; scorers with no weight are not run.
-func NewWeighted(w Weights, t Thresholds, seed uint64) *Weighted {
+func NewWeighted(pr Profile, t Thresholds, seed uint64) *Weighted {
 	if t.Queue == 0 {
 		t.Queue = 5
 	}
 	if t.KVUsage == 0 {
 		t.KVUsage = 0.8
 	}
-	p := &Weighted{weights: w, thresholds: t, rng: newLockedRand(seed)}
-	for _, s := range []Scorer{Queue{}, KVCache{}, Prefix{}, LoRAAffinity{}, RunningRequests{}} {
+	w := pr.Weights
+	p := &Weighted{thresholds: t, rng: newLockedRand(seed)}
+	for _, s := range []Scorer{Queue{Spread: pr.QueueSpread}, KVCache{}, Prefix{}, LoRAAffinity{}, RunningRequests{Spread: pr.RunningSpread}} {
 		if w[s.Name()] > 0 {
 			p.scorers = append(p.scorers, s)
+			p.weights = append(p.weights, w[s.Name()])
+			p.slots = append(p.slots, scoreIndex(s.Name()))
 		}
 	}
 	return p
 }
 
-// Pick implements Picker.
+// Pick implements Picker. It reorders eps (filtered-out endpoints move to the back).
 func (p *Weighted) Pick(req Request, eps []Endpoint) Decision {
 	cands := p.filter(req, eps)
-	out := make([]Candidate, len(cands))
-	for i, e := range cands {
-		out[i] = Candidate{Address: e.Address, Scores: make(map[string]float64, len(p.scorers))}
+	n := len(cands)
+	if n == 0 {
+		return Decision{}
 	}
-	for _, s := range p.scorers {
-		w := p.weights[s.Name()]
-		for i, v := range s.Score(req, cands) {
-			out[i].Scores[s.Name()] = v
-			out[i].Score += w * v
+	sc, _ := p.scratch.Get().(*pickScratch)
+	if sc == nil {
+		sc = &pickScratch{}
+	}
+	defer p.scratch.Put(sc)
+	sc.total = resize(sc.total, n)
+	clear(sc.total)
+	for len(sc.vals) < len(p.scorers) {
+		sc.vals = append(sc.vals, nil)
+	}
+	for k, s := range p.scorers {
+		v := resize(sc.vals[k], n)
+		sc.vals[k] = v
+		s.Score(req, cands, v)
+		for i, x := range v {
+			sc.total[i] += p.weights[k] * x
 		}
 	}
-	p.rng.shuffle(out)
-	slices.SortStableFunc(out, byScore)
+	sc.keys = resize(sc.keys, n)
+	p.rng.fill(sc.keys)
+	// The best RankDepth by (score, random key): insertion into a short sorted list.
+	better := func(i, j int) bool {
+		return sc.total[i] > sc.total[j] || sc.total[i] == sc.total[j] && sc.keys[i] < sc.keys[j]
+	}
+	top := sc.top[:0]
+	for i := range n {
+		if len(top) == RankDepth && !better(i, top[len(top)-1]) {
+			continue
+		}
+		if len(top) < RankDepth {
+			top = append(top, i)
+		} else {
+			top[len(top)-1] = i
+		}
+		for j := len(top) - 1; j > 0 && better(top[j], top[j-1]); j-- {
+			top[j], top[j-1] = top[j-1], top[j]
+		}
+	}
+	sc.top = top
+	out := make([]Candidate, len(top))
+	for r, i := range top {
+		out[r] = Candidate{Address: cands[i].Address, Score: sc.total[i]}
+		for k := range p.scorers {
+			out[r].Scores.put(p.slots[k], sc.vals[k][i])
+		}
+	}
 	return Decision{Ranked: out}
 }
 
-// filter drops, in turn, unhealthy endpoints, stale ones, saturated ones and ones
-// that cannot take the request's adapter — each step only when something is left,
-// so the picker fails open rather than refusing.
-func (p *Weighted) filter(req Request, eps []Endpoint) []Endpoint {
-	keep := func(in []Endpoint, ok func(Endpoint) bool) []Endpoint {
-		var out []Endpoint
-		for _, e := range in {
-			if ok(e) {
-				out = append(out, e)
-			}
-		}
-		if len(out) == 0 {
-			return in
-		}
-		return out
+func resize[T any](s []T, n int) []T {
+	if cap(s) < n {
+		return make([]T, n)
 	}
-	eps = keep(eps, func(e Endpoint) bool { return e.Healthy })
-	eps = keep(eps, func(e Endpoint) bool { return !e.Stale })
-	eps = keep(eps, func(e Endpoint) bool {
+	return s[:n]
+}
+
+// filter keeps, in turn, healthy endpoints, fresh ones, unsaturated ones and ones
+// that can take the request's adapter — each step only when something is left, so
+// the picker fails open rather than refusing. It partitions eps in place and
+// returns the kept front.
+func (p *Weighted) filter(req Request, eps []Endpoint) []Endpoint {
+	eps = keep(eps, func(e *Endpoint) bool { return e.Healthy })
+	eps = keep(eps, func(e *Endpoint) bool { return !e.Stale })
+	eps = keep(eps, func(e *Endpoint) bool {
 		return e.Waiting < p.thresholds.Queue && e.KVUsage < p.thresholds.KVUsage
 	})
 	if req.Adapter != "" {
-		eps = keep(eps, func(e Endpoint) bool {
+		eps = keep(eps, func(e *Endpoint) bool {
 			return !e.HasLoRA || slices.Contains(e.RunningAdapters, req.Adapter) || slices.Contains(e.WaitingAdapters, req.Adapter) ||
 				len(e.RunningAdapters)+len(e.WaitingAdapters) < e.MaxLoRA
 		})
 	}
 	return eps
+}
+
+// keep moves the endpoints ok accepts to the front and returns them, or returns
+// eps unchanged when it accepts none.
+func keep(eps []Endpoint, ok func(*Endpoint) bool) []Endpoint {
+	k := 0
+	for i := range eps {
+		if ok(&eps[i]) {
+			if i != k {
+				eps[k], eps[i] = eps[i], eps[k]
+			}
+			k++
+		}
+	}
+	if k == 0 {
+		return eps
+	}
+	return eps[:k]
 }
