@@ -109,16 +109,95 @@ type endpoint struct {
 	cancel context.CancelFunc
 	done   chan struct{}
 
-	mu        sync.Mutex
-	want      engine.Dialect // configured; "" detects
-	metrics   engine.Metrics
-	dialect   engine.Dialect // of the last successful scrape
-	scrapedAt time.Time      // zero until the first success
-	failures  int
-	lastErr   error
+	mu   sync.Mutex
+	want engine.Dialect // configured; "" detects
+	acct Accounting
+}
+
+// Accounting is one endpoint as the picker sees it: its last scrape, with the
+// gateway's own dispatches since folded in. It is not safe for concurrent use: the
+// Fleet guards each one, and the virtual-time benchmark drives it directly with
+// its own clock, so both run the same accounting.
+type Accounting struct {
+	Metrics   engine.Metrics
+	Dialect   engine.Dialect // of the last successful scrape
+	ScrapedAt time.Time      // when the last successful scrape began; zero before
+	Failures  int            // consecutive failed scrapes
+	LastErr   error
 	pending   []dispatch // dispatched after the last scrape began
 	completed int        // completions of requests dispatched before the last scrape
 	nextID    uint64
+}
+
+// Observed records a successful scrape that began at started.
+func (a *Accounting) Observed(m engine.Metrics, d engine.Dialect, started time.Time) {
+	a.Metrics, a.Dialect, a.Failures, a.LastErr = m, d, 0, nil
+	a.ScrapedAt = started
+	// Dispatches before the scrape began are in the server's numbers now.
+	kept := a.pending[:0]
+	for _, p := range a.pending {
+		if p.at.After(started) {
+			kept = append(kept, p)
+		}
+	}
+	a.pending = kept
+	a.completed = 0
+}
+
+// Failed records a failed scrape.
+func (a *Accounting) Failed(err error) {
+	a.Failures++
+	a.LastErr = err
+}
+
+// Dispatch records a request of promptTokens sent at at; blockSize is the KV
+// block size to assume when the server does not export one. The id goes to
+// Complete.
+func (a *Accounting) Dispatch(at time.Time, promptTokens, blockSize int) uint64 {
+	if bs := a.Metrics.BlockSize; bs > 0 {
+		blockSize = bs
+	}
+	a.nextID++
+	a.pending = append(a.pending, dispatch{id: a.nextID, at: at, blocks: (promptTokens + blockSize - 1) / blockSize})
+	return a.nextID
+}
+
+// Complete records that the request of a dispatch id finished.
+func (a *Accounting) Complete(id uint64) {
+	for i, p := range a.pending {
+		if p.id == id {
+			a.pending = append(a.pending[:i], a.pending[i+1:]...)
+			return
+		}
+	}
+	// Dispatched before the last scrape: the server still counts it as running
+	// until its next scrape.
+	a.completed++
+}
+
+// Snapshot folds the dispatches into the last scrape, as of now.
+func (a *Accounting) Snapshot(addr string, now time.Time, staleAfter time.Duration, unhealthyAfter int) Snapshot {
+	s := Snapshot{Address: addr, Metrics: a.Metrics, Dialect: a.Dialect, Scraped: !a.ScrapedAt.IsZero(), Failures: a.Failures, Pending: len(a.pending)}
+	if a.LastErr != nil {
+		s.LastError = a.LastErr.Error()
+	}
+	blocks := 0
+	for _, p := range a.pending {
+		blocks += p.blocks
+	}
+	// Dispatched but not yet seen by the server: queued as far as we know, holding
+	// their prompt's blocks. Finished since the last scrape: no longer running.
+	s.Waiting += float64(len(a.pending))
+	s.Running = max(0, s.Running-float64(a.completed))
+	if s.NumBlocks > 0 {
+		s.KVUsage = min(1, s.KVUsage+float64(blocks)/float64(s.NumBlocks))
+	}
+	if s.Scraped {
+		s.Age = now.Sub(a.ScrapedAt)
+	}
+	s.Stale = !s.Scraped || s.Age > staleAfter
+	s.Healthy = s.Scraped && s.Failures < unhealthyAfter
+	return s
 }
 
 type dispatch struct {
@@ -192,7 +271,7 @@ func (f *Fleet) scrapeLoop(ctx context.Context, e *endpoint) {
 		if err != nil {
 			e.mu.Lock()
 			// Back off on failure, doubling up to the staleness bound.
-			for i := 1; i < e.failures && wait < cfg.StaleAfter; i++ {
+			for i := 1; i < e.acct.Failures && wait < cfg.StaleAfter; i++ {
 				wait *= 2
 			}
 			e.mu.Unlock()
@@ -212,21 +291,10 @@ func (f *Fleet) scrape(ctx context.Context, e *endpoint, sc *scrapeConn, cfg *Co
 		if ctx.Err() != nil {
 			return err // the fleet is stopping
 		}
-		e.failures++
-		e.lastErr = err
+		e.acct.Failed(err)
 		return err
 	}
-	e.metrics, e.dialect, e.failures, e.lastErr = m, d, 0, nil
-	e.scrapedAt = started
-	// Dispatches before the scrape began are in the server's numbers now.
-	kept := e.pending[:0]
-	for _, p := range e.pending {
-		if p.at.After(started) {
-			kept = append(kept, p)
-		}
-	}
-	e.pending = kept
-	e.completed = 0
+	e.acct.Observed(m, d, started)
 	return nil
 }
 
@@ -252,16 +320,10 @@ func (f *Fleet) Dispatched(addr string, promptTokens int) Ticket {
 	if e == nil {
 		return Ticket{}
 	}
+	cfg := f.cfg.Load()
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	cfg := f.cfg.Load()
-	bs := e.metrics.BlockSize
-	if bs == 0 {
-		bs = cfg.BlockSize
-	}
-	e.nextID++
-	e.pending = append(e.pending, dispatch{id: e.nextID, at: cfg.Now(), blocks: (promptTokens + bs - 1) / bs})
-	return Ticket{addr: addr, id: e.nextID}
+	return Ticket{addr: addr, id: e.acct.Dispatch(cfg.Now(), promptTokens, cfg.BlockSize)}
 }
 
 // Completed records that the request of a ticket finished.
@@ -272,15 +334,7 @@ func (f *Fleet) Completed(t Ticket) {
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	for i, p := range e.pending {
-		if p.id == t.id {
-			e.pending = append(e.pending[:i], e.pending[i+1:]...)
-			return
-		}
-	}
-	// Dispatched before the last scrape: the server still counts it as running
-	// until its next scrape.
-	e.completed++
+	e.acct.Complete(t.id)
 }
 
 func (f *Fleet) get(addr string) *endpoint {
@@ -315,25 +369,5 @@ func (f *Fleet) AppendSnapshots(dst []Snapshot, addrs []string) []Snapshot {
 func (e *endpoint) snapshot(now time.Time, cfg *Config) Snapshot {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	s := Snapshot{Address: e.addr, Metrics: e.metrics, Dialect: e.dialect, Scraped: !e.scrapedAt.IsZero(), Failures: e.failures, Pending: len(e.pending)}
-	if e.lastErr != nil {
-		s.LastError = e.lastErr.Error()
-	}
-	blocks := 0
-	for _, p := range e.pending {
-		blocks += p.blocks
-	}
-	// Dispatched but not yet seen by the server: queued as far as we know, holding
-	// their prompt's blocks. Finished since the last scrape: no longer running.
-	s.Waiting += float64(len(e.pending))
-	s.Running = max(0, s.Running-float64(e.completed))
-	if s.NumBlocks > 0 {
-		s.KVUsage = min(1, s.KVUsage+float64(blocks)/float64(s.NumBlocks))
-	}
-	if s.Scraped {
-		s.Age = now.Sub(e.scrapedAt)
-	}
-	s.Stale = !s.Scraped || s.Age > cfg.StaleAfter
-	s.Healthy = s.Scraped && s.Failures < cfg.UnhealthyAfter
-	return s
+	return e.acct.Snapshot(e.addr, now, cfg.StaleAfter, cfg.UnhealthyAfter)
 }
