@@ -43,7 +43,7 @@ const (
 
 // Known names for the enumerated fields.
 var (
-	Pickers     = []string{"kvgate", "least-request", "round-robin", "random"}
+	Pickers     = []string{"kvgate", "least-request", "round-robin", "random", "power-of-two"}
 	Profiles    = []string{"kvgate", "chat", "batch", "gie-default"}
 	EngineTypes = []string{"vllm", "sglang", "trtllm", "triton"}
 )

@@ -319,7 +319,12 @@ func TestClientCannotPickThePod(t *testing.T) {
 func TestExplainHeader(t *testing.T) {
 	_, a := startSim(t, llama, simserver.Options{})
 	_, b := startSim(t, llama, simserver.Options{})
-	_, base := startGateway(t, gatewayConfig(scheduler("p", llama, a, b)))
+	g, base := startGateway(t, gatewayConfig(scheduler("p", llama, a, b)))
+	// Both scraped, so neither is filtered out as unhealthy.
+	eventually(t, 5*time.Second, "both scraped", func() bool {
+		s := g.fleet.Snapshot([]string{a, b})
+		return s[0].Healthy && s[1].Healthy
+	})
 	resp, _, _ := call(t, "POST", base+"/v1/chat/completions", chat(llama), "X-Kvgate-Explain", "1")
 	scores := resp.Header.Get("X-Kvgate-Scores")
 	if !strings.Contains(scores, a) || !strings.Contains(scores, b) || !strings.Contains(scores, "kvCache=") || !strings.Contains(scores, "queue=") {

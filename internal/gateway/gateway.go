@@ -413,10 +413,8 @@ func profile(sc v1alpha1.SchedulerSpec) (schedule.Profile, error) {
 			}
 		}
 	}
-	if _, set := w["loraAffinity"]; !set && len(sc.LoRAAdapters) > 0 {
-		// Adapter residency is cache affinity too: as heavy as the prefix, it outweighs
-		// a request or two of queue difference.
-		w["loraAffinity"] = 3
+	if len(sc.LoRAAdapters) > 0 {
+		pr = pr.WithAdapters()
 	}
 	return pr, nil
 }

@@ -99,7 +99,8 @@ type Picker interface {
 	Pick(req Request, endpoints []Endpoint) Decision
 }
 
-// New returns the named baseline picker: least-request, round-robin or random.
+// New returns the named baseline picker: least-request, round-robin, random or
+// power-of-two.
 // "kvgate" here also means least-request: the GPU-aware picker needs weights and
 // is built with NewWeighted (the gateway does so for "kvgate").
 func New(name string, seed uint64) (Picker, error) {
@@ -110,6 +111,8 @@ func New(name string, seed uint64) (Picker, error) {
 		return &RoundRobin{}, nil
 	case "random":
 		return &Random{rng: newLockedRand(seed)}, nil
+	case "power-of-two":
+		return &PowerOfTwo{rng: newLockedRand(seed)}, nil
 	default:
 		return nil, fmt.Errorf("unknown picker %q", name)
 	}
@@ -182,6 +185,34 @@ func (p *Random) Pick(_ Request, eps []Endpoint) Decision {
 }
 
 var inFlightScore = scoreIndex("inFlight")
+
+// PowerOfTwo samples two endpoints at random and takes the one with fewer requests
+// in flight (the other is the fallback): the classic load balancer that needs no
+// global view.
+type PowerOfTwo struct{ rng *lockedRand }
+
+var _ Picker = (*PowerOfTwo)(nil)
+
+// Pick implements Picker.
+func (p *PowerOfTwo) Pick(_ Request, eps []Endpoint) Decision {
+	switch len(eps) {
+	case 0:
+		return Decision{}
+	case 1:
+		return Decision{Ranked: []Candidate{{Address: eps[0].Address, Score: 1}}}
+	}
+	var k [2]uint64
+	p.rng.fill(k[:])
+	i := int(k[0] % uint64(len(eps)))
+	j := int(k[1] % uint64(len(eps)-1))
+	if j >= i {
+		j++
+	}
+	if eps[j].InFlight < eps[i].InFlight {
+		i, j = j, i
+	}
+	return Decision{Ranked: []Candidate{{Address: eps[i].Address, Score: 1}, {Address: eps[j].Address, Score: 0.5}}}
+}
 
 func byScore(a, b Candidate) int {
 	switch {

@@ -113,3 +113,28 @@ func TestProfile(t *testing.T) {
 		})
 	}
 }
+
+func TestPowerOfTwo(t *testing.T) {
+	p, err := New("power-of-two", 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eps := []Endpoint{{Address: "a", InFlight: 0}, {Address: "b", InFlight: 10}, {Address: "c", InFlight: 10}}
+	first := map[string]int{}
+	for range 3000 {
+		d := p.Pick(Request{}, eps)
+		if len(d.Ranked) != 2 || d.Ranked[0].Address == d.Ranked[1].Address {
+			t.Fatalf("ranked %+v", d.Ranked)
+		}
+		first[d.Ranked[0].Address]++
+	}
+	// a wins whenever it is sampled: 2 of the 3 pairs.
+	if first["a"] < 1800 || first["a"] > 2200 || first["b"] == 0 || first["c"] == 0 {
+		t.Fatalf("first picks %v", first)
+	}
+	for _, n := range []int{0, 1} {
+		if d := p.Pick(Request{}, eps[:n]); len(d.Ranked) != n {
+			t.Errorf("%d endpoints ranked %d", n, len(d.Ranked))
+		}
+	}
+}

@@ -32,6 +32,17 @@ var profiles = map[string]Profile{
 	"batch":       {Weights: Weights{"queue": 1, "kvCache": 3, "prefix": 3}, QueueSpread: 8},
 }
 
+// WithAdapters returns the profile for a pool that serves LoRA adapters: adapter
+// residency is cache affinity too, so unless the profile weighs it, it weighs as
+// much as the prefix and outweighs a request or two of queue difference.
+func (p Profile) WithAdapters() Profile {
+	if _, set := p.Weights["loraAffinity"]; !set {
+		p.Weights = maps.Clone(p.Weights)
+		p.Weights["loraAffinity"] = 3
+	}
+	return p
+}
+
 // DefaultProfile is the profile of a scheduler that names none.
 const DefaultProfile = "chat"
 

@@ -15,7 +15,9 @@ func (d *deque) pushFront(s *Seq) {
 	if d.head == 0 {
 		// Leave room in front proportional to the queue so repeated pushes stay cheap.
 		gap := max(8, d.len())
-		grown := make([]*Seq, gap+len(d.items), gap+cap(d.items))
+		// Sized from the length, not the capacity: a capacity carried over would
+		// compound each time the queue is compacted and refilled.
+		grown := make([]*Seq, gap+len(d.items))
 		copy(grown[gap:], d.items)
 		d.items = grown
 		d.head = gap

@@ -86,6 +86,9 @@ type Request struct {
 	// otherwise it is drawn from the engine's seeded distribution.
 	OutputTokens int
 	Adapter      string // LoRA adapter name, "" for the base model
+	// Tag is the caller's, carried through untouched (a trace replay uses it to
+	// find the request a finished sequence belongs to).
+	Tag uint64
 }
 
 // FinishReason says why a sequence ended.
@@ -360,6 +363,12 @@ func (e *Engine) Step() StepResult {
 			load, evicted, ok := e.lora.acquire(s.Req.Adapter)
 			if !ok {
 				skipped = append(skipped, s)
+				// vLLM looks through the whole queue for a request whose adapter can
+				// run; past a batch's worth of skips the simulation stops looking,
+				// or a deep queue of blocked adapters costs it quadratic time.
+				if len(skipped) >= e.cfg.MaxNumSeqs {
+					break
+				}
 				continue
 			}
 			hits := e.matchPrefix(s)
@@ -537,6 +546,32 @@ type Snapshot struct {
 	RunningAdapters []string
 	WaitingAdapters []string
 	Stats           Stats
+}
+
+// Gauges are the engine's instantaneous load, as a metrics scrape reads it.
+type Gauges struct {
+	Waiting, Running int
+	KVUsage          float64
+	// Adapters are filled only when withAdapters is asked for: listing them costs
+	// allocations a scrape of an engine without LoRA need not pay.
+	RunningAdapters, WaitingAdapters []string
+}
+
+// Gauges reads the engine's load without copying its counters.
+func (e *Engine) Gauges(withAdapters bool) Gauges {
+	g := Gauges{Waiting: e.waiting.len(), Running: len(e.running), KVUsage: e.kv.usage()}
+	if withAdapters {
+		g.RunningAdapters = e.lora.running()
+		seen := map[string]bool{}
+		e.waiting.each(func(s *Seq) {
+			if a := s.Req.Adapter; a != "" && !seen[a] {
+				seen[a] = true
+				g.WaitingAdapters = append(g.WaitingAdapters, a)
+			}
+		})
+		slices.Sort(g.WaitingAdapters)
+	}
+	return g
 }
 
 // Snapshot reads the engine's current state.

@@ -24,8 +24,9 @@ func NewFleet(engines []*Engine) *Fleet {
 }
 
 // Run feeds arrivals, sorted by time, to the engine route picks for each, and steps
-// the engines until every request has finished. finished is called for each
-// sequence as it ends. Run returns the virtual time at which the last step ended.
+// the engines until every request has finished. route may return -1 to drop an
+// arrival (the caller accounts for it). finished is called for each sequence as it
+// ends. Run returns the virtual time at which the last step ended.
 func (f *Fleet) Run(arrivals []Arrival, route func(Arrival) int, finished func(engine int, s *Seq)) (time.Duration, error) {
 	for i := range f.busy.pos {
 		f.busy.pos[i] = -1
@@ -38,6 +39,9 @@ func (f *Fleet) Run(arrivals []Arrival, route func(Arrival) int, finished func(e
 			a := arrivals[next]
 			next++
 			i := route(a)
+			if i < 0 {
+				continue
+			}
 			e := f.Engines[i]
 			if !e.Busy() {
 				e.AdvanceTo(a.At)

@@ -1,0 +1,170 @@
+// Package report turns a bench run's per-request records into what the run leaves
+// behind: results.json for machines, report.md with SVG plots for people, and a
+// short table for the terminal.
+package report
+
+import (
+	"slices"
+	"time"
+)
+
+// DefaultBaseline is the policy changes are measured against when a Scenario
+// names none: the policy a gateway without kvgate would use.
+const DefaultBaseline = "round-robin"
+
+// Record is one request's outcome.
+type Record struct {
+	Arrival      time.Duration // from the start of the run
+	TTFT         time.Duration // arrival to first token; 0 when Error
+	E2E          time.Duration // arrival to last token
+	OutputTokens int
+	PromptTokens int
+	CachedTokens int // prompt tokens served from a prefix cache (0 when unknown)
+	Error        bool
+}
+
+// Result is one scenario × policy, as results.json holds it.
+type Result struct {
+	Scenario  string  `json:"scenario"`
+	Policy    string  `json:"policy"`
+	Mode      string  `json:"mode"` // "sim" or "live"
+	Requests  int     `json:"requests"`
+	Errors    int     `json:"errors"`
+	TTFTP50ms float64 `json:"ttft_p50_ms"`
+	TTFTP95ms float64 `json:"ttft_p95_ms"`
+	TTFTP99ms float64 `json:"ttft_p99_ms"`
+	// Inter-token latency: (E2E−TTFT)/(OutputTokens−1) per successful request with
+	// at least two tokens; percentiles over requests.
+	ITLP50ms         float64 `json:"itl_p50_ms"`
+	ITLP95ms         float64 `json:"itl_p95_ms"`
+	E2EP95ms         float64 `json:"e2e_p95_ms"`
+	OutputTokensPerS float64 `json:"output_tokens_per_s"` // successful requests' output tokens / DurationS
+	PrefixHitRate    float64 `json:"prefix_hit_rate"`     // Σcached / Σprompt tokens of successful requests
+	DurationS        float64 `json:"duration_s"`          // first arrival to last completion
+	// Records are kept for the plots, not written to JSON.
+	Records []Record `json:"-"`
+}
+
+// Scenario is what the report says about a scenario besides its numbers.
+type Scenario struct {
+	Name        string
+	Description string // one paragraph: workload and fleet
+	Baseline    string // policy the % changes are against; "" means DefaultBaseline
+	Target      string // optional: what the scenario is judged by, e.g. "P95 TTFT ≤ −97% vs round-robin"
+}
+
+func (s Scenario) baseline() string {
+	if s.Baseline == "" {
+		return DefaultBaseline
+	}
+	return s.Baseline
+}
+
+// Summarize reduces one scenario × policy's records to a Result that keeps them.
+// Latency percentiles are by nearest rank over successful requests only: a failed
+// request has no first token, and its time to failure says nothing about routing.
+// Errors are counted instead. The run's span covers every request, failed or not,
+// since the run lasted that long either way; only delivered tokens count as
+// throughput. Empty input gives zeros, never NaN, which JSON cannot hold.
+func Summarize(scenario, policy, mode string, recs []Record) Result {
+	r := Result{Scenario: scenario, Policy: policy, Mode: mode, Requests: len(recs), Records: recs}
+	if len(recs) == 0 {
+		return r
+	}
+	var ttft, itl, e2e []float64
+	var out, prompt, cached int
+	first, last := recs[0].Arrival, recs[0].Arrival
+	for _, rec := range recs {
+		first = min(first, rec.Arrival)
+		last = max(last, rec.Arrival+rec.E2E)
+		if rec.Error {
+			r.Errors++
+			continue
+		}
+		ttft = append(ttft, ms(rec.TTFT))
+		e2e = append(e2e, ms(rec.E2E))
+		if rec.OutputTokens >= 2 {
+			itl = append(itl, ms(rec.E2E-rec.TTFT)/float64(rec.OutputTokens-1))
+		}
+		out += rec.OutputTokens
+		prompt += rec.PromptTokens
+		cached += rec.CachedTokens
+	}
+	for _, xs := range [][]float64{ttft, itl, e2e} {
+		slices.Sort(xs)
+	}
+	r.TTFTP50ms, r.TTFTP95ms, r.TTFTP99ms = percentile(ttft, 50), percentile(ttft, 95), percentile(ttft, 99)
+	r.ITLP50ms, r.ITLP95ms = percentile(itl, 50), percentile(itl, 95)
+	r.E2EP95ms = percentile(e2e, 95)
+	r.DurationS = (last - first).Seconds()
+	if r.DurationS > 0 {
+		r.OutputTokensPerS = float64(out) / r.DurationS
+	}
+	if prompt > 0 {
+		r.PrefixHitRate = float64(cached) / float64(prompt)
+	}
+	return r
+}
+
+// percentile is the nearest-rank p-th percentile of sorted, 0 when it is empty.
+// p is a whole percent so the rank is exact: 0.95×100 in floating point is not 95.
+func percentile(sorted []float64, p int) float64 {
+	n := len(sorted)
+	if n == 0 {
+		return 0
+	}
+	rank := max((p*n+99)/100, 1) // ⌈p·n/100⌉
+	return sorted[min(rank, n)-1]
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// Change returns the relative change of v against base in percent (e.g. −97.1),
+// and false when base is 0, where no change is defined.
+func Change(v, base float64) (float64, bool) {
+	if base == 0 {
+		return 0, false
+	}
+	return (v - base) / base * 100, true
+}
+
+// section is one scenario's results in the order given.
+type section struct {
+	Scenario
+	results []Result
+}
+
+// sections groups results under the scenarios in order. A result whose scenario
+// has no metadata still gets a section after the described ones, so that nothing
+// measured goes unreported.
+func sections(scenarios []Scenario, results []Result) []section {
+	var out []section
+	at := map[string]int{}
+	for _, s := range scenarios {
+		if _, dup := at[s.Name]; dup {
+			continue
+		}
+		at[s.Name] = len(out)
+		out = append(out, section{Scenario: s})
+	}
+	for _, r := range results {
+		i, ok := at[r.Scenario]
+		if !ok {
+			i = len(out)
+			at[r.Scenario] = i
+			out = append(out, section{Scenario: Scenario{Name: r.Scenario}})
+		}
+		out[i].results = append(out[i].results, r)
+	}
+	return out
+}
+
+// base returns the section's baseline result, if it was run.
+func (s section) base() (Result, bool) {
+	for _, r := range s.results {
+		if r.Policy == s.baseline() {
+			return r, true
+		}
+	}
+	return Result{}, false
+}
