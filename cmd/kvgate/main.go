@@ -36,7 +36,7 @@ func newRoot() *cobra.Command {
 			return bindEnv(cmd)
 		},
 	}
-	root.AddCommand(newVersionCmd(), newServeCmd(), newSimCmd(), newDemoCmd())
+	root.AddCommand(newVersionCmd(), newServeCmd(), newSimCmd(), newDemoCmd(), newBenchCmd(), newTuneCmd())
 	return root
 }
 

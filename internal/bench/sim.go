@@ -38,6 +38,8 @@ type SimOptions struct {
 	// ScrapeInterval and StaleAfter are the gateway's (defaults 50 ms and 2 s).
 	ScrapeInterval, StaleAfter time.Duration
 	Seed                       uint64
+	// probe, in tests, receives the server each request was routed to.
+	probe func(server []int)
 }
 
 // blockTokens is the engines' KV block; the prefix index's 64-character blocks
@@ -95,6 +97,9 @@ func RunSim(opts SimOptions, trace workload.Trace) ([]report.Record, sim.Stats, 
 	f := sim.NewFleet(r.engines)
 	if _, err := f.Run(arrivals, func(a sim.Arrival) int { return r.route(a, trace[a.Req.Tag]) }, r.finished); err != nil {
 		return nil, sim.Stats{}, err
+	}
+	if opts.probe != nil {
+		opts.probe(r.server)
 	}
 	var total sim.Stats
 	for _, e := range r.engines {

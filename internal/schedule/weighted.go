@@ -28,8 +28,26 @@ type Profile struct {
 // and batch weights were chosen.
 var profiles = map[string]Profile{
 	"gie-default": {Weights: GIEDefault},
-	"chat":        {Weights: Weights{"queue": 2, "kvCache": 2, "prefix": 3, "runningRequests": 1}, QueueSpread: 4, RunningSpread: 8},
+	"chat":        {Weights: Weights{"queue": 1, "kvCache": 6, "prefix": 3}, QueueSpread: 4},
 	"batch":       {Weights: Weights{"queue": 1, "kvCache": 3, "prefix": 3}, QueueSpread: 8},
+}
+
+// Equal reports whether two profiles score alike (a missing weight is 0).
+func (p Profile) Equal(o Profile) bool {
+	if p.QueueSpread != o.QueueSpread || p.RunningSpread != o.RunningSpread {
+		return false
+	}
+	for k, v := range p.Weights {
+		if o.Weights[k] != v {
+			return false
+		}
+	}
+	for k, v := range o.Weights {
+		if p.Weights[k] != v {
+			return false
+		}
+	}
+	return true
 }
 
 // WithAdapters returns the profile for a pool that serves LoRA adapters: adapter

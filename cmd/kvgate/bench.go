@@ -1,0 +1,90 @@
+package main
+
+import (
+	"os"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kvgate/kvgate/internal/bench"
+)
+
+func newBenchCmd() *cobra.Command {
+	var cfg bench.Config
+	cmd := &cobra.Command{
+		Use:   "bench",
+		Short: "Compare routing policies on simulated or live model servers",
+		Long: `Runs scenarios under routing policies and reports TTFT, inter-token latency, end-to-end
+latency, throughput and prefix-cache hits per policy, with the change against round-robin.
+
+--mode sim (the default) replays each scenario's trace in virtual time against simulated
+engines, routed by the same picker, prefix index and in-flight accounting as kvgate serve,
+with metric scrapes every 50 ms. --mode live sends the trace as real streaming requests to
+one or more OpenAI-compatible targets, open loop.
+
+Examples:
+  kvgate bench --suite aws --out bench-out
+  kvgate bench --suite aws --quick --scenario mixed-gpu --policies round-robin,kvgate
+  kvgate bench --trace trace.jsonl --fleet deploy/examples/sim-fleet.yaml
+  kvgate bench --mode live --scenario mixed-gpu --requests 500 --rate 5 \
+      --target nginx=http://127.0.0.1:8201 --target kvgate=http://127.0.0.1:8203`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg.CommandLine = "kvgate " + strings.Join(os.Args[1:], " ")
+			return bench.Run(cmd.Context(), cmd.OutOrStdout(), cfg)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&cfg.Mode, "mode", "sim", "sim (virtual time) or live (real HTTP)")
+	f.StringVar(&cfg.Suite, "suite", "aws", "scenario suite")
+	f.StringSliceVar(&cfg.Scenarios, "scenario", nil, "run only these scenarios of the suite (repeatable or comma-separated)")
+	f.StringSliceVar(&cfg.Policies, "policies", nil, "policies to compare in sim mode (default: all: "+strings.Join(bench.Policies, ",")+")")
+	f.BoolVar(&cfg.Quick, "quick", false, "a tenth of each workload, for CI")
+	f.StringVar(&cfg.Out, "out", "", "directory for results.json, report.md and plots/")
+	f.Uint64Var(&cfg.Seed, "seed", 0, "added to every scenario's workload seed")
+	f.StringVar(&cfg.TraceFile, "trace", "", "replay this JSONL trace (with --fleet) instead of the suite")
+	f.StringVar(&cfg.FleetFile, "fleet", "", "fleet file (as for kvgate sim) the trace runs on in sim mode")
+	f.BoolVar(&cfg.SaveTraces, "save-traces", false, "write each scenario's trace to OUT/traces/<scenario>.jsonl")
+	f.StringArrayVar(&cfg.Live.Targets, "target", nil, "live mode: NAME=URL of an OpenAI-compatible endpoint (repeatable; the first is the baseline)")
+	f.IntVar(&cfg.Live.Requests, "requests", 0, "live mode: send at most this many requests of the trace")
+	f.Float64Var(&cfg.Live.Rate, "rate", 0, "live mode: rescale the trace to this mean rate (requests/s)")
+	f.DurationVar(&cfg.Live.Timeout, "timeout", 0, "live mode: bound of one request (default 5m)")
+	f.IntVar(&cfg.Live.MaxConcurrency, "max-concurrency", 0, "live mode: requests in flight at most (default 4096)")
+	f.DurationVar(&cfg.Live.Pause, "pause", 0, "live mode: pause between targets (default 5s)")
+	f.IntVar(&cfg.Live.MaxTokens, "max-tokens", 0, "live mode: cap every request's output tokens (shorter runs)")
+	return cmd
+}
+
+func newTuneCmd() *cobra.Command {
+	var cfg bench.TuneConfig
+	cmd := &cobra.Command{
+		Use:   "tune",
+		Short: "Search scorer weights in virtual time for a trace and fleet",
+		Long: `Replays a trace on a fleet in virtual time under many weight settings (coordinate
+descent over each scorer's weight) and prints the best weights, their gain over the starting
+profile on the same trace, and a weights block ready to paste into a scheduler.
+
+Examples:
+  kvgate tune --trace trace.jsonl --fleet fleet.yaml --objective p95-ttft
+  kvgate tune --suite aws --quick --objective p95-e2e --profile batch`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if cfg.TraceFile == "" && cfg.FleetFile == "" && cfg.Suite == "" {
+				cfg.Suite = "aws"
+			}
+			_, err := bench.Tune(cmd.Context(), cmd.OutOrStdout(), cfg)
+			return err
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&cfg.TraceFile, "trace", "", "JSONL trace to tune on (with --fleet)")
+	f.StringVar(&cfg.FleetFile, "fleet", "", "fleet file (as for kvgate sim)")
+	f.StringVar(&cfg.Suite, "suite", "", "tune over a suite's scenarios instead (aws)")
+	f.StringSliceVar(&cfg.Scenarios, "scenario", nil, "with --suite: only these scenarios")
+	f.BoolVar(&cfg.Quick, "quick", false, "with --suite: a tenth of each workload")
+	f.StringVar(&cfg.Objective, "objective", "p95-ttft", "p95-ttft, p99-ttft, p50-ttft, p95-e2e or throughput")
+	f.StringVar(&cfg.Profile, "profile", "kvgate", "profile to start from and to compare against")
+	f.BoolVar(&cfg.Spreads, "spreads", false, "also search the queue and running spreads (profile design)")
+	f.Uint64Var(&cfg.Seed, "seed", 0, "added to every workload seed")
+	return cmd
+}

@@ -1,0 +1,194 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/kvgate/kvgate/internal/report"
+	"github.com/kvgate/kvgate/internal/simserver"
+	"github.com/kvgate/kvgate/internal/workload"
+)
+
+// Config is one `kvgate bench` invocation.
+type Config struct {
+	Mode      string   // "sim" (default) or "live"
+	Suite     string   // "aws"
+	Scenarios []string // subset of the suite; empty: all
+	Policies  []string // empty: Policies
+	Quick     bool
+	Out       string // directory for results.json, report.md, plots; "" writes nothing
+	Seed      uint64
+	// TraceFile and FleetFile replay a recorded trace on a described fleet
+	// instead of the suite (scenario "replay").
+	TraceFile, FleetFile string
+	// SaveTraces writes each scenario's trace to Out/traces/<scenario>.jsonl.
+	SaveTraces bool
+	// CommandLine is quoted in the report.
+	CommandLine string
+	Live        LiveConfig
+}
+
+// Run runs the benchmark, prints a summary to w and writes the report.
+func Run(ctx context.Context, w io.Writer, cfg Config) error {
+	switch cfg.Mode {
+	case "", "sim":
+		return runSim(ctx, w, cfg)
+	case "live":
+		return runLive(ctx, w, cfg)
+	default:
+		return fmt.Errorf("unknown mode %q (sim or live)", cfg.Mode)
+	}
+}
+
+func runSim(ctx context.Context, w io.Writer, cfg Config) error {
+	scenarios, traces, err := selectScenarios(cfg)
+	if err != nil {
+		return err
+	}
+	policies := cfg.Policies
+	if len(policies) == 0 {
+		policies = Policies
+	}
+	var jobs []Job
+	for i, s := range scenarios {
+		for _, p := range policies {
+			if !slices.Contains(Policies, p) {
+				return fmt.Errorf("unknown policy %q (known: %s)", p, strings.Join(Policies, ", "))
+			}
+			jobs = append(jobs, Job{Scenario: s, Trace: traces[i], Policy: p, Options: SimOptions{Seed: cfg.Seed}})
+		}
+	}
+	if err := saveTraces(cfg, scenarios, traces); err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "kvgate bench: %d scenarios × %d policies in virtual time\n", len(scenarios), len(policies))
+	start := time.Now()
+	results, err := RunSimJobs(ctx, jobs, w)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "done in %.1fs\n\n", time.Since(start).Seconds())
+	return finish(w, cfg, scenarios, results)
+}
+
+// selectScenarios returns the scenarios to run with their traces: the suite's
+// (generated), or a replayed trace on a fleet file.
+func selectScenarios(cfg Config) ([]Scenario, []workload.Trace, error) {
+	if cfg.TraceFile != "" || cfg.FleetFile != "" {
+		if cfg.TraceFile == "" || cfg.FleetFile == "" {
+			return nil, nil, errors.New("--trace and --fleet go together")
+		}
+		tr, err := readTrace(cfg.TraceFile)
+		if err != nil {
+			return nil, nil, err
+		}
+		fs, err := simserver.LoadFleet(cfg.FleetFile)
+		if err != nil {
+			return nil, nil, err
+		}
+		s := Scenario{Scenario: report.Scenario{Name: "replay", Baseline: "round-robin",
+			Description: fmt.Sprintf("Trace %s (%d requests) on the fleet of %s.", cfg.TraceFile, len(tr), cfg.FleetFile)}, Fleet: fs}
+		return []Scenario{s}, []workload.Trace{tr}, nil
+	}
+	suite := cfg.Suite
+	if suite == "" {
+		suite = "aws"
+	}
+	all, err := Suite(suite, cfg.Quick)
+	if err != nil {
+		return nil, nil, err
+	}
+	var names []string
+	for _, s := range all {
+		names = append(names, s.Name)
+	}
+	for _, want := range cfg.Scenarios {
+		if !slices.Contains(names, want) {
+			return nil, nil, fmt.Errorf("unknown scenario %q (known: %s)", want, strings.Join(names, ", "))
+		}
+	}
+	var out []Scenario
+	var traces []workload.Trace
+	for _, s := range all {
+		if len(cfg.Scenarios) > 0 && !slices.Contains(cfg.Scenarios, s.Name) {
+			continue
+		}
+		if cfg.Seed != 0 {
+			s.Workload.Seed += cfg.Seed
+		}
+		tr, err := workload.Generate(s.Workload)
+		if err != nil {
+			return nil, nil, fmt.Errorf("scenario %s: %w", s.Name, err)
+		}
+		s.Description += " Workload: " + workload.Describe(s.Workload) + "."
+		out = append(out, s)
+		traces = append(traces, tr)
+	}
+	return out, traces, nil
+}
+
+func readTrace(path string) (workload.Trace, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = f.Close() }()
+	tr, err := workload.Read(f)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	if len(tr) == 0 {
+		return nil, fmt.Errorf("%s: no requests", path)
+	}
+	return tr, nil
+}
+
+func saveTraces(cfg Config, scenarios []Scenario, traces []workload.Trace) error {
+	if !cfg.SaveTraces || cfg.Out == "" {
+		return nil
+	}
+	dir := filepath.Join(cfg.Out, "traces")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	for i, s := range scenarios {
+		f, err := os.Create(filepath.Join(dir, s.Name+".jsonl"))
+		if err != nil {
+			return err
+		}
+		err = workload.Write(f, traces[i])
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return fmt.Errorf("writing trace of %s: %w", s.Name, err)
+		}
+	}
+	return nil
+}
+
+// finish prints the summary and writes the report.
+func finish(w io.Writer, cfg Config, scenarios []Scenario, results []report.Result) error {
+	meta := make([]report.Scenario, len(scenarios))
+	for i, s := range scenarios {
+		meta[i] = s.Scenario
+	}
+	report.Summary(w, meta, results)
+	if cfg.Out == "" {
+		return nil
+	}
+	header := fmt.Sprintf("Command: `%s`. Seed %d. Generated %s.", cfg.CommandLine, cfg.Seed, time.Now().UTC().Format(time.RFC3339))
+	if err := report.Write(cfg.Out, meta, results, header); err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "\nreport: %s  results: %s  plots: %s\n", filepath.Join(cfg.Out, "report.md"),
+		filepath.Join(cfg.Out, "results.json"), filepath.Join(cfg.Out, "plots"))
+	return nil
+}

@@ -1,0 +1,191 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"maps"
+	"math"
+	"slices"
+	"strings"
+
+	"github.com/kvgate/kvgate/internal/report"
+	"github.com/kvgate/kvgate/internal/schedule"
+)
+
+// Objectives kvgate tune can minimise, each a figure of a run's results.
+var Objectives = map[string]func(report.Result) float64{
+	"p95-ttft": func(r report.Result) float64 { return r.TTFTP95ms },
+	"p99-ttft": func(r report.Result) float64 { return r.TTFTP99ms },
+	"p50-ttft": func(r report.Result) float64 { return r.TTFTP50ms },
+	"p95-e2e":  func(r report.Result) float64 { return r.E2EP95ms },
+	// Throughput is maximised: its reciprocal is minimised.
+	"throughput": func(r report.Result) float64 { return 1 / math.Max(r.OutputTokensPerS, 1e-9) },
+}
+
+// TuneConfig is one `kvgate tune` invocation.
+type TuneConfig struct {
+	Suite                string // tune over the suite's scenarios ("aws"), or
+	TraceFile, FleetFile string // over one trace on one fleet
+	Scenarios            []string
+	Quick                bool
+	Objective            string // a key of Objectives; default p95-ttft
+	Profile              string // the starting profile (default "kvgate")
+	// Spreads also searches the load scorers' spreads (profile design; the
+	// configuration file sets only weights).
+	Spreads bool
+	Seed    uint64
+}
+
+// weightValues are the integer weights tried per scorer.
+var weightValues = []float64{0, 1, 2, 3, 4, 6}
+
+// spreadValues are the spreads tried when Spreads is set.
+var spreadValues = []float64{0, 2, 4, 8, 16}
+
+// Tune searches the weights in virtual time by coordinate descent — each weight in
+// turn over weightValues, keeping the best, until a pass changes nothing — and
+// prints the best profile, its gain over the starting one on the same traces, and
+// a weights block ready to paste into a scheduler. With several scenarios the
+// objective is the geometric mean of the per-scenario figures, so that no
+// scenario's scale dominates.
+func Tune(ctx context.Context, w io.Writer, cfg TuneConfig) (schedule.Profile, error) {
+	if cfg.Objective == "" {
+		cfg.Objective = "p95-ttft"
+	}
+	obj, ok := Objectives[cfg.Objective]
+	if !ok {
+		return schedule.Profile{}, fmt.Errorf("unknown objective %q (known: %s)", cfg.Objective, strings.Join(slices.Sorted(maps.Keys(Objectives)), ", "))
+	}
+	if cfg.Profile == "" {
+		cfg.Profile = "kvgate"
+	}
+	start, err := schedule.LookupProfile(cfg.Profile)
+	if err != nil {
+		return schedule.Profile{}, err
+	}
+	scenarios, traces, err := selectScenarios(Config{Suite: cfg.Suite, Scenarios: cfg.Scenarios, Quick: cfg.Quick,
+		TraceFile: cfg.TraceFile, FleetFile: cfg.FleetFile, Seed: cfg.Seed})
+	if err != nil {
+		return schedule.Profile{}, err
+	}
+	eval := func(p schedule.Profile) (float64, []report.Result, error) {
+		jobs := make([]Job, len(scenarios))
+		for i, s := range scenarios {
+			pp := p
+			jobs[i] = Job{Scenario: s, Trace: traces[i], Policy: "kvgate", Options: SimOptions{Seed: cfg.Seed, Profile: &pp}}
+		}
+		res, err := RunSimJobs(ctx, jobs, nil)
+		if err != nil {
+			return 0, nil, err
+		}
+		logSum := 0.0
+		for _, r := range res {
+			logSum += math.Log(math.Max(obj(r), 1e-9))
+		}
+		return math.Exp(logSum / float64(len(res))), res, nil
+	}
+	fmt.Fprintf(w, "kvgate tune: objective %s over %d scenario(s), starting from profile %s\n", cfg.Objective, len(scenarios), cfg.Profile)
+	best := start
+	best.Weights = maps.Clone(start.Weights)
+	bestScore, baseRes, err := eval(best)
+	if err != nil {
+		return best, err
+	}
+	startScore := bestScore
+	fmt.Fprintf(w, "  start  %s  → %s\n", describe(best), fmtScore(cfg.Objective, bestScore))
+	dims := []string{"queue", "kvCache", "prefix", "loraAffinity", "runningRequests"}
+	if cfg.Spreads {
+		dims = append(dims, "queueSpread", "runningSpread")
+	}
+	for pass := 1; pass <= 3; pass++ {
+		changed := false
+		for _, d := range dims {
+			values := weightValues
+			if strings.HasSuffix(d, "Spread") {
+				values = spreadValues
+			}
+			for _, v := range values {
+				if err := ctx.Err(); err != nil {
+					return best, err
+				}
+				cand := with(best, d, v)
+				if cand.Equal(best) || len(activeWeights(cand)) == 0 {
+					continue
+				}
+				score, _, err := eval(cand)
+				if err != nil {
+					return best, err
+				}
+				// A change must win by 1%: noise between near-equal settings must not
+				// walk the weights around.
+				if score < bestScore*0.99 {
+					best, bestScore, changed = cand, score, true
+					fmt.Fprintf(w, "  pass %d %s  → %s\n", pass, describe(best), fmtScore(cfg.Objective, bestScore))
+				}
+			}
+		}
+		if !changed {
+			break
+		}
+	}
+	_, bestRes, err := eval(best)
+	if err != nil {
+		return best, err
+	}
+	fmt.Fprintf(w, "\nbest: %s\n", describe(best))
+	fmt.Fprintf(w, "%s: %s against %s with profile %s (%+.1f%%)\n", cfg.Objective, fmtScore(cfg.Objective, bestScore),
+		fmtScore(cfg.Objective, startScore), cfg.Profile, (bestScore/startScore-1)*100)
+	for i := range bestRes {
+		fmt.Fprintf(w, "  %-15s %s → %s\n", bestRes[i].Scenario, fmtScore(cfg.Objective, obj(baseRes[i])), fmtScore(cfg.Objective, obj(bestRes[i])))
+	}
+	fmt.Fprintf(w, "\nPaste into the scheduler (profile %s):\n\n      profile: %s\n      weights: %s\n", cfg.Profile, cfg.Profile, weightsBlock(best))
+	if cfg.Spreads {
+		fmt.Fprintf(w, "      # spreads (profile code, not configuration): queue %g, running %g\n", best.QueueSpread, best.RunningSpread)
+	}
+	return best, nil
+}
+
+func with(p schedule.Profile, dim string, v float64) schedule.Profile {
+	p.Weights = maps.Clone(p.Weights)
+	switch dim {
+	case "queueSpread":
+		p.QueueSpread = v
+	case "runningSpread":
+		p.RunningSpread = v
+	default:
+		p.Weights[dim] = v
+	}
+	return p
+}
+
+func activeWeights(p schedule.Profile) []string {
+	var out []string
+	for k, v := range p.Weights {
+		if v > 0 {
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
+func describe(p schedule.Profile) string {
+	return fmt.Sprintf("%s spreads queue %g running %g", weightsBlock(p), p.QueueSpread, p.RunningSpread)
+}
+
+// weightsBlock writes every scorer's weight, zeros included, so that pasting it
+// over a profile sets all five.
+func weightsBlock(p schedule.Profile) string {
+	var parts []string
+	for _, k := range []string{"queue", "kvCache", "prefix", "loraAffinity", "runningRequests"} {
+		parts = append(parts, fmt.Sprintf("%s: %g", k, p.Weights[k]))
+	}
+	return "{" + strings.Join(parts, ", ") + "}"
+}
+
+func fmtScore(objective string, v float64) string {
+	if objective == "throughput" {
+		return fmt.Sprintf("%.0f tok/s", 1/v)
+	}
+	return fmt.Sprintf("%.1f ms", v)
+}
