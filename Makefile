@@ -3,7 +3,7 @@ GO      ?= go
 BIN     ?= bin/kvgate
 PKGS    ?= ./...
 
-.PHONY: all build test unit lint fmt demo bench clean tools
+.PHONY: all build test unit lint fmt demo bench bench-peers clean tools
 
 all: build
 
@@ -32,6 +32,11 @@ tools:
 ## demo: a simulated fleet on loopback, real traffic through it, and what it did.
 demo: build
 	$(BIN) demo
+
+## bench-peers: nginx (round-robin) and haproxy (leastconn) against kvgate serve, live,
+## in front of one simulated fleet (installs nginx-light and haproxy when root).
+bench-peers:
+	./hack/bench-peers.sh
 
 ## bench: the simulator's cost benchmarks (docs/benchmarks.md quotes them).
 bench: build

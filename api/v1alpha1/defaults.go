@@ -178,3 +178,9 @@ func (g GatewaySpec) UnhealthyAfter() int {
 	}
 	return DefaultUnhealthyAfter
 }
+
+// ByName lists the weights by scorer name; unset ones are nil.
+func (w Weights) ByName() map[string]*int32 {
+	return map[string]*int32{"queue": w.Queue, "kvCache": w.KVCache, "prefix": w.Prefix, "loraAffinity": w.LoRAAffinity,
+		"runningRequests": w.RunningRequests, "prefillQueue": w.PrefillQueue}
+}

@@ -126,6 +126,10 @@ type Weights struct {
 	LoRAAffinity *int32 `json:"loraAffinity,omitempty"`
 	// +kubebuilder:validation:Minimum=0
 	RunningRequests *int32 `json:"runningRequests,omitempty"`
+	// PrefillQueue weighs the prompt tokens this gateway has queued at an endpoint
+	// that await their first token.
+	// +kubebuilder:validation:Minimum=0
+	PrefillQueue *int32 `json:"prefillQueue,omitempty"`
 }
 
 // SaturationSpec holds the thresholds at which an endpoint counts as saturated.

@@ -125,7 +125,7 @@ func (c *InferenceGatewayConfig) Validate() []FieldError {
 		checkEnum(add, p+".picker", sc.Picker, Pickers)
 		checkEnum(add, p+".profile", sc.Profile, Profiles)
 		if w := sc.Weights; w != nil {
-			for name, v := range map[string]*int32{"queue": w.Queue, "kvCache": w.KVCache, "prefix": w.Prefix, "loraAffinity": w.LoRAAffinity, "runningRequests": w.RunningRequests} {
+			for name, v := range w.ByName() {
 				if v != nil && *v < 0 {
 					add(p+".weights."+name, "must be ≥ 0, got %d", *v)
 				}

@@ -25,5 +25,6 @@ func newDemoCmd() *cobra.Command {
 	cmd.Flags().DurationVar(&opts.LoadDuration, "duration", 15*time.Second, "length of the load phase")
 	cmd.Flags().Float64Var(&opts.Rate, "rate", 6, "requests per second in the load phase")
 	cmd.Flags().Uint64Var(&opts.Seed, "seed", 1, "seed of the traffic")
+	cmd.Flags().StringVar(&opts.Out, "out", "demo-out", "directory for the load phase's report.md, results.json and plots (empty: none)")
 	return cmd
 }

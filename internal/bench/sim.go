@@ -95,6 +95,7 @@ func RunSim(opts SimOptions, trace workload.Trace) ([]report.Record, sim.Stats, 
 		r.recs[i] = report.Record{Arrival: at, PromptTokens: q.PromptTokens()}
 	}
 	f := sim.NewFleet(r.engines)
+	f.OnFirstToken = func(i int, s *sim.Seq) { r.eps[i].acct.FirstToken(r.ticket[s.Req.Tag]) }
 	if _, err := f.Run(arrivals, func(a sim.Arrival) int { return r.route(a, trace[a.Req.Tag]) }, r.finished); err != nil {
 		return nil, sim.Stats{}, err
 	}
@@ -198,7 +199,7 @@ func (r *simRun) route(a sim.Arrival, q workload.Request) int {
 	for _, e := range r.eps {
 		s := e.acct.Snapshot(e.addr, wall, r.opts.StaleAfter, unhealthyAfter)
 		r.cands = append(r.cands, schedule.Endpoint{Address: e.addr, InFlight: e.inFlight,
-			Signals: schedule.Signals{Metrics: s.Metrics, HasMetrics: s.Scraped, Healthy: s.Healthy, Stale: s.Stale}})
+			Signals: schedule.Signals{Metrics: s.Metrics, HasMetrics: s.Scraped, Healthy: s.Healthy, Stale: s.Stale, PrefillTokens: float64(s.PrefillTokens)}})
 		r.addrs = append(r.addrs, e.addr)
 	}
 	if len(hashes) > 0 {

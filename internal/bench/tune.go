@@ -40,8 +40,12 @@ type TuneConfig struct {
 // weightValues are the integer weights tried per scorer.
 var weightValues = []float64{0, 1, 2, 3, 4, 6}
 
-// spreadValues are the spreads tried when Spreads is set.
-var spreadValues = []float64{0, 2, 4, 8, 16}
+// spreadValues are the spreads tried when Spreads is set; prefillSpreadValues
+// are in tokens.
+var (
+	spreadValues        = []float64{0, 2, 4, 8, 16}
+	prefillSpreadValues = []float64{0, 1024, 4096, 16384}
+)
 
 // Tune searches the weights in virtual time by coordinate descent — each weight in
 // turn over weightValues, keeping the best, until a pass changes nothing — and
@@ -94,15 +98,18 @@ func Tune(ctx context.Context, w io.Writer, cfg TuneConfig) (schedule.Profile, e
 	}
 	startScore := bestScore
 	fmt.Fprintf(w, "  start  %s  → %s\n", describe(best), fmtScore(cfg.Objective, bestScore))
-	dims := []string{"queue", "kvCache", "prefix", "loraAffinity", "runningRequests"}
+	dims := []string{"queue", "kvCache", "prefix", "loraAffinity", "runningRequests", "prefillQueue"}
 	if cfg.Spreads {
-		dims = append(dims, "queueSpread", "runningSpread")
+		dims = append(dims, "queueSpread", "runningSpread", "prefillSpread")
 	}
 	for pass := 1; pass <= 3; pass++ {
 		changed := false
 		for _, d := range dims {
 			values := weightValues
-			if strings.HasSuffix(d, "Spread") {
+			switch {
+			case d == "prefillSpread":
+				values = prefillSpreadValues
+			case strings.HasSuffix(d, "Spread"):
 				values = spreadValues
 			}
 			for _, v := range values {
@@ -141,7 +148,7 @@ func Tune(ctx context.Context, w io.Writer, cfg TuneConfig) (schedule.Profile, e
 	}
 	fmt.Fprintf(w, "\nPaste into the scheduler (profile %s):\n\n      profile: %s\n      weights: %s\n", cfg.Profile, cfg.Profile, weightsBlock(best))
 	if cfg.Spreads {
-		fmt.Fprintf(w, "      # spreads (profile code, not configuration): queue %g, running %g\n", best.QueueSpread, best.RunningSpread)
+		fmt.Fprintf(w, "      # spreads (profile code, not configuration): queue %g, running %g, prefill %g\n", best.QueueSpread, best.RunningSpread, best.PrefillSpread)
 	}
 	return best, nil
 }
@@ -153,6 +160,8 @@ func with(p schedule.Profile, dim string, v float64) schedule.Profile {
 		p.QueueSpread = v
 	case "runningSpread":
 		p.RunningSpread = v
+	case "prefillSpread":
+		p.PrefillSpread = v
 	default:
 		p.Weights[dim] = v
 	}
@@ -170,14 +179,14 @@ func activeWeights(p schedule.Profile) []string {
 }
 
 func describe(p schedule.Profile) string {
-	return fmt.Sprintf("%s spreads queue %g running %g", weightsBlock(p), p.QueueSpread, p.RunningSpread)
+	return fmt.Sprintf("%s spreads queue %g running %g prefill %g", weightsBlock(p), p.QueueSpread, p.RunningSpread, p.PrefillSpread)
 }
 
 // weightsBlock writes every scorer's weight, zeros included, so that pasting it
 // over a profile sets all five.
 func weightsBlock(p schedule.Profile) string {
 	var parts []string
-	for _, k := range []string{"queue", "kvCache", "prefix", "loraAffinity", "runningRequests"} {
+	for _, k := range []string{"queue", "kvCache", "prefix", "loraAffinity", "runningRequests", "prefillQueue"} {
 		parts = append(parts, fmt.Sprintf("%s: %g", k, p.Weights[k]))
 	}
 	return "{" + strings.Join(parts, ", ") + "}"

@@ -14,6 +14,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -24,15 +25,19 @@ import (
 
 	"github.com/kvgate/kvgate/api/v1alpha1"
 	gw "github.com/kvgate/kvgate/internal/gateway"
+	"github.com/kvgate/kvgate/internal/report"
 	"github.com/kvgate/kvgate/internal/sim"
 	"github.com/kvgate/kvgate/internal/simserver"
+	"github.com/kvgate/kvgate/internal/workload"
 )
 
 // Options tune the demo.
 type Options struct {
 	LoadDuration time.Duration // length of the load phase; 0 means 15 s
-	Rate         float64       // requests per second in the load phase; 0 means 6
+	Rate         float64       // mean requests per second in the load phase; 0 means 6
 	Seed         uint64
+	// Out, when set, receives results.json, report.md and plots of the load phase.
+	Out string
 }
 
 const model = "meta-llama/Llama-3.1-8B-Instruct"
@@ -103,22 +108,30 @@ func Run(ctx context.Context, out io.Writer, opts Options) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "\n4. Through kvgate serve (http://%s), the same traffic twice: %.0f req/s for %s,\n", gw.addr, opts.Rate, opts.LoadDuration)
-	fmt.Fprintln(out, "   first with the round-robin picker (what a plain load balancer does), then, after a hot")
-	fmt.Fprintln(out, "   reload of the configuration, with kvgate's GPU-aware picker (scraped queue and KV cache,")
-	fmt.Fprintln(out, "   its own dispatches counted between scrapes, GIE default weights):")
+	fmt.Fprintf(out, "\n4. Through kvgate serve (http://%s), the same bursty chat traffic twice: %.0f req/s on\n", gw.addr, opts.Rate)
+	fmt.Fprintf(out, "   average for %s, in bursts at 5x the quiet rate; first with the round-robin picker (what a\n", opts.LoadDuration)
+	fmt.Fprintln(out, "   plain load balancer does), then, after a hot reload of the configuration, with kvgate's")
+	fmt.Fprintln(out, "   GPU-aware picker (scraped queue and KV cache, its own dispatches counted between scrapes):")
 	gpuOf := map[string]string{}
 	for _, s := range fleet {
 		gpuOf[s.Addr()] = s.Engine().GPU
 	}
+	trace, err := workload.Generate(workload.Spec{Kind: workload.Bursty, Seed: opts.Seed + 1, Rate: opts.Rate,
+		Requests: max(1, int(opts.Rate*opts.LoadDuration.Seconds())), BurstFactor: 5, BurstOn: 2 * time.Second, BurstOff: 3 * time.Second,
+		PromptTokens: workload.Dist{Mean: 1500, Sigma: 0.5, Min: 500, Max: 4000}, OutputTokens: workload.Dist{Mean: 200, Sigma: 0.5, Min: 50, Max: 400}})
+	if err != nil {
+		return err
+	}
+	var results []report.Result
 	for _, picker := range []string{"round-robin", "kvgate"} {
 		if err := gw.use(picker); err != nil {
 			return err
 		}
-		res, err := load(ctx, "http://"+gw.addr, gpuOf, fleet, opts)
+		res, recs, err := load(ctx, "http://"+gw.addr, gpuOf, fleet, trace)
 		if err != nil {
 			return err
 		}
+		results = append(results, report.Summarize("demo", picker, "live", recs))
 		fmt.Fprintf(out, "\n   picker %s:\n", picker)
 		w = tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
 		fmt.Fprintln(w, "     GPU\tserved\tTTFT p50\tTTFT p95\tpeak queue")
@@ -132,6 +145,17 @@ func Run(ctx context.Context, out io.Writer, opts Options) error {
 	}
 	fmt.Fprintln(out, "\n   Round-robin sends the A10G pods as much as the H100s and their queues grow; kvgate reads")
 	fmt.Fprintln(out, "   every pod's queue and KV cache and sends the work where it will start soonest.")
+	fmt.Fprintln(out)
+	sc := []report.Scenario{{Name: "demo", Baseline: "round-robin",
+		Description: "2 H100 and 2 A10G simulated servers of Llama-3.1-8B behind kvgate serve; bursty streaming chat traffic (" + workload.Describe(workload.Spec{Kind: workload.Bursty, Rate: opts.Rate, Requests: len(trace), BurstFactor: 5, BurstOn: 2 * time.Second, BurstOff: 3 * time.Second}) + "), sent open loop, the same trace through each picker."}}
+	report.Summary(out, sc, results)
+	if opts.Out != "" {
+		if err := report.Write(opts.Out, sc, results, "Command: `kvgate demo`."); err != nil {
+			return err
+		}
+		fmt.Fprintf(out, "\nreport: %s   plots: %s\n", filepath.Join(opts.Out, "report.md"), filepath.Join(opts.Out, "plots"))
+	}
+	fmt.Fprintln(out, "\nThe whole comparison in virtual time, against more policies and scenarios: kvgate bench --suite aws")
 	return nil
 }
 
@@ -187,6 +211,7 @@ func longPrompt(seed, n int) string {
 }
 
 type result struct {
+	start            time.Time // when the request was sent
 	ttft, itl, total time.Duration
 	cached           int
 	endpoint         string // x-kvgate-endpoint, when through the gateway
@@ -214,7 +239,7 @@ func stream(ctx context.Context, base, model, prompt string, maxTokens int) (res
 		msg, _ := io.ReadAll(resp.Body)
 		return result{}, fmt.Errorf("status %d: %s", resp.StatusCode, msg)
 	}
-	r := result{endpoint: resp.Header.Get("X-Kvgate-Endpoint")}
+	r := result{start: start, endpoint: resp.Header.Get("X-Kvgate-Endpoint")}
 	var last time.Time
 	tokens := 0
 	sc := bufio.NewScanner(resp.Body)
@@ -305,15 +330,15 @@ func (d *gateway) use(picker string) error {
 	})
 }
 
-// load sends Poisson arrivals through the gateway and collects TTFT per GPU of the
-// endpoint that served each request, and the deepest queue each GPU kind showed.
-func load(ctx context.Context, base string, gpuOf map[string]string, fleet []*simserver.Server, opts Options) (map[string]*gpuResult, error) {
-	rng := rand.New(rand.NewPCG(opts.Seed, 99))
+// load replays the trace through the gateway, open loop (each request leaves at
+// its arrival time), and collects TTFT per GPU of the endpoint that served each
+// request, the deepest queue each GPU kind showed, and a record per request.
+func load(ctx context.Context, base string, gpuOf map[string]string, fleet []*simserver.Server, trace workload.Trace) (map[string]*gpuResult, []report.Record, error) {
 	res := map[string]*gpuResult{"h100": {}, "a10g": {}}
+	recs := make([]report.Record, len(trace))
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	errs := make(chan error, 1)
-	deadline := time.Now().Add(opts.LoadDuration)
 	stopPoll := make(chan struct{})
 	var poller sync.WaitGroup
 	defer poller.Wait()
@@ -337,37 +362,42 @@ func load(ctx context.Context, base string, gpuOf map[string]string, fleet []*si
 			}
 		}
 	})
-	for i := 0; time.Now().Before(deadline); i++ {
-		prompt := longPrompt(1000+i, 1000+rng.IntN(2000))
-		out := 100 + rng.IntN(200)
+	start := time.Now()
+	for i, q := range trace {
+		at := start.Add(time.Duration(q.At * float64(time.Second)))
+		select {
+		case <-time.After(time.Until(at)):
+		case <-ctx.Done():
+			return nil, nil, ctx.Err()
+		}
+		prompt := longPrompt(1000+i, q.PromptTokens())
 		wg.Go(func() {
-			r, err := stream(ctx, base, model, prompt, out)
+			r, err := stream(ctx, base, model, prompt, q.OutputTokens)
 			if err != nil {
 				select {
 				case errs <- err:
 				default:
 				}
+				recs[i] = report.Record{Arrival: at.Sub(start), Error: true}
 				return
 			}
+			// Timed from the scheduled arrival, as the benchmark does.
+			late := r.start.Sub(at)
+			recs[i] = report.Record{Arrival: at.Sub(start), TTFT: r.ttft + late, E2E: r.total + late, OutputTokens: q.OutputTokens, PromptTokens: q.PromptTokens()}
 			mu.Lock()
 			if g := res[gpuOf[r.endpoint]]; g != nil {
 				g.ttfts = append(g.ttfts, r.ttft)
 			}
 			mu.Unlock()
 		})
-		select {
-		case <-time.After(time.Duration(rng.ExpFloat64() / opts.Rate * float64(time.Second))):
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
 	}
 	wg.Wait()
 	select {
 	case err := <-errs:
-		return nil, err
+		return nil, nil, err
 	default:
 	}
-	return res, nil
+	return res, recs, nil
 }
 
 func pct(d []time.Duration, p int) time.Duration {

@@ -65,6 +65,9 @@ type Snapshot struct {
 	// Pending counts requests dispatched after the last scrape and not yet
 	// reflected in it; they are included in Waiting and KVUsage above.
 	Pending int
+	// PrefillTokens are the prompt tokens this gateway sent that await their
+	// first token.
+	PrefillTokens int
 }
 
 // Fleet scrapes a set of endpoints until they are removed.
@@ -127,6 +130,11 @@ type Accounting struct {
 	pending   []dispatch // dispatched after the last scrape began
 	completed int        // completions of requests dispatched before the last scrape
 	nextID    uint64
+	// prefilling holds the prompt tokens of dispatched requests whose first token
+	// has not come back: work queued ahead of a new request, which the gateway
+	// knows before any scrape does.
+	prefilling      map[uint64]int
+	prefillingTotal int
 }
 
 // Observed records a successful scrape that began at started.
@@ -159,11 +167,26 @@ func (a *Accounting) Dispatch(at time.Time, promptTokens, blockSize int) uint64 
 	}
 	a.nextID++
 	a.pending = append(a.pending, dispatch{id: a.nextID, at: at, blocks: (promptTokens + blockSize - 1) / blockSize})
+	if a.prefilling == nil {
+		a.prefilling = map[uint64]int{}
+	}
+	a.prefilling[a.nextID] = promptTokens
+	a.prefillingTotal += promptTokens
 	return a.nextID
+}
+
+// FirstToken records that the request of a dispatch id produced its first token:
+// its prompt is no longer work ahead of others.
+func (a *Accounting) FirstToken(id uint64) {
+	if n, ok := a.prefilling[id]; ok {
+		delete(a.prefilling, id)
+		a.prefillingTotal -= n
+	}
 }
 
 // Complete records that the request of a dispatch id finished.
 func (a *Accounting) Complete(id uint64) {
+	a.FirstToken(id)
 	for i, p := range a.pending {
 		if p.id == id {
 			a.pending = append(a.pending[:i], a.pending[i+1:]...)
@@ -177,7 +200,8 @@ func (a *Accounting) Complete(id uint64) {
 
 // Snapshot folds the dispatches into the last scrape, as of now.
 func (a *Accounting) Snapshot(addr string, now time.Time, staleAfter time.Duration, unhealthyAfter int) Snapshot {
-	s := Snapshot{Address: addr, Metrics: a.Metrics, Dialect: a.Dialect, Scraped: !a.ScrapedAt.IsZero(), Failures: a.Failures, Pending: len(a.pending)}
+	s := Snapshot{Address: addr, Metrics: a.Metrics, Dialect: a.Dialect, Scraped: !a.ScrapedAt.IsZero(), Failures: a.Failures, Pending: len(a.pending),
+		PrefillTokens: a.prefillingTotal}
 	if a.LastErr != nil {
 		s.LastError = a.LastErr.Error()
 	}
@@ -324,6 +348,18 @@ func (f *Fleet) Dispatched(addr string, promptTokens int) Ticket {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return Ticket{addr: addr, id: e.acct.Dispatch(cfg.Now(), promptTokens, cfg.BlockSize)}
+}
+
+// FirstToken records that the request of a ticket produced its first byte of
+// response: its prefill is done.
+func (f *Fleet) FirstToken(t Ticket) {
+	e := f.get(t.addr)
+	if e == nil || t.id == 0 {
+		return
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.acct.FirstToken(t.id)
 }
 
 // Completed records that the request of a ticket finished.

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvgate/kvgate/internal/engine"
 	"github.com/kvgate/kvgate/internal/sim"
 	"github.com/kvgate/kvgate/internal/simserver"
 	"github.com/kvgate/kvgate/internal/simserver/simtest"
@@ -119,4 +120,44 @@ func TestWrongDialectFails(t *testing.T) {
 	// Corrected by a later Sync, the same scraper recovers.
 	f.Sync(context.Background(), []Target{{Addr: s.Addr(), Dialect: "vllm"}})
 	waitFor(t, "recovery", func() bool { g := f.Snapshot([]string{s.Addr()})[0]; return g.Healthy && g.Dialect == "vllm" })
+}
+
+// The accounting as the virtual-time benchmark drives it: dispatches count until
+// a scrape that began after them, prefill tokens until the first token.
+func TestAccounting(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	var a Accounting
+	snap := func(at time.Duration) Snapshot { return a.Snapshot("e", t0.Add(at), 2*time.Second, 3) }
+	if s := snap(0); s.Healthy || !s.Stale {
+		t.Fatalf("never scraped: %+v", s)
+	}
+	a.Observed(engine.Metrics{Waiting: 1, Running: 2, KVUsage: 0.5, NumBlocks: 1000, BlockSize: 16}, engine.VLLM, t0)
+	id1 := a.Dispatch(t0.Add(10*time.Millisecond), 1600, 16) // 100 blocks
+	id2 := a.Dispatch(t0.Add(20*time.Millisecond), 320, 16)
+	for _, tc := range []struct {
+		name    string
+		step    func()
+		at      time.Duration
+		waiting float64
+		running float64
+		kv      float64
+		prefill int
+		stale   bool
+	}{
+		{"two dispatched", func() {}, 30 * time.Millisecond, 3, 2, 0.5 + 120.0/1000, 1920, false},
+		{"first token of one", func() { a.FirstToken(id1) }, 30 * time.Millisecond, 3, 2, 0.5 + 120.0/1000, 320, false},
+		{"a scrape after both", func() {
+			a.Observed(engine.Metrics{Waiting: 0, Running: 4, KVUsage: 0.6, NumBlocks: 1000}, engine.VLLM, t0.Add(50*time.Millisecond))
+		}, 60 * time.Millisecond, 0, 4, 0.6, 320, false},
+		{"one completes", func() { a.Complete(id2) }, 60 * time.Millisecond, 0, 3, 0.6, 0, false},
+		{"stale after 2 s", func() {}, 3 * time.Second, 0, 3, 0.6, 0, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.step()
+			s := snap(tc.at)
+			if s.Waiting != tc.waiting || s.Running != tc.running || s.KVUsage != tc.kv || s.PrefillTokens != tc.prefill || s.Stale != tc.stale {
+				t.Fatalf("got waiting %v running %v kv %v prefill %d stale %v", s.Waiting, s.Running, s.KVUsage, s.PrefillTokens, s.Stale)
+			}
+		})
+	}
 }

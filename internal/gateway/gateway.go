@@ -343,7 +343,7 @@ func (p *pool) snapshot(fl *fleet.Fleet, idx *prefix.Index, hashes []uint64, lim
 	sc.snaps = fl.AppendSnapshots(sc.snaps[:0], addrs)
 	for i := range sc.snaps {
 		s := &sc.snaps[i]
-		out[i].Signals = schedule.Signals{Metrics: s.Metrics, HasMetrics: s.Scraped, Healthy: s.Healthy, Stale: s.Stale}
+		out[i].Signals = schedule.Signals{Metrics: s.Metrics, HasMetrics: s.Scraped, Healthy: s.Healthy, Stale: s.Stale, PrefillTokens: float64(s.PrefillTokens)}
 	}
 	if len(hashes) > 0 {
 		if cap(sc.matched) < len(addrs) {
@@ -407,7 +407,7 @@ func profile(sc v1alpha1.SchedulerSpec) (schedule.Profile, error) {
 	}
 	w := pr.Weights
 	if sw := sc.Weights; sw != nil {
-		for name, v := range map[string]*int32{"queue": sw.Queue, "kvCache": sw.KVCache, "prefix": sw.Prefix, "loraAffinity": sw.LoRAAffinity, "runningRequests": sw.RunningRequests} {
+		for name, v := range sw.ByName() {
 			if v != nil {
 				w[name] = float64(*v)
 			}

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/internal/engine"
+	"github.com/kvgate/kvgate/internal/fleet"
 	"github.com/kvgate/kvgate/internal/openai"
 	"github.com/kvgate/kvgate/internal/prefix"
 	"github.com/kvgate/kvgate/internal/schedule"
@@ -332,7 +333,7 @@ func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Re
 			cancel()
 			done()
 		}()
-		g.relay(ctx, w, resp, j, ep)
+		g.relay(ctx, w, resp, j, ep, ticket)
 		return
 	}
 	// No endpoint answered.
@@ -409,7 +410,7 @@ func removeHopHeaders(h http.Header) {
 
 // relay streams an endpoint's response to the client, flushing server-sent events
 // as they arrive and ending a stream that breaks with an explicit error event.
-func (g *Gateway) relay(ctx context.Context, w http.ResponseWriter, resp *http.Response, j forwardJob, ep *endpoint) {
+func (g *Gateway) relay(ctx context.Context, w http.ResponseWriter, resp *http.Response, j forwardJob, ep *endpoint, ticket fleet.Ticket) {
 	h := w.Header()
 	for k, vs := range resp.Header {
 		h[k] = vs
@@ -439,6 +440,7 @@ func (g *Gateway) relay(ctx context.Context, w http.ResponseWriter, resp *http.R
 		if n > 0 {
 			if first {
 				first = false
+				g.fleet.FirstToken(ticket)
 				g.m.TTFT.WithLabelValues(j.p.name).Observe(time.Since(j.start).Seconds())
 			}
 			obs.feed(buf[:n])

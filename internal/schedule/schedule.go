@@ -36,7 +36,7 @@ type Candidate struct {
 
 // ScoreNames name the per-scorer scores a Candidate can carry, in their order in
 // Scores.
-var ScoreNames = [...]string{"queue", "kvCache", "prefix", "loraAffinity", "runningRequests", "inFlight"}
+var ScoreNames = [...]string{"queue", "kvCache", "prefix", "loraAffinity", "runningRequests", "prefillQueue", "inFlight"}
 
 // Scores are a candidate's per-scorer scores; a fixed array, not a map, because a
 // decision fills one per candidate.

@@ -17,6 +17,9 @@ type Signals struct {
 	// PrefixMatch is the share of the request's prompt blocks the endpoint is
 	// believed to hold, 0..1.
 	PrefixMatch float64
+	// PrefillTokens are prompt tokens this gateway sent to the endpoint that
+	// await their first token: prefill work queued ahead of a new request.
+	PrefillTokens float64
 }
 
 // Scorer scores every candidate in [0,1], higher is better, into out (as long as
@@ -133,4 +136,22 @@ func (Prefix) Score(_ Request, eps []Endpoint, out []float64) {
 	for i := range eps {
 		out[i] = min(max(eps[i].PrefixMatch, 0), 1)
 	}
+}
+
+// PrefillQueue scores the prompt tokens queued ahead at each endpoint by this
+// gateway, min-max normalised with a spread: a count of waiting requests treats a
+// 30-token prompt and an 8,000-token one alike, tokens do not.
+type PrefillQueue struct{ Spread float64 }
+
+var _ Scorer = PrefillQueue{}
+
+// Name implements Scorer.
+func (PrefillQueue) Name() string { return "prefillQueue" }
+
+// Score implements Scorer.
+func (q PrefillQueue) Score(_ Request, eps []Endpoint, out []float64) {
+	for i := range eps {
+		out[i] = eps[i].PrefillTokens
+	}
+	minMaxLow(out, q.Spread)
 }

@@ -28,6 +28,8 @@ func TestScorers(t *testing.T) {
 		{"running min-max", RunningRequests{}, Request{}, []Endpoint{ep("a", engine.Metrics{Running: 8}), ep("b", engine.Metrics{Running: 2})}, []float64{0, 1}},
 		{"queue spread: one request is a quarter", Queue{Spread: 4}, Request{}, []Endpoint{ep("a", engine.Metrics{Waiting: 1}), ep("b", engine.Metrics{Waiting: 0})}, []float64{0.75, 1}},
 		{"queue spread exceeded: min-max", Queue{Spread: 4}, Request{}, []Endpoint{ep("a", engine.Metrics{Waiting: 10}), ep("b", engine.Metrics{Waiting: 2}), ep("c", engine.Metrics{Waiting: 6})}, []float64{0, 1, 0.5}},
+		{"prefill queue by tokens, not requests", PrefillQueue{}, Request{}, []Endpoint{{Address: "a", Signals: Signals{PrefillTokens: 8000}}, {Address: "b", Signals: Signals{PrefillTokens: 300}}, {Address: "c"}}, []float64{0, 1 - 300.0/8000, 1}},
+		{"prefill queue spread", PrefillQueue{Spread: 4096}, Request{}, []Endpoint{{Address: "a", Signals: Signals{PrefillTokens: 1024}}, {Address: "b"}}, []float64{0.75, 1}},
 		{"running spread", RunningRequests{Spread: 8}, Request{}, []Endpoint{ep("a", engine.Metrics{Running: 12}), ep("b", engine.Metrics{Running: 10})}, []float64{0.75, 1}},
 		{"lora resident, free slot, waiting, none", LoRAAffinity{}, Request{Adapter: "x"}, []Endpoint{
 			ep("a", lora(2, []string{"x"}, nil)),

@@ -22,19 +22,21 @@ type Profile struct {
 	// spread moves the score by 1/spread a request. 0 is plain min-max, as GIE
 	// scores, where one request of difference is worth the scorer's whole weight.
 	QueueSpread, RunningSpread float64
+	// PrefillSpread is the prefillQueue scorer's spread, in tokens.
+	PrefillSpread float64
 }
 
 // profiles are the built-in profiles by name; docs/benchmarks.md says how the chat
 // and batch weights were chosen.
 var profiles = map[string]Profile{
 	"gie-default": {Weights: GIEDefault},
-	"chat":        {Weights: Weights{"queue": 1, "kvCache": 6, "prefix": 3}, QueueSpread: 4},
+	"chat":        {Weights: Weights{"queue": 1, "kvCache": 6, "prefix": 3, "prefillQueue": 2}, QueueSpread: 16},
 	"batch":       {Weights: Weights{"queue": 1, "kvCache": 3, "prefix": 3}, QueueSpread: 8},
 }
 
 // Equal reports whether two profiles score alike (a missing weight is 0).
 func (p Profile) Equal(o Profile) bool {
-	if p.QueueSpread != o.QueueSpread || p.RunningSpread != o.RunningSpread {
+	if p.QueueSpread != o.QueueSpread || p.RunningSpread != o.RunningSpread || p.PrefillSpread != o.PrefillSpread {
 		return false
 	}
 	for k, v := range p.Weights {
@@ -119,7 +121,8 @@ func NewWeighted(pr Profile, t Thresholds, seed uint64) *Weighted {
 	}
 	w := pr.Weights
 	p := &Weighted{thresholds: t, rng: newLockedRand(seed)}
-	for _, s := range []Scorer{Queue{Spread: pr.QueueSpread}, KVCache{}, Prefix{}, LoRAAffinity{}, RunningRequests{Spread: pr.RunningSpread}} {
+	for _, s := range []Scorer{Queue{Spread: pr.QueueSpread}, KVCache{}, Prefix{}, LoRAAffinity{}, RunningRequests{Spread: pr.RunningSpread},
+		PrefillQueue{Spread: pr.PrefillSpread}} {
 		if w[s.Name()] > 0 {
 			p.scorers = append(p.scorers, s)
 			p.weights = append(p.weights, w[s.Name()])

@@ -15,7 +15,9 @@ type Arrival struct {
 // first goes next, and each arrival is routed when its time comes.
 type Fleet struct {
 	Engines []*Engine
-	busy    engineHeap
+	// OnFirstToken, when set, is called as each sequence produces its first token.
+	OnFirstToken func(engine int, s *Seq)
+	busy         engineHeap
 }
 
 // NewFleet builds a fleet of engines.
@@ -58,6 +60,13 @@ func (f *Fleet) Run(arrivals []Arrival, route func(Arrival) int, finished func(e
 		e := f.Engines[i]
 		r := e.Step()
 		end = max(end, r.End)
+		if f.OnFirstToken != nil {
+			for _, s := range r.Emitted {
+				if s.Generated == 1 {
+					f.OnFirstToken(i, s)
+				}
+			}
+		}
 		if finished != nil {
 			for _, s := range r.Finished {
 				finished(i, s)
