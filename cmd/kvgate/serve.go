@@ -41,6 +41,7 @@ changes; a file that fails validation is reported and the previous configuration
 	f.StringVar(&o.AdminListen, "admin-listen", ":9090", "address of /metrics, /healthz, /readyz and /debug")
 	f.DurationVar(&o.DrainTimeout, "drain-timeout", 30*time.Second, "how long in-flight requests may finish after a stop signal")
 	f.DurationVar(&o.Gateway.BodyReadTimeout, "body-read-timeout", time.Minute, "how long a client may take to send its request body")
+	f.IntVar(&o.Gateway.DecisionLogEvery, "decision-log-every", 100, "at --log-level debug, log one routing decision in this many with every candidate's scores")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	f.StringVar(&logFormat, "log-format", "text", "text or json")
 	_ = cmd.MarkFlagRequired("config")

@@ -21,7 +21,10 @@ type Scenario struct {
 	Workload workload.Spec
 }
 
-const llama8b = "meta-llama/Llama-3.1-8B-Instruct"
+const (
+	llama8b  = "meta-llama/Llama-3.1-8B-Instruct"
+	llama70b = "meta-llama/Llama-3.3-70B-Instruct"
+)
 
 func servers(name, gpu, size string, tp, n int, extra func(*simserver.ServerSpec)) simserver.ServerSpec {
 	// Ports only matter to `kvgate sim`; virtual time never listens.
@@ -29,7 +32,11 @@ func servers(name, gpu, size string, tp, n int, extra func(*simserver.ServerSpec
 	if gpu != "h100" {
 		port = 21000
 	}
-	s := simserver.ServerSpec{Name: name, Listen: fmt.Sprintf("127.0.0.1:%d", port), Replicas: n, GPU: gpu, Model: llama8b, ModelSize: size, TensorParallel: tp}
+	model := llama8b
+	if size == "70b" {
+		model = llama70b
+	}
+	s := simserver.ServerSpec{Name: name, Listen: fmt.Sprintf("127.0.0.1:%d", port), Replicas: n, GPU: gpu, Model: model, ModelSize: size, TensorParallel: tp}
 	if extra != nil {
 		extra(&s)
 	}
@@ -66,10 +73,10 @@ func Suite(name string, quick bool) ([]Scenario, error) {
 		},
 		{
 			Scenario: report.Scenario{Name: "bursty", Baseline: "round-robin",
-				Description: "4 H100×4 servers of a 70B model; on/off traffic: 5 s bursts at 10× the quiet rate, 25 s quiet; mean 32 requests/s, so that bursts arrive at twice the ~63.5 requests/s the fleet sustains and quiet spells at a fifth of it.",
+				Description: "4 servers of Llama-3.3-70B on 4 H100s each; on/off traffic: 5 s bursts at 10× the quiet rate, 25 s quiet; mean 32 requests/s, so that bursts arrive at twice the ~63.5 requests/s the fleet sustains and quiet spells at a fifth of it.",
 				Target:      "P95 TTFT ≤ −94% and P99 ≤ −98% against round-robin"},
 			Fleet: simserver.FleetSpec{Seed: 2, Servers: []simserver.ServerSpec{servers("h100", "h100", "70b", 4, 4, nil)}},
-			Workload: workload.Spec{Kind: "bursty", Seed: 12, Requests: n(12000), Rate: 32,
+			Workload: workload.Spec{Kind: "bursty", Seed: 12, Requests: n(12000), Rate: 32, Model: llama70b,
 				BurstFactor: 10, BurstOn: 5 * time.Second, BurstOff: 25 * time.Second},
 		},
 		{

@@ -68,6 +68,8 @@ type Snapshot struct {
 	// PrefillTokens are the prompt tokens this gateway sent that await their
 	// first token.
 	PrefillTokens int
+	// ScrapeErrors counts failed scrapes since the endpoint was added.
+	ScrapeErrors uint64
 }
 
 // Fleet scrapes a set of endpoints until they are removed.
@@ -126,6 +128,7 @@ type Accounting struct {
 	Dialect   engine.Dialect // of the last successful scrape
 	ScrapedAt time.Time      // when the last successful scrape began; zero before
 	Failures  int            // consecutive failed scrapes
+	Errors    uint64         // failed scrapes in all
 	LastErr   error
 	pending   []dispatch // dispatched after the last scrape began
 	completed int        // completions of requests dispatched before the last scrape
@@ -155,6 +158,7 @@ func (a *Accounting) Observed(m engine.Metrics, d engine.Dialect, started time.T
 // Failed records a failed scrape.
 func (a *Accounting) Failed(err error) {
 	a.Failures++
+	a.Errors++
 	a.LastErr = err
 }
 
@@ -201,7 +205,7 @@ func (a *Accounting) Complete(id uint64) {
 // Snapshot folds the dispatches into the last scrape, as of now.
 func (a *Accounting) Snapshot(addr string, now time.Time, staleAfter time.Duration, unhealthyAfter int) Snapshot {
 	s := Snapshot{Address: addr, Metrics: a.Metrics, Dialect: a.Dialect, Scraped: !a.ScrapedAt.IsZero(), Failures: a.Failures, Pending: len(a.pending),
-		PrefillTokens: a.prefillingTotal}
+		PrefillTokens: a.prefillingTotal, ScrapeErrors: a.Errors}
 	if a.LastErr != nil {
 		s.LastError = a.LastErr.Error()
 	}

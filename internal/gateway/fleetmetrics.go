@@ -11,6 +11,7 @@ type fleetCollector struct {
 	g                               *Gateway
 	healthy, stale, age, queue, kvu *prometheus.Desc
 	prefixBlocks, prefixBytes       *prometheus.Desc
+	scrapeErrors, prefill           *prometheus.Desc
 }
 
 func newFleetCollector(g *Gateway) *fleetCollector {
@@ -25,11 +26,15 @@ func newFleetCollector(g *Gateway) *fleetCollector {
 		prefixBlocks: prometheus.NewDesc("kvgate_prefix_index_blocks",
 			"Prompt blocks the prefix index remembers across endpoints (each endpoint bounded by its KV-cache size).", nil, nil),
 		prefixBytes: prometheus.NewDesc("kvgate_prefix_index_bytes", "Estimated heap size of the prefix index.", nil, nil),
+		scrapeErrors: prometheus.NewDesc("kvgate_endpoint_scrape_errors_total",
+			"Failed scrapes of the endpoint's metrics since it joined the configuration.", labels, nil),
+		prefill: prometheus.NewDesc("kvgate_endpoint_prefill_tokens",
+			"Prompt tokens this gateway sent to the endpoint that await their first token.", labels, nil),
 	}
 }
 
 func (c *fleetCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.healthy, c.stale, c.age, c.queue, c.kvu, c.prefixBlocks, c.prefixBytes} {
+	for _, d := range []*prometheus.Desc{c.healthy, c.stale, c.age, c.queue, c.kvu, c.prefixBlocks, c.prefixBytes, c.scrapeErrors, c.prefill} {
 		ch <- d
 	}
 }
@@ -56,6 +61,8 @@ func (c *fleetCollector) Collect(ch chan<- prometheus.Metric) {
 		for _, s := range c.g.fleet.Snapshot(addrs) {
 			ch <- prometheus.MustNewConstMetric(c.healthy, prometheus.GaugeValue, b2f(s.Healthy), p.name, s.Address)
 			ch <- prometheus.MustNewConstMetric(c.stale, prometheus.GaugeValue, b2f(s.Stale), p.name, s.Address)
+			ch <- prometheus.MustNewConstMetric(c.scrapeErrors, prometheus.CounterValue, float64(s.ScrapeErrors), p.name, s.Address)
+			ch <- prometheus.MustNewConstMetric(c.prefill, prometheus.GaugeValue, float64(s.PrefillTokens), p.name, s.Address)
 			if s.Scraped {
 				ch <- prometheus.MustNewConstMetric(c.age, prometheus.GaugeValue, s.Age.Seconds(), p.name, s.Address)
 				ch <- prometheus.MustNewConstMetric(c.queue, prometheus.GaugeValue, s.Waiting, p.name, s.Address)

@@ -39,6 +39,9 @@ type Options struct {
 	Seed            uint64
 	// Fleet tunes the metric scrapers (interval, staleness, ...).
 	Fleet fleet.Config
+	// DecisionLogEvery logs one decision in this many, with every candidate's
+	// scores, at debug level (default 100; 1 logs all).
+	DecisionLogEvery int
 }
 
 // Gateway routes OpenAI requests to model-server pools. Apply installs a
@@ -54,6 +57,7 @@ type Gateway struct {
 	lastErr    error
 	lastReload time.Time
 	draining   atomic.Bool
+	decisions  atomic.Uint64 // for the sampled decision log
 	// freed is signalled whenever a request releases an endpoint. It lives on the
 	// gateway, not on a configuration, so that a request that started before a
 	// reload still wakes the requests waiting after it.
@@ -139,6 +143,9 @@ func New(opts Options) *Gateway {
 	}
 	if opts.BodyReadTimeout == 0 {
 		opts.BodyReadTimeout = time.Minute
+	}
+	if opts.DecisionLogEvery <= 0 {
+		opts.DecisionLogEvery = 100
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	g := &Gateway{opts: opts, log: opts.Logger, m: opts.Metrics, endpoints: map[string]*endpoint{},

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"strings"
 	"sync"
@@ -291,4 +292,49 @@ func TestStaleEndpoints(t *testing.T) {
 	if served[addrA]+served[addrB] != 40 || served[addrA] == 0 || served[addrB] == 0 {
 		t.Fatalf("all stale must fail open over both: %v", served)
 	}
+}
+
+// At debug level one decision in DecisionLogEvery is logged with every
+// candidate's scores; the scrape error counter counts failed scrapes.
+func TestDecisionLogAndScrapeErrors(t *testing.T) {
+	s, a := startSim(t, llama, simserver.Options{})
+	_, b := startSim(t, llama, simserver.Options{})
+	var logs syncBuffer
+	g, base := startGateway(t, gatewayConfig(scheduler("p", llama, a, b)), func(o *Options) {
+		o.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+		o.DecisionLogEvery = 3
+	})
+	for range 6 {
+		post(t, base, chat(llama))
+	}
+	if n := strings.Count(logs.String(), "msg=decision"); n != 2 {
+		t.Fatalf("%d decisions logged of 6 at 1 in 3:\n%s", n, logs.String())
+	}
+	if !strings.Contains(logs.String(), "kvCache=") {
+		t.Errorf("decision log lacks the scores: %s", logs.String())
+	}
+	if err := s.SetFaults(simserver.Faults{MetricsErrorStatus: 503}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 5*time.Second, "scrape errors counted", func() bool {
+		return counter(t, g, "kvgate_endpoint_scrape_errors_total", "endpoint", a) >= 2 && counter(t, g, "kvgate_endpoint_scrape_errors_total", "endpoint", b) == 0
+	})
+}
+
+// syncBuffer is a bytes.Buffer safe for a logger and a test to share.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/url"
@@ -151,6 +152,10 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	g.m.Decision.Observe(time.Since(start).Seconds())
+	if n := g.decisions.Add(1); n%uint64(g.opts.DecisionLogEvery) == 0 && g.log.Enabled(ctx, slog.LevelDebug) {
+		g.log.Debug("decision", "request_id", rid, "scheduler", p.name, "model", model, "chosen", first.addr,
+			"candidates", explain(decision), "sampled_every", g.opts.DecisionLogEvery)
+	}
 	if p.prefix.blockChars > 0 {
 		if i := slices.IndexFunc(cands, func(e schedule.Endpoint) bool { return e.Address == first.addr }); i >= 0 {
 			g.m.PrefixMatch.WithLabelValues(p.name).Observe(cands[i].PrefixMatch)

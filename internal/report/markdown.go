@@ -101,7 +101,12 @@ func formatChange(pct float64, ok bool) string {
 	if !ok || math.IsNaN(pct) || math.IsInf(pct, 0) {
 		return "n/a"
 	}
-	s := strconv.FormatFloat(math.Abs(pct), 'f', 1, 64)
+	digits := 1
+	if math.Abs(pct) >= 99.5 && math.Abs(pct) < 100 {
+		// Near a full reduction one decimal would print −100.0% for −99.98%.
+		digits = 2
+	}
+	s := strconv.FormatFloat(math.Abs(pct), 'f', digits, 64)
 	switch {
 	case s == "0.0": // no sign on a change that rounds away, e.g. −0.04
 		return "0.0%"

@@ -151,6 +151,7 @@ func TestChange(t *testing.T) {
 		{"lower", 29, 1000, -97.1, true, "−97.1%"},
 		{"higher", 150, 100, 50, true, "+50.0%"},
 		{"to zero", 0, 80, -100, true, "−100.0%"},
+		{"near a full reduction keeps two decimals", 81.6, 877068.8, (81.6/877068.8 - 1) * 100, true, "−99.99%"},
 		{"same", 42, 42, 0, true, "0.0%"},
 		{"rounds to no change", 99.99, 100, -0.01, true, "0.0%"},
 		{"zero base", 5, 0, 0, false, "n/a"},
