@@ -230,3 +230,23 @@ func TestTune(t *testing.T) {
 		t.Error("unknown objective accepted")
 	}
 }
+
+// Targets of one live run share no prompt text, so that none warms another's
+// prefix cache; within a target the trace's own sharing stays.
+func TestRelabel(t *testing.T) {
+	tr := workload.Trace{
+		{Prompt: []workload.Segment{{ID: "g-1", Tokens: 100}, {ID: "u-1", Tokens: 10}}},
+		{Prompt: []workload.Segment{{ID: "g-1", Tokens: 100}, {ID: "u-2", Tokens: 10}}},
+	}
+	a, b := relabel(tr, 0), relabel(tr, 1)
+	ta, tb := workload.Text(a[0].Prompt), workload.Text(b[0].Prompt)
+	if ta[:40] == tb[:40] || len(ta) < 300 {
+		t.Fatalf("targets share text: %.40q / %.40q", ta, tb)
+	}
+	if tb2 := workload.Text(b[1].Prompt); tb2[:300] != tb[:300] {
+		t.Fatal("the trace's own shared prefix was lost")
+	}
+	if tr[0].Prompt[0].ID != "g-1" {
+		t.Fatal("relabel changed its input")
+	}
+}

@@ -73,7 +73,9 @@ func runLive(ctx context.Context, w io.Writer, cfg Config) error {
 	var results []report.Result
 	for i, s := range scenarios {
 		tr := shape(traces[i], lc.Requests, lc.Rate)
-		s.Description += fmt.Sprintf(" Live: %d requests at %.1f requests/s.", len(tr), meanRate(tr))
+		s.Description = fmt.Sprintf("The %s scenario's trace, live: %d requests at %.1f requests/s on average, sent open loop to each target in turn; "+
+			"the servers are whatever the targets front. Each target gets prompts of its own (same lengths, arrivals and sharing, other words), "+
+			"so that no target finds another's prompts in a prefix cache. Workload: %s.", s.Name, len(tr), meanRate(tr), workload.Describe(s.Workload))
 		scenarios[i] = s
 		for j, t := range targets {
 			if j > 0 || i > 0 {
@@ -84,7 +86,7 @@ func runLive(ctx context.Context, w io.Writer, cfg Config) error {
 				}
 			}
 			fmt.Fprintf(w, "%s → %s (%s): %d requests\n", s.Name, t.name, t.url, len(tr))
-			recs, err := replayLive(ctx, w, t.url, tr, lc)
+			recs, err := replayLive(ctx, w, t.url, relabel(tr, j), lc)
 			if err != nil {
 				return err
 			}
@@ -93,6 +95,23 @@ func runLive(ctx context.Context, w io.Writer, cfg Config) error {
 		scenarios[i].Baseline = targets[0].name
 	}
 	return finish(w, cfg, scenarios, results)
+}
+
+// relabel gives every segment of the trace an identity of its own for target j:
+// the same shape, other text.
+func relabel(tr workload.Trace, j int) workload.Trace {
+	if j == 0 {
+		return tr
+	}
+	out := slices.Clone(tr)
+	for i := range out {
+		segs := slices.Clone(out[i].Prompt)
+		for k := range segs {
+			segs[k].ID = fmt.Sprintf("%s#%d", segs[k].ID, j)
+		}
+		out[i].Prompt = segs
+	}
+	return out
 }
 
 // shape cuts a trace to n requests and rescales it to rate.
