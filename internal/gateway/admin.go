@@ -99,15 +99,20 @@ type endpointView struct {
 	InFlight int64  `json:"inFlight"`
 	// From the endpoint's scraped metrics, with this gateway's dispatches since the
 	// last scrape folded into waiting and KV usage.
-	Scraped   bool    `json:"scraped"`
-	Healthy   bool    `json:"healthy"`
-	Stale     bool    `json:"stale"`
-	AgeMs     float64 `json:"ageMs"`
-	Dialect   string  `json:"dialect,omitempty"`
-	Waiting   float64 `json:"waiting"`
-	Running   float64 `json:"running"`
-	KVUsage   float64 `json:"kvUsage"`
-	LastError string  `json:"lastError,omitempty"`
+	Scraped bool    `json:"scraped"`
+	Healthy bool    `json:"healthy"`
+	Stale   bool    `json:"stale"`
+	AgeMs   float64 `json:"ageMs"`
+	Dialect string  `json:"dialect,omitempty"`
+	Waiting float64 `json:"waiting"`
+	Running float64 `json:"running"`
+	KVUsage float64 `json:"kvUsage"`
+	// Estimates from this gateway's own dispatches.
+	Pending       int    `json:"pending"`       // dispatched since the last scrape
+	PrefillTokens int    `json:"prefillTokens"` // prompt tokens awaiting their first token
+	PrefixBlocks  int    `json:"prefixBlocks"`  // prompt blocks the prefix index holds for it
+	ScrapeErrors  uint64 `json:"scrapeErrors"`
+	LastError     string `json:"lastError,omitempty"`
 }
 
 func (g *Gateway) serveDebugFleet(w http.ResponseWriter, _ *http.Request) {
@@ -121,7 +126,9 @@ func (g *Gateway) serveDebugFleet(w http.ResponseWriter, _ *http.Request) {
 					sn := snaps[0]
 					ev.Scraped, ev.Healthy, ev.Stale, ev.AgeMs = sn.Scraped, sn.Healthy, sn.Stale, float64(sn.Age.Microseconds())/1000
 					ev.Dialect, ev.Waiting, ev.Running, ev.KVUsage, ev.LastError = string(sn.Dialect), sn.Waiting, sn.Running, sn.KVUsage, sn.LastError
+					ev.Pending, ev.PrefillTokens, ev.ScrapeErrors = sn.Pending, sn.PrefillTokens, sn.ScrapeErrors
 				}
+				ev.PrefixBlocks = g.prefix.EntriesOf(e.addr)
 				v.Endpoints = append(v.Endpoints, ev)
 			}
 			out = append(out, v)

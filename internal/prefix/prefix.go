@@ -201,5 +201,15 @@ func (x *Index) Entries() int {
 	return n
 }
 
+// EntriesOf is the number of block hashes held for one endpoint.
+func (x *Index) EntriesOf(addr string) int {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	if m := x.byAddr[addr]; m != nil {
+		return m.lru.Len()
+	}
+	return 0
+}
+
 // Bytes estimates the index's heap size.
 func (x *Index) Bytes() int { return x.Entries() * EntryBytes }

@@ -82,6 +82,9 @@ func TestIndex(t *testing.T) {
 	if got := x.Entries(); got != 10+4+6+4 {
 		t.Errorf("entries %d", got)
 	}
+	if x.EntriesOf("a") != 10 || x.EntriesOf("small") != 4 || x.EntriesOf("unknown") != 0 {
+		t.Errorf("entries per endpoint: a %d, small %d", x.EntriesOf("a"), x.EntriesOf("small"))
+	}
 	// Shrinking evicts the least recent blocks and their reverse entries.
 	x.Record("a", doc[:2], 2)
 	if got := match(x, doc, "a"); got[0] != 2 {
