@@ -3,15 +3,29 @@ GO      ?= go
 BIN     ?= bin/kvgate
 PKGS    ?= ./...
 
-.PHONY: all build test unit lint fmt demo bench bench-peers clean tools
+.PHONY: all build test unit lint fmt demo bench bench-peers clean tools generate verify-generate
 
 all: build
 
 build:
 	$(GO) build -o $(BIN) ./cmd/kvgate
 
-## test: everything CI checks — unit and end-to-end tests with the race detector, then lint.
-test: unit lint
+## test: everything CI checks — unit and end-to-end tests with the race detector, then
+## lint and a check that the generated CRD and deep-copy code match api/.
+test: unit lint verify-generate
+
+## generate: the CRD (config/crd/bases) and deep-copy functions from api/v1alpha1.
+generate:
+	T=$$(./hack/tools.sh) && $$T/controller-gen object paths=./api/... && \
+	  $$T/controller-gen crd paths=./api/... output:crd:dir=config/crd/bases
+
+verify-generate:
+	@T=$$(./hack/tools.sh) && tmp=$$(mktemp -d) && \
+	  $$T/controller-gen crd paths=./api/... output:crd:dir=$$tmp && \
+	  diff -r $$tmp config/crd/bases && rm -rf $$tmp && \
+	  cp api/v1alpha1/zz_generated.deepcopy.go $$tmp.go && $$T/controller-gen object paths=./api/... && \
+	  if ! cmp -s $$tmp.go api/v1alpha1/zz_generated.deepcopy.go; then mv $$tmp.go api/v1alpha1/zz_generated.deepcopy.go; \
+	    echo "generated code is stale: run make generate"; exit 1; fi; rm -f $$tmp.go
 
 unit:
 	$(GO) test -race -count=1 $(PKGS)

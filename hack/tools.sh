@@ -4,6 +4,7 @@
 set -euo pipefail
 
 GOLANGCI_LINT_VERSION=${GOLANGCI_LINT_VERSION:-v2.15.0}
+CONTROLLER_GEN_VERSION=${CONTROLLER_GEN_VERSION:-v0.20.1}
 TOOLS_DIR=${KVGATE_TOOLS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/kvgate/tools}
 mkdir -p "$TOOLS_DIR"
 
@@ -16,4 +17,15 @@ if [ ! -x "$lint" ]; then
   rmdir "$tmp"
 fi
 ln -sf "$lint" "$TOOLS_DIR/golangci-lint"
+
+# controller-gen writes the CRD and the deep-copy functions from api/ (make generate).
+cgen="$TOOLS_DIR/controller-gen-$CONTROLLER_GEN_VERSION"
+if [ ! -x "$cgen" ]; then
+  echo "building controller-gen $CONTROLLER_GEN_VERSION into $TOOLS_DIR (once)" >&2
+  tmp=$(mktemp -d)
+  GOBIN="$tmp" go install "sigs.k8s.io/controller-tools/cmd/controller-gen@$CONTROLLER_GEN_VERSION" >&2
+  mv "$tmp/controller-gen" "$cgen"
+  rmdir "$tmp"
+fi
+ln -sf "$cgen" "$TOOLS_DIR/controller-gen"
 echo "$TOOLS_DIR"

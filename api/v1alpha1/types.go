@@ -33,7 +33,19 @@ type InferenceGatewayConfig struct {
 	Status InferenceGatewayConfigStatus `json:"status,omitempty"`
 }
 
+// InferenceGatewayConfigList is a list of InferenceGatewayConfig.
+//
+// +kubebuilder:object:root=true
+type InferenceGatewayConfigList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []InferenceGatewayConfig `json:"items"`
+}
+
 // InferenceGatewayConfigSpec is the desired configuration.
+//
+// +kubebuilder:validation:XValidation:rule="size(self.schedulers) <= 1 || (has(self.bbr) && self.bbr.enabled)",message="bbr.enabled must be true when there is more than one scheduler: the model in the body picks the pool"
+// +kubebuilder:validation:XValidation:rule="self.schedulers.all(s, self.schedulers.exists_one(t, t.modelName == s.modelName))",message="modelName must be unique across schedulers"
 type InferenceGatewayConfigSpec struct {
 	// BBR is the body-based router that reads the model from the request body.
 	// +optional
@@ -42,6 +54,8 @@ type InferenceGatewayConfigSpec struct {
 	// Schedulers are the model pools, one per served model.
 	// +kubebuilder:validation:MinItems=1
 	// +kubebuilder:validation:MaxItems=100
+	// +listType=map
+	// +listMapKey=name
 	Schedulers []SchedulerSpec `json:"schedulers"`
 
 	// Gateway tunes kvgate's data plane; every field has a default.
@@ -65,30 +79,45 @@ type BBRSpec struct {
 // SchedulerSpec is one model pool and how it picks a pod.
 type SchedulerSpec struct {
 	// Name identifies the scheduler in metrics, headers and logs.
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`
 	Name string `json:"name"`
 	// ModelName is the model clients ask for; unique across schedulers.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
 	ModelName string `json:"modelName"`
 	// ModelSelector selects the model-server pods of the pool (in Kubernetes).
 	// +optional
 	ModelSelector *metav1.LabelSelector `json:"modelSelector,omitempty"`
 	// Endpoints lists the pool's servers as host:port outside Kubernetes.
+	// +kubebuilder:validation:MaxItems=1024
 	// +optional
 	Endpoints []string `json:"endpoints,omitempty"`
+	// PoolRef names an InferencePool (inference.networking.k8s.io/v1) in the same
+	// namespace whose selector and target port define the pool, instead of
+	// modelSelector and targetPort.
+	// +optional
+	PoolRef string `json:"poolRef,omitempty"`
 	// TargetPort is the model servers' port (default 8000).
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=65535
 	// +optional
 	TargetPort int32 `json:"targetPort,omitempty"`
 	// AppProtocol of the model servers: http (default) or kubernetes.io/h2c.
+	// +kubebuilder:validation:Enum=http;kubernetes.io/h2c
 	// +optional
 	AppProtocol string `json:"appProtocol,omitempty"`
 	// EngineType selects the metric dialect: vllm, sglang, trtllm or triton; empty
 	// means detect it from the exposition.
+	// +kubebuilder:validation:Enum=vllm;sglang;trtllm;triton
 	// +optional
 	EngineType string `json:"engineType,omitempty"`
 	// Picker chooses how a pod is picked: kvgate (GPU-aware, the default) or a
-	// baseline for comparison: least-request, round-robin, random.
+	// baseline for comparison: least-request, round-robin, random, power-of-two.
+	// +kubebuilder:validation:Enum=kvgate;least-request;round-robin;random;power-of-two
 	// +optional
 	Picker string `json:"picker,omitempty"`
-	// Profile names built-in weights: chat, batch or gie-default.
+	// Profile names built-in weights: kvgate (the default), chat, batch or gie-default.
+	// +kubebuilder:validation:Enum=kvgate;chat;batch;gie-default
 	// +optional
 	Profile string `json:"profile,omitempty"`
 	// Weights of the scorers; set fields override the profile's.
@@ -97,6 +126,7 @@ type SchedulerSpec struct {
 	// LoRAAdapters are adapter names served by this pool; a request naming one is
 	// routed here.
 	// +kubebuilder:validation:MaxItems=50
+	// +kubebuilder:validation:items:MinLength=1
 	// +optional
 	LoRAAdapters []string `json:"loraAdapters,omitempty"`
 	// Saturation marks an endpoint too busy to take more; saturated endpoints are

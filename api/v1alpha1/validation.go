@@ -107,8 +107,8 @@ func (c *InferenceGatewayConfig) Validate() []FieldError {
 				models[a] = ap
 			}
 		}
-		if sc.ModelSelector == nil && len(sc.Endpoints) == 0 {
-			add(p, "needs a modelSelector (Kubernetes) or static endpoints")
+		if sc.ModelSelector == nil && len(sc.Endpoints) == 0 && sc.PoolRef == "" {
+			add(p, "needs a modelSelector or poolRef (Kubernetes) or static endpoints")
 		}
 		for j, ep := range sc.Endpoints {
 			if err := checkHostPort(ep); err != nil {
