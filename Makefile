@@ -27,8 +27,11 @@ verify-generate:
 	  if ! cmp -s $$tmp.go api/v1alpha1/zz_generated.deepcopy.go; then mv $$tmp.go api/v1alpha1/zz_generated.deepcopy.go; \
 	    echo "generated code is stale: run make generate"; exit 1; fi; rm -f $$tmp.go
 
+## unit: the tests; the Kubernetes ones run against a real kube-apiserver and etcd,
+## built once from the Go module proxy by hack/envtest-bins.sh (several minutes the
+## first time, cached in ~/.cache/kvgate/envtest).
 unit:
-	$(GO) test -race -count=1 $(PKGS)
+	KUBEBUILDER_ASSETS="$$(./hack/envtest-bins.sh)" $(GO) test -race -count=1 $(PKGS)
 
 ## lint: gofmt, go vet and golangci-lint (built once from the module proxy into ~/.cache/kvgate).
 lint:

@@ -23,8 +23,10 @@ die() { echo "envtest-bins: $*" >&2; exit 1; }
 # ready: both binaries exist, run, and report the versions this folder is named after.
 ready() {
   [ -x "$ASSETS_DIR/kube-apiserver" ] && [ -x "$ASSETS_DIR/etcd" ] || return 1
-  "$ASSETS_DIR/kube-apiserver" --version 2>/dev/null | grep -qF "Kubernetes $K8S_VERSION" || return 1
-  "$ASSETS_DIR/etcd" --version 2>/dev/null | grep -qF "etcd Version: ${ETCD_VERSION#v}" || return 1
+  # (captured, not piped into grep -q: with pipefail an early grep exit fails the pipe)
+  local out
+  out=$("$ASSETS_DIR/kube-apiserver" --version 2>/dev/null) && [[ $out == *"Kubernetes $K8S_VERSION"* ]] || return 1
+  out=$("$ASSETS_DIR/etcd" --version 2>/dev/null) && [[ $out == *"etcd Version: ${ETCD_VERSION#v}"* ]] || return 1
 }
 
 if ready; then
@@ -68,7 +70,7 @@ build_flags=(-p 2 -trimpath)
 
 build_kube_apiserver() {
   echo "envtest-bins: building kube-apiserver $K8S_VERSION (staging modules $STAGING_VERSION) into $ASSETS_DIR (once; 5-15 minutes)" >&2
-  local mod="$tmp/kube-apiserver" gomod line
+  local mod="$tmp/kube-apiserver" gomod
   mkdir -p "$mod"
   gomod=$(cd "$tmp" && go mod download -json "k8s.io/kubernetes@$K8S_VERSION" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p')
   [ -f "$gomod" ] || die "the Go module proxy did not give k8s.io/kubernetes@$K8S_VERSION"
@@ -86,10 +88,11 @@ build_kube_apiserver() {
       esac
     done
     grep -q "=> k8s.io/api $STAGING_VERSION" go.mod || die "found no staging replace directives in $gomod"
-    local pkg=k8s.io/component-base/version cgo=k8s.io/client-go/pkg/version minor
-    minor=${K8S_VERSION#v1.}; minor=${minor%%.*}
-    local ld="-s -w"
-    for p in $pkg $cgo; do
+    # Stamp the version as kubernetes' own build does (hack/lib/version.sh); left
+    # out, the binary calls itself v0.0.0-master and envtest clients see that.
+    local ld="-s -w" minor=${K8S_VERSION#v1.} p
+    minor=${minor%%.*}
+    for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
       ld+=" -X $p.gitVersion=$K8S_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$minor"
       ld+=" -X $p.gitTreeState=clean -X $p.buildDate=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
     done

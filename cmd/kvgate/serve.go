@@ -1,21 +1,30 @@
 package main
 
 import (
+	"context"
+	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/kvgate/kvgate/internal/gateway"
+	"github.com/kvgate/kvgate/internal/kube"
 )
 
 func newServeCmd() *cobra.Command {
 	var (
 		o                   gateway.ServerOptions
 		logLevel, logFormat string
+		igwc, kubeconfig    string
+		leaderElect         bool
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -23,8 +32,13 @@ func newServeCmd() *cobra.Command {
 		Long: `Reads an InferenceGatewayConfig document and serves the OpenAI API on --listen, routing each
 request by its model to a pool of model servers and streaming the response back. Metrics, health
 and debug endpoints are on --admin-listen. The configuration reloads on SIGHUP and when its file
-changes; a file that fails validation is reported and the previous configuration keeps serving.`,
-		Example: `  kvgate serve --config deploy/examples/gateway.yaml`,
+changes; a file that fails validation is reported and the previous configuration keeps serving.
+
+In Kubernetes, --igwc NAMESPACE/NAME serves an InferenceGatewayConfig resource instead: its
+schedulers' modelSelector (or poolRef to an InferencePool) picks the model-server pods, ready
+pods become endpoints as they come and go, and the resource's status reports what is served.`,
+		Example: `  kvgate serve --config deploy/examples/gateway.yaml
+  kvgate serve --igwc default/kvgate          # in a cluster (or with --kubeconfig)`,
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.Logger = newLoggerFormat(logLevel, logFormat)
@@ -32,6 +46,18 @@ changes; a file that fails validation is reported and the previous configuration
 			signal.Notify(hup, syscall.SIGHUP)
 			defer signal.Stop(hup)
 			o.Reload = hup
+			if igwc != "" {
+				if o.ConfigPath != "" {
+					return errors.New("--config and --igwc are exclusive")
+				}
+				src, err := kubeSource(igwc, kubeconfig, leaderElect, o.Logger)
+				if err != nil {
+					return err
+				}
+				o.Source = src
+			} else if o.ConfigPath == "" {
+				return errors.New("--config FILE or --igwc NAMESPACE/NAME is required")
+			}
 			return gateway.Run(cmd.Context(), o)
 		},
 	}
@@ -44,8 +70,28 @@ changes; a file that fails validation is reported and the previous configuration
 	f.IntVar(&o.Gateway.DecisionLogEvery, "decision-log-every", 100, "at --log-level debug, log one routing decision in this many with every candidate's scores")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	f.StringVar(&logFormat, "log-format", "text", "text or json")
-	_ = cmd.MarkFlagRequired("config")
+	f.StringVar(&igwc, "igwc", "", "serve this InferenceGatewayConfig (NAMESPACE/NAME) from the cluster instead of --config")
+	f.StringVar(&kubeconfig, "kubeconfig", "", "with --igwc: kubeconfig file (default: in-cluster, then $KUBECONFIG)")
+	f.BoolVar(&leaderElect, "leader-elect", true, "with --igwc: only the elected replica writes status (all replicas serve)")
 	return cmd
+}
+
+// kubeSource connects to the cluster and returns the gateway's configuration
+// source for the named InferenceGatewayConfig.
+func kubeSource(igwc, kubeconfig string, leaderElect bool, log *slog.Logger) (func(context.Context, *gateway.Gateway) error, error) {
+	ns, name, ok := strings.Cut(igwc, "/")
+	if !ok || ns == "" || name == "" {
+		return nil, fmt.Errorf("--igwc %q: want NAMESPACE/NAME", igwc)
+	}
+	rules := clientcmd.NewDefaultClientConfigLoadingRules()
+	rules.ExplicitPath = kubeconfig
+	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{}).ClientConfig()
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes client: %w", err)
+	}
+	return func(ctx context.Context, g *gateway.Gateway) error {
+		return kube.Start(ctx, cfg, kube.Options{Target: types.NamespacedName{Namespace: ns, Name: name}, Gateway: g, Log: log, LeaderElection: leaderElect})
+	}, nil
 }
 
 func newLoggerFormat(level, format string) *slog.Logger {

@@ -29,6 +29,10 @@ type ServerOptions struct {
 	Ready   chan<- Addrs
 	Logger  *slog.Logger
 	Gateway Options
+	// Source, when set, replaces the configuration file: it runs until ctx ends,
+	// applying configurations to the gateway as they come (Kubernetes). The
+	// gateway answers 503 and /readyz fails until the first one.
+	Source func(ctx context.Context, g *Gateway) error
 }
 
 // Addrs are the bound listener addresses.
@@ -43,18 +47,23 @@ func Run(ctx context.Context, o ServerOptions) error {
 	o.Gateway.Logger = log
 	g := New(o.Gateway)
 	defer g.Close()
-	initial, err := os.ReadFile(o.ConfigPath)
-	if err != nil {
-		return err
+	var initial []byte
+	schedulers := 0
+	if o.Source == nil {
+		var err error
+		if initial, err = os.ReadFile(o.ConfigPath); err != nil {
+			return err
+		}
+		cfg, err := config.Parse(o.ConfigPath, initial)
+		if err != nil {
+			return err
+		}
+		if err := g.Apply(cfg); err != nil {
+			return err
+		}
+		g.m.Reloads.WithLabelValues("success").Inc()
+		schedulers = len(cfg.Spec.Schedulers)
 	}
-	cfg, err := config.Parse(o.ConfigPath, initial)
-	if err != nil {
-		return err
-	}
-	if err := g.Apply(cfg); err != nil {
-		return err
-	}
-	g.m.Reloads.WithLabelValues("success").Inc()
 	apiLn, err := net.Listen("tcp", o.Listen)
 	if err != nil {
 		return fmt.Errorf("API listener: %w", err)
@@ -67,17 +76,25 @@ func Run(ctx context.Context, o ServerOptions) error {
 	api := &http.Server{Handler: g, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10,
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
 	admin := &http.Server{Handler: g.AdminHandler(), ReadHeaderTimeout: 10 * time.Second}
-	errc := make(chan error, 2)
+	errc := make(chan error, 3)
 	go func() { errc <- api.Serve(apiLn) }()
 	go func() { errc <- admin.Serve(adminLn) }()
-	log.Info("kvgate serving", "api", apiLn.Addr().String(), "admin", adminLn.Addr().String(), "config", o.ConfigPath, "schedulers", len(cfg.Spec.Schedulers))
+	log.Info("kvgate serving", "api", apiLn.Addr().String(), "admin", adminLn.Addr().String(), "config", o.ConfigPath, "schedulers", schedulers)
 	if o.Ready != nil {
 		o.Ready <- Addrs{API: apiLn.Addr().String(), Admin: adminLn.Addr().String()}
 	}
 
 	watchCtx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
-	go g.watch(watchCtx, o.ConfigPath, initial, o.Reload, log)
+	if o.Source != nil {
+		go func() {
+			if err := o.Source(watchCtx, g); err != nil && watchCtx.Err() == nil {
+				errc <- fmt.Errorf("configuration source: %w", err)
+			}
+		}()
+	} else {
+		go g.watch(watchCtx, o.ConfigPath, initial, o.Reload, log)
+	}
 
 	select {
 	case <-ctx.Done():

@@ -14,6 +14,12 @@ import (
 // discarded.
 func Start(t testing.TB, opts simserver.Options) *simserver.Server {
 	t.Helper()
+	return StartAt(t, opts, "127.0.0.1:0")
+}
+
+// StartAt is Start on a given address (a pod IP on 127.0.0.x in Kubernetes tests).
+func StartAt(t testing.TB, opts simserver.Options, addr string) *simserver.Server {
+	t.Helper()
 	if opts.Model == "" {
 		opts.Model = "m"
 	}
@@ -27,7 +33,7 @@ func Start(t testing.TB, opts simserver.Options) *simserver.Server {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Listen("127.0.0.1:0"); err != nil {
+	if err := s.Listen(addr); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())

@@ -1,0 +1,415 @@
+package kube
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/util/retry"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/kvgate/kvgate/api/v1alpha1"
+	"github.com/kvgate/kvgate/internal/gateway"
+	"github.com/kvgate/kvgate/internal/simserver"
+	"github.com/kvgate/kvgate/internal/simserver/simtest"
+)
+
+const model = "meta-llama/Llama-3.1-8B-Instruct"
+
+var quiet = slog.New(slog.DiscardHandler)
+
+// cluster is a real kube-apiserver and etcd (built by hack/envtest-bins.sh), with
+// kvgate's CRD and a stand-in InferencePool CRD installed.
+type cluster struct {
+	cfg *rest.Config
+	c   client.Client
+}
+
+func startCluster(t *testing.T) *cluster {
+	t.Helper()
+	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
+		t.Skip("KUBEBUILDER_ASSETS unset: run through make test, which builds kube-apiserver and etcd (hack/envtest-bins.sh)")
+	}
+	env := &envtest.Environment{
+		CRDDirectoryPaths:     []string{filepath.Join("..", "..", "config", "crd", "bases"), filepath.Join("testdata", "inferencepool-crd.yaml")},
+		ErrorIfCRDPathMissing: true,
+	}
+	cfg, err := env.Start()
+	if err != nil {
+		t.Fatalf("starting kube-apiserver and etcd: %v", err)
+	}
+	t.Cleanup(func() { _ = env.Stop() })
+	s, err := Scheme()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := client.New(cfg, client.Options{Scheme: s})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &cluster{cfg: cfg, c: c}
+}
+
+func (k *cluster) namespace(t *testing.T, name string) {
+	t.Helper()
+	if err := k.c.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// pod creates a model-server pod and, as a kubelet would, sets its IP and
+// readiness.
+func (k *cluster) pod(t *testing.T, ns, name, ip string, ready bool, lbls map[string]string) {
+	t.Helper()
+	ctx := context.Background()
+	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: lbls},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "vllm", Image: "vllm/vllm-openai"}}}}
+	if err := k.c.Create(ctx, p); err != nil {
+		t.Fatal(err)
+	}
+	k.setReady(t, ns, name, ip, ready)
+}
+
+func (k *cluster) setReady(t *testing.T, ns, name, ip string, ready bool) {
+	t.Helper()
+	ctx := context.Background()
+	var p corev1.Pod
+	if err := k.c.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, &p); err != nil {
+		t.Fatal(err)
+	}
+	st := corev1.ConditionFalse
+	if ready {
+		st = corev1.ConditionTrue
+	}
+	p.Status.PodIP = ip
+	p.Status.PodIPs = []corev1.PodIP{{IP: ip}}
+	p.Status.Phase = corev1.PodRunning
+	p.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: st, LastTransitionTime: metav1.Now()}}
+	if err := k.c.Status().Update(ctx, &p); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// servers runs simulated model servers on 127.0.0.<2..> at one port, as pods of
+// one deployment would be.
+func servers(t *testing.T, n int) (ips []string, port int) {
+	t.Helper()
+	for attempt := 0; attempt < 20; attempt++ {
+		ln, err := net.Listen("tcp", "127.0.0.2:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		port = ln.Addr().(*net.TCPAddr).Port
+		_ = ln.Close()
+		ips = ips[:0]
+		ok := true
+		for i := range n {
+			ip := fmt.Sprintf("127.0.0.%d", i+2)
+			if l, err := net.Listen("tcp", fmt.Sprintf("%s:%d", ip, port)); err != nil {
+				ok = false
+				break
+			} else {
+				_ = l.Close()
+			}
+			ips = append(ips, ip)
+		}
+		if ok {
+			break
+		}
+	}
+	for _, ip := range ips {
+		simtest.StartAt(t, simserver.Options{Model: model}, fmt.Sprintf("%s:%d", ip, port))
+	}
+	return ips, port
+}
+
+// gatewayUnderTest runs a gateway fed by the controller until the test ends.
+func gatewayUnderTest(t *testing.T, k *cluster, target types.NamespacedName) (*gateway.Gateway, string) {
+	t.Helper()
+	g := gateway.New(gateway.Options{Logger: quiet})
+	t.Cleanup(g.Close)
+	srv := httptest.NewServer(g)
+	t.Cleanup(srv.Close)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- Start(ctx, k.cfg, Options{Target: target, Gateway: g, Log: quiet, LeaderElection: true}) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("controller: %v", err)
+		}
+	})
+	return g, srv.URL
+}
+
+func igwc(ns, name string, schedulers ...v1alpha1.SchedulerSpec) *v1alpha1.InferenceGatewayConfig {
+	return &v1alpha1.InferenceGatewayConfig{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: v1alpha1.InferenceGatewayConfigSpec{BBR: v1alpha1.BBRSpec{Enabled: true}, Schedulers: schedulers}}
+}
+
+// post sends one chat request through the gateway and returns the status (0 when
+// the request did not get an answer) and the endpoint that served it.
+func post(t *testing.T, base string) (int, string) {
+	t.Helper()
+	resp, err := http.Post(base+"/v1/chat/completions", "application/json",
+		strings.NewReader(`{"model":"`+model+`","messages":[{"role":"user","content":"hi"}],"max_tokens":2}`))
+	if err != nil {
+		t.Error(err)
+		return 0, ""
+	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, resp.Body)
+	return resp.StatusCode, resp.Header.Get("X-Kvgate-Endpoint")
+}
+
+func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", d, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// edit changes the named config, retrying when the controller's status write got
+// there first.
+func (k *cluster) edit(t *testing.T, key types.NamespacedName, change func(*v1alpha1.InferenceGatewayConfig)) {
+	t.Helper()
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		var cur v1alpha1.InferenceGatewayConfig
+		if err := k.c.Get(context.Background(), key, &cur); err != nil {
+			return err
+		}
+		change(&cur)
+		return k.c.Update(context.Background(), &cur)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (k *cluster) status(t *testing.T, ns, name string) v1alpha1.InferenceGatewayConfigStatus {
+	t.Helper()
+	var cfg v1alpha1.InferenceGatewayConfig
+	if err := k.c.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: name}, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	return cfg.Status
+}
+
+func condition(st v1alpha1.InferenceGatewayConfigStatus, typ string) metav1.Condition {
+	if c := meta.FindStatusCondition(st.Conditions, typ); c != nil {
+		return *c
+	}
+	return metav1.Condition{}
+}
+
+// TestCRDValidation: the API server itself rejects what the schema and its CEL
+// rules forbid, with messages a person can act on.
+func TestCRDValidation(t *testing.T) {
+	k := startCluster(t)
+	k.namespace(t, "crd")
+	sel := &metav1.LabelSelector{MatchLabels: map[string]string{"app": "x"}}
+	neg := int32(-1)
+	for _, tc := range []struct {
+		name string
+		cfg  *v1alpha1.InferenceGatewayConfig
+		want string // "" accepts
+	}{
+		{"valid", igwc("crd", "ok", v1alpha1.SchedulerSpec{Name: "a", ModelName: "m", ModelSelector: sel}), ""},
+		{"bbr off with two schedulers", func() *v1alpha1.InferenceGatewayConfig {
+			c := igwc("crd", "nobbr", v1alpha1.SchedulerSpec{Name: "a", ModelName: "m", ModelSelector: sel}, v1alpha1.SchedulerSpec{Name: "b", ModelName: "n", ModelSelector: sel})
+			c.Spec.BBR.Enabled = false
+			return c
+		}(), "bbr.enabled must be true"},
+		{"duplicate model", igwc("crd", "dup", v1alpha1.SchedulerSpec{Name: "a", ModelName: "m", ModelSelector: sel}, v1alpha1.SchedulerSpec{Name: "b", ModelName: "m", ModelSelector: sel}), "modelName must be unique"},
+		{"duplicate scheduler name", igwc("crd", "dupname", v1alpha1.SchedulerSpec{Name: "a", ModelName: "m", ModelSelector: sel}, v1alpha1.SchedulerSpec{Name: "a", ModelName: "n", ModelSelector: sel}), "Duplicate value"},
+		{"negative weight", igwc("crd", "neg", v1alpha1.SchedulerSpec{Name: "a", ModelName: "m", ModelSelector: sel, Weights: &v1alpha1.Weights{Queue: &neg}}), "should be greater than or equal to 0"},
+		{"unknown picker", igwc("crd", "pick", v1alpha1.SchedulerSpec{Name: "a", ModelName: "m", ModelSelector: sel, Picker: "best"}), "Unsupported value"},
+		{"no schedulers", igwc("crd", "none"), "spec.schedulers: Required value"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := k.c.Create(context.Background(), tc.cfg)
+			switch {
+			case tc.want == "" && err != nil:
+				t.Fatalf("rejected: %v", err)
+			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+				t.Fatalf("err = %v, want it to say %q", err, tc.want)
+			}
+		})
+	}
+	// The closed schema: an unknown field is an error for a strict client.
+	u := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": v1alpha1.APIVersion, "kind": v1alpha1.Kind,
+		"metadata": map[string]any{"name": "strict", "namespace": "crd"},
+		"spec":     map[string]any{"schedulers": []any{map[string]any{"name": "a", "modelName": "m", "modelSelector": map[string]any{"matchLabels": map[string]any{"app": "x"}}, "scoreWeights": map[string]any{}}}},
+	}}
+	if err := k.c.Create(context.Background(), u, client.FieldValidation("Strict")); err == nil || !strings.Contains(err.Error(), "scoreWeights") {
+		t.Fatalf("unknown field: %v", err)
+	}
+}
+
+// TestPodsBecomeEndpoints walks a pool through its life: pods labelled for the
+// scheduler become endpoints when ready and take traffic; one set NotReady stops
+// taking traffic within a second; an invalid update keeps the last good
+// configuration serving; a weights edit applies without a failed request; with
+// no pod left the status says so.
+func TestPodsBecomeEndpoints(t *testing.T) {
+	k := startCluster(t)
+	const ns = "models"
+	k.namespace(t, ns)
+	ips, port := servers(t, 2)
+	target := types.NamespacedName{Namespace: ns, Name: "kvgate"}
+	g, base := gatewayUnderTest(t, k, target)
+	ctx := context.Background()
+
+	cfg := igwc(ns, "kvgate", v1alpha1.SchedulerSpec{Name: "llama", ModelName: model, TargetPort: int32(port),
+		ModelSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "llama"}}})
+	if err := k.c.Create(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	// A selector that matches nothing is not Ready, and says why.
+	eventually(t, 10*time.Second, "status NoMatchingPods", func() bool {
+		st := k.status(t, ns, "kvgate")
+		return condition(st, "Accepted").Status == metav1.ConditionTrue && condition(st, "Ready").Reason == "NoReadyEndpoints" &&
+			strings.Contains(condition(st, "Ready").Message, "no pod in namespace models matches selector") && len(st.Schedulers) == 1 && st.Schedulers[0].RolloutState == "Pending"
+	})
+	if code, _ := post(t, base); code != http.StatusServiceUnavailable {
+		t.Errorf("no endpoints: status %d, want 503", code)
+	}
+
+	labels := map[string]string{"app": "llama"}
+	k.pod(t, ns, "llama-0", ips[0], true, labels)
+	k.pod(t, ns, "llama-1", ips[1], true, labels)
+	k.pod(t, ns, "other", "127.0.0.9", true, map[string]string{"app": "qwen"}) // not selected
+	eventually(t, 10*time.Second, "both pods served", func() bool {
+		seen := map[string]bool{}
+		for range 20 {
+			if code, ep := post(t, base); code == http.StatusOK {
+				seen[ep] = true
+			}
+		}
+		return len(seen) == 2
+	})
+	eventually(t, 10*time.Second, "status Ready with 2 endpoints", func() bool {
+		st := k.status(t, ns, "kvgate")
+		return condition(st, "Ready").Status == metav1.ConditionTrue && st.Schedulers[0].Endpoints == 2 &&
+			st.Schedulers[0].RolloutState == "Available" && st.ObservedGeneration == 1
+	})
+
+	// NotReady: out of rotation within a second.
+	gone := fmt.Sprintf("%s:%d", ips[0], port)
+	start := time.Now()
+	k.setReady(t, ns, "llama-0", ips[0], false)
+	eventually(t, time.Second, "the NotReady pod to leave the pool", func() bool { return !strings.Contains(g.EndpointsOf("llama"), gone) })
+	t.Logf("NotReady pod out of rotation after %v", time.Since(start))
+	for range 10 {
+		if code, ep := post(t, base); code != http.StatusOK || ep == gone {
+			t.Fatalf("after NotReady: status %d from %s", code, ep)
+		}
+	}
+	k.setReady(t, ns, "llama-0", ips[0], true)
+	eventually(t, 5*time.Second, "the pod back", func() bool { return strings.Contains(g.EndpointsOf("llama"), gone) })
+
+	// A weights edit under load: no request fails.
+	var failed, sent atomic.Int64
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				code, _ := post(t, base)
+				sent.Add(1)
+				if code != http.StatusOK {
+					failed.Add(1)
+				}
+			}
+		})
+	}
+	two := int32(2)
+	k.edit(t, target, func(c *v1alpha1.InferenceGatewayConfig) { c.Spec.Schedulers[0].Weights = &v1alpha1.Weights{Queue: &two} })
+	eventually(t, 10*time.Second, "generation 2 observed", func() bool { return k.status(t, ns, "kvgate").ObservedGeneration == 2 })
+	time.Sleep(300 * time.Millisecond)
+	close(stop)
+	wg.Wait()
+	if failed.Load() != 0 || sent.Load() < 10 {
+		t.Fatalf("weights edit: %d of %d requests failed", failed.Load(), sent.Load())
+	}
+
+	// Invalid for kvgate though valid for the schema (an adapter named like a
+	// model): rejected in status, the last good configuration keeps serving.
+	k.edit(t, target, func(c *v1alpha1.InferenceGatewayConfig) { c.Spec.Schedulers[0].LoRAAdapters = []string{model} })
+	eventually(t, 10*time.Second, "Accepted=False", func() bool {
+		c := condition(k.status(t, ns, "kvgate"), "Accepted")
+		return c.Status == metav1.ConditionFalse && c.Reason == "Invalid" && strings.Contains(c.Message, "loraAdapters[0]")
+	})
+	if code, _ := post(t, base); code != http.StatusOK {
+		t.Fatalf("last good configuration stopped serving: %d", code)
+	}
+
+	// Fixed again; then the pods go: no endpoints, and the status says so.
+	k.edit(t, target, func(c *v1alpha1.InferenceGatewayConfig) { c.Spec.Schedulers[0].LoRAAdapters = nil })
+	for _, name := range []string{"llama-0", "llama-1"} {
+		if err := k.c.Delete(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}, client.GracePeriodSeconds(0)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, 10*time.Second, "no endpoints after deletion", func() bool { return g.EndpointsOf("llama") == "" })
+	eventually(t, 10*time.Second, "status not ready", func() bool {
+		return condition(k.status(t, ns, "kvgate"), "Ready").Status == metav1.ConditionFalse
+	})
+}
+
+// TestInferencePool: a scheduler whose pool is an upstream InferencePool routes
+// to the pods its selector picks, at its target port.
+func TestInferencePool(t *testing.T) {
+	k := startCluster(t)
+	const ns = "pools"
+	k.namespace(t, ns)
+	ips, port := servers(t, 1)
+	ctx := context.Background()
+	pool := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "inference.networking.k8s.io/v1", "kind": "InferencePool",
+		"metadata": map[string]any{"name": "llama-pool", "namespace": ns},
+		"spec": map[string]any{"selector": map[string]any{"matchLabels": map[string]any{"pool": "llama"}},
+			"targetPorts": []any{map[string]any{"number": int64(port)}}},
+	}}
+	if err := k.c.Create(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	k.pod(t, ns, "p0", ips[0], true, map[string]string{"pool": "llama"})
+	_, base := gatewayUnderTest(t, k, types.NamespacedName{Namespace: ns, Name: "gw"})
+	if err := k.c.Create(ctx, igwc(ns, "gw", v1alpha1.SchedulerSpec{Name: "llama", ModelName: model, PoolRef: "llama-pool"})); err != nil {
+		t.Fatal(err)
+	}
+	want := fmt.Sprintf("%s:%d", ips[0], port)
+	eventually(t, 10*time.Second, "traffic to the pool's pod", func() bool {
+		code, ep := post(t, base)
+		return code == http.StatusOK && ep == want
+	})
+}
