@@ -39,7 +39,7 @@ schedulers' modelSelector (or poolRef to an InferencePool) picks the model-serve
 pods become endpoints as they come and go, and the resource's status reports what is served.`,
 		Example: `  kvgate serve --config deploy/examples/gateway.yaml
   kvgate serve --igwc default/kvgate          # in a cluster (or with --kubeconfig)`,
-		Args:    cobra.NoArgs,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.Logger = newLoggerFormat(logLevel, logFormat)
 			hup := make(chan os.Signal, 1)

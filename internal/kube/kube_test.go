@@ -150,7 +150,9 @@ func gatewayUnderTest(t *testing.T, k *cluster, target types.NamespacedName) (*g
 	t.Cleanup(srv.Close)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- Start(ctx, k.cfg, Options{Target: target, Gateway: g, Log: quiet, LeaderElection: true}) }()
+	go func() {
+		done <- Start(ctx, k.cfg, Options{Target: target, Gateway: g, Log: quiet, LeaderElection: true})
+	}()
 	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {
@@ -352,7 +354,9 @@ func TestPodsBecomeEndpoints(t *testing.T) {
 		})
 	}
 	two := int32(2)
-	k.edit(t, target, func(c *v1alpha1.InferenceGatewayConfig) { c.Spec.Schedulers[0].Weights = &v1alpha1.Weights{Queue: &two} })
+	k.edit(t, target, func(c *v1alpha1.InferenceGatewayConfig) {
+		c.Spec.Schedulers[0].Weights = &v1alpha1.Weights{Queue: &two}
+	})
 	eventually(t, 10*time.Second, "generation 2 observed", func() bool { return k.status(t, ns, "kvgate").ObservedGeneration == 2 })
 	time.Sleep(300 * time.Millisecond)
 	close(stop)
