@@ -89,6 +89,7 @@ func kubeSource(igwc, kubeconfig string, leaderElect bool, log *slog.Logger) (fu
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes client: %w", err)
 	}
+	kube.SetLoggers(log)
 	return func(ctx context.Context, g *gateway.Gateway) error {
 		return kube.Start(ctx, cfg, kube.Options{Target: types.NamespacedName{Namespace: ns, Name: name}, Gateway: g, Log: log, LeaderElection: leaderElect})
 	}, nil

@@ -36,6 +36,11 @@ const model = "meta-llama/Llama-3.1-8B-Instruct"
 
 var quiet = slog.New(slog.DiscardHandler)
 
+func TestMain(m *testing.M) {
+	SetLoggers(quiet)
+	os.Exit(m.Run())
+}
+
 // cluster is a real kube-apiserver and etcd (built by hack/envtest-bins.sh), with
 // kvgate's CRD and a stand-in InferencePool CRD installed.
 type cluster struct {
@@ -390,7 +395,8 @@ func TestPodsBecomeEndpoints(t *testing.T) {
 }
 
 // TestInferencePool: a scheduler whose pool is an upstream InferencePool routes
-// to the pods its selector picks, at its target port.
+// to the pods its selector picks, at its target port — through two gateway
+// replicas at once, each reconciling on its own (one of them writes status).
 func TestInferencePool(t *testing.T) {
 	k := startCluster(t)
 	const ns = "pools"
@@ -408,12 +414,19 @@ func TestInferencePool(t *testing.T) {
 	}
 	k.pod(t, ns, "p0", ips[0], true, map[string]string{"pool": "llama"})
 	_, base := gatewayUnderTest(t, k, types.NamespacedName{Namespace: ns, Name: "gw"})
+	_, base2 := gatewayUnderTest(t, k, types.NamespacedName{Namespace: ns, Name: "gw"})
 	if err := k.c.Create(ctx, igwc(ns, "gw", v1alpha1.SchedulerSpec{Name: "llama", ModelName: model, PoolRef: "llama-pool"})); err != nil {
 		t.Fatal(err)
 	}
 	want := fmt.Sprintf("%s:%d", ips[0], port)
-	eventually(t, 10*time.Second, "traffic to the pool's pod", func() bool {
-		code, ep := post(t, base)
-		return code == http.StatusOK && ep == want
+	for _, b := range []string{base, base2} {
+		eventually(t, 10*time.Second, "traffic to the pool's pod through "+b, func() bool {
+			code, ep := post(t, b)
+			return code == http.StatusOK && ep == want
+		})
+	}
+	eventually(t, 10*time.Second, "status from the leader", func() bool {
+		st := k.status(t, ns, "gw")
+		return condition(st, "Ready").Status == metav1.ConditionTrue && len(st.Schedulers) == 1 && st.Schedulers[0].Endpoints == 1
 	})
 }

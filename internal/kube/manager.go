@@ -26,6 +26,13 @@ type Options struct {
 	LeaderElection bool
 }
 
+// SetLoggers routes controller-runtime's and client-go's (klog) logs to l. Both
+// are process-wide, so it is called once, before Start.
+func SetLoggers(l *slog.Logger) {
+	log.SetLogger(toLogr(l))
+	klog.SetLogger(toLogr(l))
+}
+
 // Start runs the controller until ctx ends. Every replica watches and serves;
 // with LeaderElection only the leader writes status.
 func Start(ctx context.Context, cfg *rest.Config, o Options) error {
@@ -33,8 +40,6 @@ func Start(ctx context.Context, cfg *rest.Config, o Options) error {
 	if err != nil {
 		return err
 	}
-	log.SetLogger(toLogr(o.Log))
-	klog.SetLogger(toLogr(o.Log)) // client-go's leader election logs through klog
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                  scheme,
 		Metrics:                 metricsserver.Options{BindAddress: "0"}, // kvgate serves its own
