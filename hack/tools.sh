@@ -5,6 +5,7 @@ set -euo pipefail
 
 GOLANGCI_LINT_VERSION=${GOLANGCI_LINT_VERSION:-v2.15.0}
 CONTROLLER_GEN_VERSION=${CONTROLLER_GEN_VERSION:-v0.20.1}
+HELM_VERSION=${HELM_VERSION:-v3.19.5}
 TOOLS_DIR=${KVGATE_TOOLS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/kvgate/tools}
 mkdir -p "$TOOLS_DIR"
 
@@ -28,4 +29,15 @@ if [ ! -x "$cgen" ]; then
   rmdir "$tmp"
 fi
 ln -sf "$cgen" "$TOOLS_DIR/controller-gen"
+
+# helm renders the chart for its server-side dry-run test (not in Debian's archive).
+helm="$TOOLS_DIR/helm-$HELM_VERSION"
+if [ ! -x "$helm" ]; then
+  echo "building helm $HELM_VERSION into $TOOLS_DIR (once; a few minutes)" >&2
+  tmp=$(mktemp -d)
+  GOBIN="$tmp" GOFLAGS=-mod=mod go install "helm.sh/helm/v3/cmd/helm@$HELM_VERSION" >&2
+  mv "$tmp/helm" "$helm"
+  rmdir "$tmp"
+fi
+ln -sf "$helm" "$TOOLS_DIR/helm"
 echo "$TOOLS_DIR"
