@@ -470,3 +470,40 @@ func TestHelmChart(t *testing.T) {
 		}
 	}
 }
+
+// TestKustomizeBase sends the kustomize base's manifests (config/) to the API
+// server as strict server-side dry runs, in the namespace the base sets.
+func TestKustomizeBase(t *testing.T) {
+	k := startCluster(t)
+	k.namespace(t, "kvgate-system")
+	root := filepath.Join("..", "..", "config")
+	var kust struct {
+		Namespace string   `json:"namespace"`
+		Resources []string `json:"resources"`
+	}
+	raw, err := os.ReadFile(filepath.Join(root, "default", "kustomization.yaml"))
+	if err != nil || yaml.Unmarshal(raw, &kust) != nil || kust.Namespace != "kvgate-system" {
+		t.Fatalf("config/default/kustomization.yaml: %v %+v", err, kust)
+	}
+	kinds := map[string]bool{}
+	for _, f := range []string{"rbac/role.yaml", "manager/deployment.yaml", "samples/inferencegatewayconfig.yaml"} {
+		raw, err := os.ReadFile(filepath.Join(root, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, doc := range strings.Split(string(raw), "\n---") {
+			var obj unstructured.Unstructured
+			if err := yaml.Unmarshal([]byte(doc), &obj.Object); err != nil || len(obj.Object) == 0 {
+				continue
+			}
+			obj.SetNamespace(kust.Namespace)
+			if err := k.c.Create(context.Background(), &obj, client.DryRunAll, client.FieldValidation("Strict")); err != nil {
+				t.Errorf("%s: %s %s: %v", f, obj.GetKind(), obj.GetName(), err)
+			}
+			kinds[obj.GetKind()] = true
+		}
+	}
+	if len(kinds) < 7 {
+		t.Errorf("kinds checked: %v", kinds)
+	}
+}
