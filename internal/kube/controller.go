@@ -18,6 +18,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -28,8 +29,12 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	"github.com/kvgate/kvgate/api/v1alpha1"
 )
@@ -49,15 +54,22 @@ type Reconciler struct {
 	Target  types.NamespacedName // the InferenceGatewayConfig this gateway serves
 	Gateway Applier
 	Log     *slog.Logger
-	// Elected is closed once this replica may write status (leader election); nil
-	// writes at once.
-	Elected <-chan struct{}
+	// Leader says whether this replica may write status (leader election); nil
+	// writes always.
+	Leader func() bool
 	// Pools says whether the InferencePool resource is installed.
 	Pools bool
+	// kick, when set, re-runs the reconcile on demand (on winning the Lease).
+	kick <-chan event.GenericEvent
 
 	mu       sync.Mutex
 	lastGood *v1alpha1.InferenceGatewayConfig
+	rejected bool // the last attempt was refused: the next good one is applied even if unchanged
 }
+
+// specError is a problem with the configuration itself, reported in status
+// rather than retried.
+type specError struct{ error }
 
 // Scheme returns a scheme with the core types and kvgate's.
 func Scheme() (*runtime.Scheme, error) {
@@ -80,16 +92,23 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		}
 		return []reconcile.Request{{NamespacedName: r.Target}}
 	})
-	notLeaderOnly := false
+	// Status writes bump the resource version but not the generation: only spec
+	// changes (and pods) need a reconcile.
 	b := ctrl.NewControllerManagedBy(mgr).
 		Named("kvgate").
-		For(&v1alpha1.InferenceGatewayConfig{}, builder.WithPredicates()).
+		For(&v1alpha1.InferenceGatewayConfig{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Watches(&corev1.Pod{}, toTarget).
-		WithOptions(controllerOptions(&notLeaderOnly))
+		// Every replica reconciles: serving must not wait for an election.
+		WithOptions(controller.Options{NeedLeaderElection: ptr(false)})
 	if r.Pools {
 		pool := &unstructured.Unstructured{}
 		pool.SetGroupVersionKind(InferencePoolGVK)
 		b = b.Watches(pool, toTarget)
+	}
+	if r.kick != nil {
+		b = b.WatchesRawSource(source.Channel(r.kick, handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []reconcile.Request {
+			return []reconcile.Request{{NamespacedName: r.Target}}
+		})))
 	}
 	return b.Complete(r)
 }
@@ -109,21 +128,35 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	}
 	status := v1alpha1.InferenceGatewayConfigStatus{ObservedGeneration: cfg.Generation}
 	resolved, perScheduler, err := r.resolve(ctx, &cfg)
+	var spec specError
+	if err != nil && !errors.As(err, &spec) {
+		return reconcile.Result{}, err // the API server's trouble: retried with backoff
+	}
 	if err == nil {
-		err = r.Gateway.Apply(resolved)
+		r.mu.Lock()
+		same := r.lastGood != nil && !r.rejected && equality.Semantic.DeepEqual(r.lastGood.Spec, resolved.Spec)
+		r.mu.Unlock()
+		// An event that changes nothing the gateway serves (another pod in the
+		// namespace, a status write) must not rebuild pools and transports.
+		if !same {
+			err = r.Gateway.Apply(resolved)
+		}
 	}
 	if err != nil {
+		r.mu.Lock()
+		r.rejected = true
+		r.mu.Unlock()
 		r.Gateway.RecordRejected(err)
 		r.Log.Error("configuration rejected; the last good one keeps serving", "config", r.Target, "err", err)
-		status.Conditions = []metav1.Condition{
-			{Type: "Accepted", Status: metav1.ConditionFalse, Reason: "Invalid", Message: trim(err.Error())},
-			{Type: "Ready", Status: r.readyOfLastGood(), Reason: "LastGoodServing", Message: "the last accepted configuration keeps serving; fix the spec to apply a new one"},
+		ready := metav1.Condition{Type: "Ready", Status: metav1.ConditionFalse, Reason: "NothingServing", Message: "no configuration has been accepted yet; fix the spec"}
+		if r.hasLastGood() {
+			ready = metav1.Condition{Type: "Ready", Status: metav1.ConditionTrue, Reason: "LastGoodServing", Message: "the last accepted configuration keeps serving; fix the spec to apply a new one"}
 		}
-		status.Schedulers = cfg.Status.Schedulers
+		status.Conditions = []metav1.Condition{{Type: "Accepted", Status: metav1.ConditionFalse, Reason: "Invalid", Message: trim(err.Error())}, ready}
 		return reconcile.Result{}, r.writeStatus(ctx, &cfg, status)
 	}
 	r.mu.Lock()
-	r.lastGood = resolved
+	r.lastGood, r.rejected = resolved, false
 	r.mu.Unlock()
 	status.Schedulers = perScheduler
 	status.Conditions = []metav1.Condition{{Type: "Accepted", Status: metav1.ConditionTrue, Reason: "Accepted", Message: "the configuration is valid and serving"}}
@@ -145,13 +178,10 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	return reconcile.Result{}, r.writeStatus(ctx, &cfg, status)
 }
 
-func (r *Reconciler) readyOfLastGood() metav1.ConditionStatus {
+func (r *Reconciler) hasLastGood() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.lastGood == nil {
-		return metav1.ConditionFalse
-	}
-	return metav1.ConditionTrue
+	return r.lastGood != nil
 }
 
 // resolve fills each scheduler's endpoints from the ready pods it selects and
@@ -167,7 +197,11 @@ func (r *Reconciler) resolve(ctx context.Context, cfg *v1alpha1.InferenceGateway
 		}
 		sel, port, err := r.selectorOf(ctx, cfg.Namespace, sc)
 		if err != nil {
-			return nil, nil, fmt.Errorf("spec.schedulers[%d] (%s): %w", i, sc.Name, err)
+			var spec specError
+			if errors.As(err, &spec) {
+				return nil, nil, specError{fmt.Errorf("spec.schedulers[%d] (%s): %w", i, sc.Name, err)}
+			}
+			return nil, nil, err
 		}
 		var pods corev1.PodList
 		if err := r.Client.List(ctx, &pods, client.InNamespace(cfg.Namespace), client.MatchingLabelsSelector{Selector: sel}); err != nil {
@@ -176,7 +210,7 @@ func (r *Reconciler) resolve(ctx context.Context, cfg *v1alpha1.InferenceGateway
 		ready, total := []string{}, 0
 		for i := range pods.Items {
 			p := &pods.Items[i]
-			if p.DeletionTimestamp != nil {
+			if p.DeletionTimestamp != nil || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
 				continue
 			}
 			total++
@@ -217,24 +251,27 @@ func (r *Reconciler) selectorOf(ctx context.Context, ns string, sc *v1alpha1.Sch
 	if sc.PoolRef == "" {
 		sel, err := metav1.LabelSelectorAsSelector(sc.ModelSelector)
 		if err != nil {
-			return nil, 0, fmt.Errorf("modelSelector: %w", err)
+			return nil, 0, specError{fmt.Errorf("modelSelector: %w", err)}
 		}
 		if sel.Empty() {
-			return nil, 0, errors.New("modelSelector selects every pod; give it labels")
+			return nil, 0, specError{errors.New("modelSelector selects every pod; give it labels")}
 		}
 		return sel, sc.Port(), nil
 	}
 	if !r.Pools {
-		return nil, 0, fmt.Errorf("poolRef %q: the InferencePool resource (inference.networking.k8s.io/v1) is not installed", sc.PoolRef)
+		return nil, 0, specError{fmt.Errorf("poolRef %q: the InferencePool resource (inference.networking.k8s.io/v1) was not installed when kvgate started", sc.PoolRef)}
 	}
 	pool := &unstructured.Unstructured{}
 	pool.SetGroupVersionKind(InferencePoolGVK)
 	if err := r.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: sc.PoolRef}, pool); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, 0, specError{fmt.Errorf("poolRef %q: no InferencePool of that name in namespace %s", sc.PoolRef, ns)}
+		}
 		return nil, 0, fmt.Errorf("poolRef %q: %w", sc.PoolRef, err)
 	}
 	ml, _, err := unstructured.NestedStringMap(pool.Object, "spec", "selector", "matchLabels")
 	if err != nil || len(ml) == 0 {
-		return nil, 0, fmt.Errorf("InferencePool %q has no spec.selector.matchLabels", sc.PoolRef)
+		return nil, 0, specError{fmt.Errorf("InferencePool %q has no spec.selector.matchLabels", sc.PoolRef)}
 	}
 	ports, _, _ := unstructured.NestedSlice(pool.Object, "spec", "targetPorts")
 	port := sc.Port()
@@ -249,12 +286,8 @@ func (r *Reconciler) selectorOf(ctx context.Context, ns string, sc *v1alpha1.Sch
 }
 
 func (r *Reconciler) writeStatus(ctx context.Context, cfg *v1alpha1.InferenceGatewayConfig, st v1alpha1.InferenceGatewayConfigStatus) error {
-	if r.Elected != nil {
-		select {
-		case <-r.Elected:
-		default:
-			return nil // another replica writes status
-		}
+	if r.Leader != nil && !r.Leader() {
+		return nil // another replica writes status; winning the Lease re-runs this
 	}
 	// Keep transition times of conditions that did not change.
 	for i := range st.Conditions {
@@ -267,9 +300,18 @@ func (r *Reconciler) writeStatus(ctx context.Context, cfg *v1alpha1.InferenceGat
 		st.Conditions[i].ObservedGeneration = cfg.Generation
 	}
 	for i := range st.Schedulers {
+		var prev []metav1.Condition
+		for _, old := range cfg.Status.Schedulers {
+			if old.Name == st.Schedulers[i].Name {
+				prev = old.Conditions
+			}
+		}
 		for j := range st.Schedulers[i].Conditions {
 			c := &st.Schedulers[i].Conditions[j]
 			c.ObservedGeneration = cfg.Generation
+			if old := meta.FindStatusCondition(prev, c.Type); old != nil && old.Status == c.Status {
+				c.LastTransitionTime = old.LastTransitionTime
+			}
 			if c.LastTransitionTime.IsZero() {
 				c.LastTransitionTime = metav1.Now()
 			}

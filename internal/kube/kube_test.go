@@ -148,10 +148,21 @@ func servers(t *testing.T, n int) (ips []string, port int) {
 	return ips, port
 }
 
+// countingGateway counts the configurations applied to a gateway.
+type countingGateway struct {
+	*gateway.Gateway
+	applied atomic.Int64
+}
+
+func (c *countingGateway) Apply(cfg *v1alpha1.InferenceGatewayConfig) error {
+	c.applied.Add(1)
+	return c.Gateway.Apply(cfg)
+}
+
 // gatewayUnderTest runs a gateway fed by the controller until the test ends.
-func gatewayUnderTest(t *testing.T, k *cluster, target types.NamespacedName) (*gateway.Gateway, string) {
+func gatewayUnderTest(t *testing.T, k *cluster, target types.NamespacedName) (*countingGateway, string) {
 	t.Helper()
-	g := gateway.New(gateway.Options{Logger: quiet})
+	g := &countingGateway{Gateway: gateway.New(gateway.Options{Logger: quiet})}
 	t.Cleanup(g.Close)
 	srv := httptest.NewServer(g)
 	t.Cleanup(srv.Close)
@@ -325,6 +336,14 @@ func TestPodsBecomeEndpoints(t *testing.T) {
 		return condition(st, "Ready").Status == metav1.ConditionTrue && st.Schedulers[0].Endpoints == 2 &&
 			st.Schedulers[0].RolloutState == "Available" && st.ObservedGeneration == 1
 	})
+	// An event that changes nothing served (another app's pod) applies nothing:
+	// pools, transports and pickers stay as they are.
+	before := g.applied.Load()
+	k.pod(t, ns, "unrelated", "127.0.0.10", true, map[string]string{"app": "other"})
+	time.Sleep(500 * time.Millisecond)
+	if n := g.applied.Load() - before; n != 0 {
+		t.Errorf("an unrelated pod caused %d configuration applies", n)
+	}
 
 	// NotReady: out of rotation within a second.
 	gone := fmt.Sprintf("%s:%d", ips[0], port)
