@@ -404,12 +404,17 @@ func TestPodsBecomeEndpoints(t *testing.T) {
 
 	// Fixed again; then the pods go: no endpoints, and the status says so.
 	k.edit(t, target, func(c *v1alpha1.InferenceGatewayConfig) { c.Spec.Schedulers[0].LoRAAdapters = nil })
+	start = time.Now()
 	for _, name := range []string{"llama-0", "llama-1"} {
 		if err := k.c.Delete(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}, client.GracePeriodSeconds(0)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	eventually(t, 10*time.Second, "no endpoints after deletion", func() bool { return g.EndpointsOf("llama") == "" })
+	eventually(t, time.Second, "no endpoints after deletion", func() bool { return g.EndpointsOf("llama") == "" })
+	t.Logf("deleted pods out of rotation after %v", time.Since(start))
+	if code, _ := post(t, base); code != http.StatusServiceUnavailable {
+		t.Errorf("no pods left: status %d, want 503", code)
+	}
 	eventually(t, 10*time.Second, "status not ready", func() bool {
 		return condition(k.status(t, ns, "kvgate"), "Ready").Status == metav1.ConditionFalse
 	})
