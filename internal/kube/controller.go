@@ -321,7 +321,9 @@ func (r *Reconciler) writeStatus(ctx context.Context, cfg *v1alpha1.InferenceGat
 		return nil
 	}
 	cfg.Status = st
-	if err := r.Client.Status().Update(ctx, cfg); err != nil && !apierrors.IsConflict(err) {
+	if err := r.Client.Status().Update(ctx, cfg); err != nil {
+		// A conflict too goes back to the queue: status-only changes trigger no
+		// event, so nothing else would write this status again.
 		return fmt.Errorf("writing status: %w", err)
 	}
 	return nil
