@@ -10,7 +10,6 @@ import (
 	"sync"
 
 	"github.com/cespare/xxhash/v2"
-	"github.com/hashicorp/golang-lru/v2/simplelru"
 )
 
 // Defaults: 64 characters are about 16 tokens, vLLM's block; at most 256 blocks are
@@ -23,7 +22,7 @@ const (
 
 // EntryBytes is the measured heap cost of one remembered block
 // (BenchmarkIndexMemory), used to report the index's memory.
-const EntryBytes = 150
+const EntryBytes = 77
 
 // Seed derives the chain's seed from what separates caches: the model and the
 // LoRA adapter.
@@ -54,8 +53,12 @@ func Hashes(dst []uint64, text []byte, blockChars, maxBlocks int, seed uint64) [
 // endpoints holding it makes a match cost one lookup per matched block, however
 // many endpoints there are.
 type Index struct {
-	mu      sync.RWMutex
-	holders map[uint64][]int32 // block hash → ids of the endpoints holding it
+	mu sync.RWMutex
+	// holders maps a block hash to the first endpoints holding it (id+1, 0 when
+	// empty), pointer-free so the collector skips it; more holds the rest for the
+	// few blocks (widely shared system prompts) that more endpoints hold.
+	holders map[uint64]holderSet
+	more    map[uint64][]int32
 	byAddr  map[string]*member
 	byID    []*member // nil where an id is free
 	free    []int32
@@ -63,13 +66,49 @@ type Index struct {
 }
 
 type member struct {
-	id  int32
-	lru *simplelru.LRU[uint64, struct{}]
+	id    int32
+	lru   *blockLRU
+	evict func(uint64) // drops this member from a block's holders
 }
 
 // New returns an empty index.
 func New() *Index {
-	return &Index{holders: map[uint64][]int32{}, byAddr: map[string]*member{}}
+	return &Index{holders: map[uint64]holderSet{}, more: map[uint64][]int32{}, byAddr: map[string]*member{}}
+}
+
+// holderSet holds up to four endpoint ids inline, packed to the front; a full set
+// may have more in Index.more.
+type holderSet [4]int32
+
+func (s holderSet) full() bool { return s[len(s)-1] != 0 }
+
+// each calls f with every endpoint id holding h.
+func (x *Index) each(h uint64, f func(int32)) {
+	hs, ok := x.holders[h]
+	if !ok {
+		return
+	}
+	for _, v := range hs {
+		if v != 0 {
+			f(v - 1)
+		}
+	}
+	if hs.full() {
+		for _, id := range x.more[h] {
+			f(id)
+		}
+	}
+}
+
+// hold adds id to the holders of h.
+func (x *Index) hold(h uint64, id int32) {
+	hs := x.holders[h]
+	if i := slices.Index(hs[:], 0); i >= 0 {
+		hs[i] = id + 1
+		x.holders[h] = hs
+		return
+	}
+	x.more[h] = append(x.more[h], id)
 }
 
 // Match sets out[i] to how many leading blocks of hashes addrs[i] is believed to
@@ -85,12 +124,27 @@ func (x *Index) Match(hashes []uint64, addrs []string, out []int) {
 	defer x.scratch.Put(pos)
 	// out[c] == i means candidate c held blocks 0..i-1; a holder of block i extends
 	// its run only if it held every earlier one.
+	p := *pos
 	for i, h := range hashes {
+		hs, ok := x.holders[h]
+		if !ok {
+			return
+		}
 		grew := false
-		for _, id := range x.holders[h] {
-			if c := (*pos)[id] - 1; c >= 0 && out[c] == i {
-				out[c]++
-				grew = true
+		for _, v := range hs {
+			if v != 0 {
+				if c := p[v-1] - 1; c >= 0 && out[c] == i {
+					out[c]++
+					grew = true
+				}
+			}
+		}
+		if hs.full() {
+			for _, id := range x.more[h] {
+				if c := p[id] - 1; c >= 0 && out[c] == i {
+					out[c]++
+					grew = true
+				}
 			}
 		}
 		if !grew {
@@ -131,18 +185,19 @@ func (x *Index) Record(addr string, hashes []uint64, capacity int) {
 	m := x.byAddr[addr]
 	if m == nil {
 		m = x.add(addr, capacity)
-	} else {
-		m.lru.Resize(capacity)
+	} else if capacity != m.lru.cap {
+		m.lru.resize(capacity, m.evict)
 	}
 	// Tail first: a model server evicts a sequence's last blocks first, and the
 	// head of a prompt is what other requests share.
 	for _, h := range slices.Backward(hashes) {
-		if m.lru.Contains(h) {
-			m.lru.Get(h)
+		if m.lru.touch(h) {
 			continue
 		}
-		m.lru.Add(h, struct{}{})
-		x.holders[h] = append(x.holders[h], m.id)
+		// Held before the LRU may evict: a block evicted by its own insertion (a
+		// capacity below the prompt) is dropped again consistently.
+		x.hold(h, m.id)
+		m.lru.add(h, m.evict)
 	}
 }
 
@@ -156,21 +211,38 @@ func (x *Index) add(addr string, capacity int) *member {
 		m.id = int32(len(x.byID))
 		x.byID = append(x.byID, m)
 	}
-	m.lru, _ = simplelru.NewLRU(capacity, func(h uint64, _ struct{}) { x.drop(h, m.id) })
+	m.lru = newBlockLRU(capacity)
+	m.evict = func(h uint64) { x.drop(h, m.id) }
 	x.byAddr[addr] = m
 	return m
 }
 
 // drop removes id from the holders of h; the caller holds the lock.
 func (x *Index) drop(h uint64, id int32) {
-	ids := x.holders[h]
-	if i := slices.Index(ids, id); i >= 0 {
-		ids = slices.Delete(ids, i, i+1)
+	hs, ok := x.holders[h]
+	if !ok {
+		return
 	}
-	if len(ids) == 0 {
+	more := x.more[h]
+	if i := slices.Index(hs[:], id+1); i >= 0 {
+		// Keep the inline set packed, refilled from the overflow.
+		copy(hs[i:], hs[i+1:])
+		hs[len(hs)-1] = 0
+		if n := len(more); n > 0 {
+			hs[len(hs)-1], more = more[n-1]+1, more[:n-1]
+		}
+	} else if i := slices.Index(more, id); i >= 0 {
+		more = slices.Delete(more, i, i+1)
+	}
+	if len(more) == 0 {
+		delete(x.more, h)
+	} else {
+		x.more[h] = more
+	}
+	if hs[0] == 0 {
 		delete(x.holders, h)
 	} else {
-		x.holders[h] = ids
+		x.holders[h] = hs
 	}
 }
 
@@ -182,9 +254,7 @@ func (x *Index) Forget(addr string) {
 	if m == nil {
 		return
 	}
-	for _, h := range m.lru.Keys() {
-		x.drop(h, m.id)
-	}
+	m.lru.each(func(h uint64) { x.drop(h, m.id) })
 	delete(x.byAddr, addr)
 	x.byID[m.id] = nil
 	x.free = append(x.free, m.id)
@@ -196,7 +266,7 @@ func (x *Index) Entries() int {
 	defer x.mu.RUnlock()
 	n := 0
 	for _, m := range x.byAddr {
-		n += m.lru.Len()
+		n += m.lru.len()
 	}
 	return n
 }
@@ -206,7 +276,7 @@ func (x *Index) EntriesOf(addr string) int {
 	x.mu.RLock()
 	defer x.mu.RUnlock()
 	if m := x.byAddr[addr]; m != nil {
-		return m.lru.Len()
+		return m.lru.len()
 	}
 	return 0
 }
