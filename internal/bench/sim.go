@@ -95,7 +95,18 @@ func RunSim(opts SimOptions, trace workload.Trace) ([]report.Record, sim.Stats, 
 		r.recs[i] = report.Record{Arrival: at, PromptTokens: q.PromptTokens()}
 	}
 	f := sim.NewFleet(r.engines)
+	r.fleet = f
 	f.OnFirstToken = func(i int, s *sim.Seq) { r.eps[i].acct.FirstToken(r.ticket[s.Req.Tag]) }
+	// Scrapes are timed events: each reads its engine as it was at the scrape's
+	// time, never ahead of it.
+	f.Adapters = slices.ContainsFunc(r.eps, func(e *simEndpoint) bool { return e.lora })
+	f.NextTick = func() (time.Duration, bool) {
+		if len(r.scrapes) == 0 {
+			return 0, false
+		}
+		return r.scrapes[0].at, true
+	}
+	f.OnTick = r.scrape
 	if _, err := f.Run(arrivals, func(a sim.Arrival) int { return r.route(a, trace[a.Req.Tag]) }, r.finished); err != nil {
 		return nil, sim.Stats{}, err
 	}
@@ -155,6 +166,7 @@ type simRun struct {
 	engines    []*sim.Engine
 	eps        []*simEndpoint
 	scrapes    scrapeHeap
+	fleet      *sim.Fleet
 	rng        *rand.Rand
 	byAddr     map[string]int
 
@@ -177,7 +189,6 @@ var epoch = time.Unix(1_700_000_000, 0)
 // route is the gateway's decision for one arrival at virtual time a.At.
 func (r *simRun) route(a sim.Arrival, q workload.Request) int {
 	now := a.At
-	r.scrape(now)
 	// The prompt's head as the gateway's scanner would hand it over: one
 	// 64-character block per 16-token block, at most 256.
 	var hashes []uint64
@@ -232,30 +243,22 @@ func (r *simRun) route(a sim.Arrival, q workload.Request) int {
 
 func (r *simRun) indexOf(addr string) int { return r.byAddr[addr] }
 
-// scrape brings every endpoint whose scrape is due by now up to date: the engine's
-// gauges at this moment, as a scrape that began now would read them.
+// scrape runs the scrape due at now: the engine's gauges as they were at that
+// moment, then schedules the endpoint's next one.
 func (r *simRun) scrape(now time.Duration) {
-	for len(r.scrapes) > 0 && r.scrapes[0].at <= now {
-		s := heap.Pop(&r.scrapes).(scrapeAt)
-		e, eng := r.eps[s.ep], r.engines[s.ep]
-		g := eng.Gauges(e.lora)
-		cfg := eng.Config()
-		m := engine.Metrics{Waiting: float64(g.Waiting), Running: float64(g.Running), KVUsage: g.KVUsage,
-			BlockSize: blockTokens, NumBlocks: eng.NumBlocks()}
-		if e.lora {
-			m.HasLoRA, m.MaxLoRA, m.RunningAdapters, m.WaitingAdapters = true, max(1, cfg.MaxLoRAs), g.RunningAdapters, g.WaitingAdapters
-		}
-		e.acct.Observed(m, engine.VLLM, epoch.Add(now))
-		// The next scrape of this endpoint: the first tick after now, jittered.
-		iv := r.opts.ScrapeInterval
-		next := s.at + iv
-		if next <= now {
-			next += (now - next) / iv * iv
-			next += iv
-		}
-		next += time.Duration((r.rng.Float64() - 0.5) * 0.2 * float64(iv))
-		heap.Push(&r.scrapes, scrapeAt{at: next, ep: s.ep})
+	s := heap.Pop(&r.scrapes).(scrapeAt)
+	e, eng := r.eps[s.ep], r.engines[s.ep]
+	g := r.fleet.GaugesAt(s.ep, now)
+	cfg := eng.Config()
+	m := engine.Metrics{Waiting: float64(g.Waiting), Running: float64(g.Running), KVUsage: g.KVUsage,
+		BlockSize: blockTokens, NumBlocks: eng.NumBlocks()}
+	if e.lora {
+		m.HasLoRA, m.MaxLoRA, m.RunningAdapters, m.WaitingAdapters = true, max(1, cfg.MaxLoRAs), g.RunningAdapters, g.WaitingAdapters
 	}
+	e.acct.Observed(m, engine.VLLM, epoch.Add(now))
+	iv := r.opts.ScrapeInterval
+	next := s.at + iv + time.Duration((r.rng.Float64()-0.5)*0.2*float64(iv))
+	heap.Push(&r.scrapes, scrapeAt{at: next, ep: s.ep})
 }
 
 func (r *simRun) finished(i int, s *sim.Seq) {

@@ -119,6 +119,10 @@ type endpoint struct {
 	acct Accounting
 }
 
+// PendingGrace is how long before a scrape a dispatch must have been sent for the
+// scrape to be trusted to count it: about one engine step.
+const PendingGrace = 50 * time.Millisecond
+
 // Accounting is one endpoint as the picker sees it: its last scrape, with the
 // gateway's own dispatches since folded in. It is not safe for concurrent use: the
 // Fleet guards each one, and the virtual-time benchmark drives it directly with
@@ -144,10 +148,14 @@ type Accounting struct {
 func (a *Accounting) Observed(m engine.Metrics, d engine.Dialect, started time.Time) {
 	a.Metrics, a.Dialect, a.Failures, a.LastErr = m, d, 0, nil
 	a.ScrapedAt = started
-	// Dispatches before the scrape began are in the server's numbers now.
+	// Dispatches well before the scrape began are in the server's numbers now. A
+	// model server updates its gauges once a step, so a request that arrived in
+	// the step running when the scrape came is not counted yet: for PendingGrace
+	// a dispatch stays counted by the gateway too (briefly twice rather than not
+	// at all, which would draw the next requests to that server).
 	kept := a.pending[:0]
 	for _, p := range a.pending {
-		if p.at.After(started) {
+		if p.at.After(started.Add(-PendingGrace)) {
 			kept = append(kept, p)
 		}
 	}

@@ -146,10 +146,13 @@ func TestAccounting(t *testing.T) {
 	}{
 		{"two dispatched", func() {}, 30 * time.Millisecond, 3, 2, 0.5 + 120.0/1000, 1920, false},
 		{"first token of one", func() { a.FirstToken(id1) }, 30 * time.Millisecond, 3, 2, 0.5 + 120.0/1000, 320, false},
-		{"a scrape after both", func() {
-			a.Observed(engine.Metrics{Waiting: 0, Running: 4, KVUsage: 0.6, NumBlocks: 1000}, engine.VLLM, t0.Add(50*time.Millisecond))
-		}, 60 * time.Millisecond, 0, 4, 0.6, 320, false},
-		{"one completes", func() { a.Complete(id2) }, 60 * time.Millisecond, 0, 3, 0.6, 0, false},
+		{"a scrape right after both still counts them", func() {
+			a.Observed(engine.Metrics{Waiting: 2, Running: 2, KVUsage: 0.5, NumBlocks: 1000}, engine.VLLM, t0.Add(50*time.Millisecond))
+		}, 55 * time.Millisecond, 4, 2, 0.5 + 120.0/1000, 320, false},
+		{"a scrape a step later trusts the server", func() {
+			a.Observed(engine.Metrics{Waiting: 0, Running: 4, KVUsage: 0.6, NumBlocks: 1000}, engine.VLLM, t0.Add(100*time.Millisecond))
+		}, 110 * time.Millisecond, 0, 4, 0.6, 320, false},
+		{"one completes", func() { a.Complete(id2) }, 110 * time.Millisecond, 0, 3, 0.6, 0, false},
 		{"stale after 2 s", func() {}, 3 * time.Second, 0, 3, 0.6, 0, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
