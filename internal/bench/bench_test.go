@@ -5,10 +5,14 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kvgate/kvgate/internal/report"
 	"github.com/kvgate/kvgate/internal/simserver"
@@ -238,7 +242,7 @@ func TestRelabel(t *testing.T) {
 		{Prompt: []workload.Segment{{ID: "g-1", Tokens: 100}, {ID: "u-1", Tokens: 10}}},
 		{Prompt: []workload.Segment{{ID: "g-1", Tokens: 100}, {ID: "u-2", Tokens: 10}}},
 	}
-	a, b := relabel(tr, 0), relabel(tr, 1)
+	a, b := relabel(tr, "x/0/1"), relabel(tr, "x/1/1")
 	ta, tb := workload.Text(a[0].Prompt), workload.Text(b[0].Prompt)
 	if ta[:40] == tb[:40] || len(ta) < 300 {
 		t.Fatalf("targets share text: %.40q / %.40q", ta, tb)
@@ -248,5 +252,35 @@ func TestRelabel(t *testing.T) {
 	}
 	if tr[0].Prompt[0].ID != "g-1" {
 		t.Fatal("relabel changed its input")
+	}
+}
+
+// The live client reads the stream as servers write it, and a stream that ends
+// badly is an error, not a fast success.
+func TestLiveStreamParsing(t *testing.T) {
+	for _, tc := range []struct {
+		name, body string
+		err        bool
+		tokens     int
+	}{
+		{"standard", "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: {\"choices\":[{\"delta\":{\"content\":\"b\"}}]}\n\ndata: [DONE]\n\n", false, 2},
+		{"no space after data:", "data:{\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata:[DONE]\n\n", false, 1},
+		{"reasoning tokens count", "data: {\"choices\":[{\"delta\":{\"reasoning_content\":\"r\"}}]}\n\ndata: [DONE]\n\n", false, 1},
+		{"no [DONE]", "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n", true, 0},
+		{"error event", "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: {\"error\":{\"message\":\"boom\"}}\n\n", true, 0},
+		{"aborted", "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: {\"choices\":[{\"delta\":{},\"finish_reason\":\"abort\"}]}\n\ndata: [DONE]\n\n", true, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+				w.Header().Set("Content-Type", "text/event-stream")
+				_, _ = io.WriteString(w, tc.body)
+			}))
+			defer srv.Close()
+			rec := send(context.Background(), srv.Client(), srv.URL, workload.Request{Model: "m", Prompt: []workload.Segment{{ID: "a", Tokens: 5}}, OutputTokens: 2},
+				time.Now(), LiveConfig{Timeout: 5 * time.Second})
+			if rec.Error != tc.err || (!tc.err && rec.OutputTokens != tc.tokens) {
+				t.Fatalf("error %v tokens %d, want error %v tokens %d", rec.Error, rec.OutputTokens, tc.err, tc.tokens)
+			}
+		})
 	}
 }

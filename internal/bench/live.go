@@ -71,6 +71,9 @@ func runLive(ctx context.Context, w io.Writer, cfg Config) error {
 		targets = append(targets, target{name, strings.TrimRight(url, "/")})
 	}
 	var results []report.Result
+	// Prompts of their own for every scenario, target and run: a model server's
+	// prefix cache keeps what an earlier run sent.
+	nonce := time.Now().UnixNano()
 	for i, s := range scenarios {
 		tr := shape(traces[i], lc.Requests, lc.Rate)
 		s.Description = fmt.Sprintf("The %s scenario's trace, live: %d requests at %.1f requests/s on average, sent open loop to each target in turn; "+
@@ -86,7 +89,7 @@ func runLive(ctx context.Context, w io.Writer, cfg Config) error {
 				}
 			}
 			fmt.Fprintf(w, "%s → %s (%s): %d requests\n", s.Name, t.name, t.url, len(tr))
-			recs, err := replayLive(ctx, w, t.url, relabel(tr, j), lc)
+			recs, err := replayLive(ctx, w, t.url, relabel(tr, fmt.Sprintf("%s/%d/%x", s.Name, j, nonce)), lc)
 			if err != nil {
 				return err
 			}
@@ -97,17 +100,14 @@ func runLive(ctx context.Context, w io.Writer, cfg Config) error {
 	return finish(w, cfg, scenarios, results)
 }
 
-// relabel gives every segment of the trace an identity of its own for target j:
-// the same shape, other text.
-func relabel(tr workload.Trace, j int) workload.Trace {
-	if j == 0 {
-		return tr
-	}
+// relabel gives every segment of the trace an identity of its own under tag: the
+// same shape and sharing, other text.
+func relabel(tr workload.Trace, tag string) workload.Trace {
 	out := slices.Clone(tr)
 	for i := range out {
 		segs := slices.Clone(out[i].Prompt)
 		for k := range segs {
-			segs[k].ID = fmt.Sprintf("%s#%d", segs[k].ID, j)
+			segs[k].ID = segs[k].ID + "#" + tag
 		}
 		out[i].Prompt = segs
 	}
@@ -152,7 +152,8 @@ func replayLive(ctx context.Context, w io.Writer, base string, tr workload.Trace
 	var ttfts []float64
 	var errs int
 	stop := make(chan struct{})
-	go progress(w, len(tr), &done, &mu, &ttfts, &errs, stop)
+	progressDone := make(chan struct{})
+	go func() { progress(w, len(tr), &done, &mu, &ttfts, &errs, stop); close(progressDone) }()
 	start := time.Now()
 	var wg sync.WaitGroup
 	for i, q := range tr {
@@ -182,6 +183,7 @@ func replayLive(ctx context.Context, w io.Writer, base string, tr workload.Trace
 	}
 	wg.Wait()
 	close(stop)
+	<-progressDone // it writes to w too
 	fmt.Fprintln(w)
 	return recs, ctx.Err()
 }
@@ -251,10 +253,11 @@ func send(ctx context.Context, c *http.Client, base string, q workload.Request, 
 	finished := false
 	for sc.Scan() {
 		line := sc.Bytes()
-		data, ok := bytes.CutPrefix(line, []byte("data: "))
+		data, ok := bytes.CutPrefix(line, []byte("data:"))
 		if !ok {
 			continue
 		}
+		data = bytes.TrimPrefix(data, []byte(" "))
 		if string(data) == "[DONE]" {
 			finished = true
 			break
@@ -262,8 +265,10 @@ func send(ctx context.Context, c *http.Client, base string, q workload.Request, 
 		var ev struct {
 			Choices []struct {
 				Delta struct {
-					Content string `json:"content"`
+					Content          string `json:"content"`
+					ReasoningContent string `json:"reasoning_content"`
 				} `json:"delta"`
+				FinishReason string `json:"finish_reason"`
 			} `json:"choices"`
 			Usage *struct {
 				CompletionTokens int `json:"completion_tokens"`
@@ -278,7 +283,11 @@ func send(ctx context.Context, c *http.Client, base string, q workload.Request, 
 			rec.Error = true
 			return rec
 		}
-		if len(ev.Choices) > 0 && ev.Choices[0].Delta.Content != "" {
+		if len(ev.Choices) > 0 && (ev.Choices[0].FinishReason == "abort" || ev.Choices[0].FinishReason == "error") {
+			rec.Error = true
+			return rec
+		}
+		if len(ev.Choices) > 0 && (ev.Choices[0].Delta.Content != "" || ev.Choices[0].Delta.ReasoningContent != "") {
 			if chunks == 0 {
 				rec.TTFT = time.Since(at)
 			}

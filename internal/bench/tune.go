@@ -11,6 +11,7 @@ import (
 
 	"github.com/kvgate/kvgate/internal/report"
 	"github.com/kvgate/kvgate/internal/schedule"
+	"github.com/kvgate/kvgate/internal/workload"
 )
 
 // Objectives kvgate tune can minimise, each a figure of a run's results.
@@ -48,7 +49,8 @@ var (
 )
 
 // Tune searches the weights in virtual time by coordinate descent — each weight in
-// turn over weightValues, keeping the best, until a pass changes nothing — and
+// turn over weightValues, keeping the best, until a pass changes nothing (at most
+// three passes) — and
 // prints the best profile, its gain over the starting one on the same traces, and
 // a weights block ready to paste into a scheduler. With several scenarios the
 // objective is the geometric mean of the per-scenario figures, so that no
@@ -73,6 +75,14 @@ func Tune(ctx context.Context, w io.Writer, cfg TuneConfig) (schedule.Profile, e
 	if err != nil {
 		return schedule.Profile{}, err
 	}
+	// A pool with adapters runs its profile with loraAffinity (WithAdapters); the
+	// search starts from exactly that, so that what it prints is what it ran.
+	for _, tr := range traces {
+		if slices.ContainsFunc(tr, func(q workload.Request) bool { return q.Adapter != "" }) {
+			start = start.WithAdapters()
+			break
+		}
+	}
 	eval := func(p schedule.Profile) (float64, []report.Result, error) {
 		jobs := make([]Job, len(scenarios))
 		for i, s := range scenarios {
@@ -85,7 +95,13 @@ func Tune(ctx context.Context, w io.Writer, cfg TuneConfig) (schedule.Profile, e
 		}
 		logSum := 0.0
 		for _, r := range res {
-			logSum += math.Log(math.Max(obj(r), 1e-9))
+			v := obj(r)
+			// A run with no successful request has no latency at all: the worst
+			// score, not the best.
+			if r.Requests == r.Errors || math.IsNaN(v) || v <= 0 {
+				v = math.MaxFloat64
+			}
+			logSum += math.Log(v)
 		}
 		return math.Exp(logSum / float64(len(res))), res, nil
 	}
