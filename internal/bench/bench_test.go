@@ -41,7 +41,7 @@ func quickScenario(t *testing.T, name string) (Scenario, workload.Trace) {
 
 func run(t *testing.T, s Scenario, tr workload.Trace, policy string) report.Result {
 	t.Helper()
-	recs, _, err := RunSim(SimOptions{Fleet: s.Fleet, Policy: policy, Seed: 1}, tr)
+	recs, _, err := RunSim(context.Background(), SimOptions{Fleet: s.Fleet, Policy: policy, Seed: 1}, tr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -54,11 +54,11 @@ func run(t *testing.T, s Scenario, tr workload.Trace, policy string) report.Resu
 // The virtual-time runs reproduce exactly: same trace, same seed, same records.
 func TestSimDeterministic(t *testing.T) {
 	s, tr := quickScenario(t, "mixed-gpu")
-	a, _, err := RunSim(SimOptions{Fleet: s.Fleet, Policy: "kvgate", Seed: 3}, tr)
+	a, _, err := RunSim(context.Background(), SimOptions{Fleet: s.Fleet, Policy: "kvgate", Seed: 3}, tr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, _, _ := RunSim(SimOptions{Fleet: s.Fleet, Policy: "kvgate", Seed: 3}, tr)
+	b, _, _ := RunSim(context.Background(), SimOptions{Fleet: s.Fleet, Policy: "kvgate", Seed: 3}, tr)
 	for i := range a {
 		if a[i] != b[i] {
 			t.Fatalf("record %d differs: %+v vs %+v", i, a[i], b[i])
@@ -123,7 +123,7 @@ func simProbe(t *testing.T, opts SimOptions, tr workload.Trace) []int {
 	t.Helper()
 	var out []int
 	opts.probe = func(server []int) { out = append([]int(nil), server...) }
-	if _, _, err := RunSim(opts, tr); err != nil {
+	if _, _, err := RunSim(context.Background(), opts, tr); err != nil {
 		t.Fatal(err)
 	}
 	return out
@@ -223,7 +223,7 @@ func TestTune(t *testing.T) {
 	// What it found is at least as good as where it started, on the same trace.
 	s, tr := quickScenario(t, "mixed-gpu")
 	start := run(t, s, tr, "gie-default")
-	recs, _, err := RunSim(SimOptions{Fleet: s.Fleet, Profile: &p, Seed: 1}, tr)
+	recs, _, err := RunSim(context.Background(), SimOptions{Fleet: s.Fleet, Profile: &p, Seed: 1}, tr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -282,5 +282,14 @@ func TestLiveStreamParsing(t *testing.T) {
 				t.Fatalf("error %v tokens %d, want error %v tokens %d", rec.Error, rec.OutputTokens, tc.err, tc.tokens)
 			}
 		})
+	}
+}
+
+func TestSimCancelled(t *testing.T) {
+	s, tr := quickScenario(t, "uniform-steady")
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, _, err := RunSim(ctx, SimOptions{Fleet: s.Fleet, Policy: "kvgate"}, tr); err == nil {
+		t.Fatal("a cancelled run reported success")
 	}
 }

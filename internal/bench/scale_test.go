@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"strconv"
@@ -30,7 +31,7 @@ func BenchmarkSimScale(b *testing.B) {
 	}
 	for b.Loop() {
 		start := time.Now()
-		recs, _, err := RunSim(SimOptions{Fleet: fleet, Policy: "kvgate", Seed: 1}, tr)
+		recs, _, err := RunSim(context.Background(), SimOptions{Fleet: fleet, Policy: "kvgate", Seed: 1}, tr)
 		if err != nil {
 			b.Fatal(err)
 		}

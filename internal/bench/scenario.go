@@ -139,7 +139,7 @@ func RunSimJobs(ctx context.Context, jobs []Job, progress io.Writer) ([]report.R
 				start := time.Now()
 				opts := j.Options
 				opts.Fleet, opts.Policy = j.Scenario.Fleet, j.Policy
-				recs, _, err := RunSim(opts, j.Trace)
+				recs, _, err := RunSim(ctx, opts, j.Trace)
 				if err != nil {
 					errs[i] = fmt.Errorf("%s / %s: %w", j.Scenario.Name, j.Policy, err)
 					continue
