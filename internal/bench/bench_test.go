@@ -220,15 +220,17 @@ func TestTune(t *testing.T) {
 	if !strings.Contains(out.String(), "weights: {queue:") || !strings.Contains(out.String(), "best:") {
 		t.Fatalf("output:\n%s", out.String())
 	}
-	// What it found is at least as good as where it started, on the same trace.
+	// What it found beats where it started on the same trace: on a mixed fleet
+	// GIE's weights leave KV usage, the signal that the small A10G caches fill
+	// first, underweighted.
 	s, tr := quickScenario(t, "mixed-gpu")
 	start := run(t, s, tr, "gie-default")
 	recs, _, err := RunSim(context.Background(), SimOptions{Fleet: s.Fleet, Profile: &p, Seed: 1}, tr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := report.Summarize("", "", "", recs); got.TTFTP95ms > start.TTFTP95ms {
-		t.Fatalf("tuned p95 %.1f ms worse than the start's %.1f ms", got.TTFTP95ms, start.TTFTP95ms)
+	if got := report.Summarize("", "", "", recs); got.TTFTP95ms > 0.95*start.TTFTP95ms {
+		t.Fatalf("tuned p95 %.1f ms, not clearly better than the start's %.1f ms", got.TTFTP95ms, start.TTFTP95ms)
 	}
 	if _, err := Tune(context.Background(), &out, TuneConfig{Objective: "fastest"}); err == nil {
 		t.Error("unknown objective accepted")

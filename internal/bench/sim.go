@@ -88,10 +88,16 @@ func RunSim(ctx context.Context, opts SimOptions, trace workload.Trace) ([]repor
 	}
 	arrivals := make([]sim.Arrival, len(trace))
 	var ids []uint64
+	var text []byte
 	for i, q := range trace {
+		// The prompt as text of one 64-character block per 16-token block, hashed
+		// by the gateway's own prefix code: the engine caches these hashes, and the
+		// gateway's index, seeded alike, matches on the first 256 of them.
 		ids = workload.BlockIDs(ids[:0], q.Prompt, blockTokens)
+		text = blockText(text[:0], ids)
+		hashes := prefix.Hashes(nil, text, blockChars, len(ids), prefix.Seed(q.Model, q.Adapter))
 		at := time.Duration(q.At * float64(time.Second))
-		arrivals[i] = sim.Arrival{At: at, Req: sim.Request{PromptTokens: q.PromptTokens(), BlockHashes: chain(ids, q.Adapter),
+		arrivals[i] = sim.Arrival{At: at, Req: sim.Request{PromptTokens: q.PromptTokens(), BlockHashes: hashes,
 			OutputTokens: max(1, q.OutputTokens), IgnoreEOS: true, Adapter: q.Adapter, Tag: uint64(i)}}
 		r.recs[i] = report.Record{Arrival: at, PromptTokens: q.PromptTokens()}
 	}
@@ -187,12 +193,9 @@ type simRun struct {
 	server []int    // per request: the engine serving it
 
 	// reused per request
-	cands  []schedule.Endpoint
-	addrs  []string
-	text   []byte
-	ids    []uint64
-	hashes []uint64
-	match  []int
+	cands []schedule.Endpoint
+	addrs []string
+	match []int
 }
 
 // epoch anchors virtual time for the accounting, which works in wall-clock times.
@@ -201,21 +204,11 @@ var epoch = time.Unix(1_700_000_000, 0)
 // route is the gateway's decision for one arrival at virtual time a.At.
 func (r *simRun) route(a sim.Arrival, q workload.Request) int {
 	now := a.At
-	// The prompt's head as the gateway's scanner would hand it over: one
-	// 64-character block per 16-token block, at most 256.
+	// The hashes of the prompt's head, as the gateway computes them from the
+	// first 256 blocks its scanner hands over.
 	var hashes []uint64
 	if r.usesPrefix {
-		r.ids = workload.BlockIDs(r.ids[:0], q.Prompt, blockTokens)
-		r.text = r.text[:0]
-		var b [8]byte
-		for _, id := range r.ids[:min(len(r.ids), prefix.DefaultMaxBlocks)] {
-			binary.LittleEndian.PutUint64(b[:], id)
-			for range blockChars / 16 {
-				r.text = hex.AppendEncode(r.text, b[:])
-			}
-		}
-		r.hashes = prefix.Hashes(r.hashes[:0], r.text, blockChars, prefix.DefaultMaxBlocks, prefix.Seed(q.Model, q.Adapter))
-		hashes = r.hashes
+		hashes = a.Req.BlockHashes[:min(len(a.Req.BlockHashes), prefix.DefaultMaxBlocks)]
 	}
 	r.cands, r.addrs = r.cands[:0], r.addrs[:0]
 	wall := epoch.Add(now)
@@ -289,28 +282,17 @@ func (r *simRun) finished(i int, s *sim.Seq) {
 	rec.E2E = s.Done - s.Arrival
 }
 
-// chain turns block identities into the engine's chained block hashes, seeded by
-// the adapter (a cache is per adapter).
-func chain(ids []uint64, adapter string) []uint64 {
-	out := make([]uint64, len(ids))
-	h := uint64(0x9e3779b97f4a7c15)
-	for _, c := range adapter {
-		h = mix(h ^ uint64(c))
+// blockText appends one 64-character block of text per block identity: what the
+// gateway would read of a prompt whose 16-token blocks have these identities.
+func blockText(dst []byte, ids []uint64) []byte {
+	var b [8]byte
+	for _, id := range ids {
+		binary.LittleEndian.PutUint64(b[:], id)
+		for range blockChars / 16 {
+			dst = hex.AppendEncode(dst, b[:])
+		}
 	}
-	for i, id := range ids {
-		h = mix(h ^ id)
-		out[i] = h
-	}
-	return out
-}
-
-// mix is SplitMix64's finaliser: a cheap, well-spread 64-bit hash step.
-func mix(x uint64) uint64 {
-	x ^= x >> 30
-	x *= 0xbf58476d1ce4e5b9
-	x ^= x >> 27
-	x *= 0x94d049bb133111eb
-	return x ^ x>>31
+	return dst
 }
 
 type scrapeAt struct {

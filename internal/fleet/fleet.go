@@ -99,9 +99,6 @@ func (f *Fleet) SetConfig(cfg Config) {
 	f.cfg.Store(&cfg)
 }
 
-// Config returns the scrapers' configuration, defaults filled in.
-func (f *Fleet) Config() Config { return *f.cfg.Load() }
-
 // Target is an endpoint to scrape and the metric dialect it speaks ("" detects it
 // from the exposition).
 type Target struct {
@@ -364,25 +361,21 @@ func (f *Fleet) Dispatched(addr string, promptTokens int) Ticket {
 
 // FirstToken records that the request of a ticket produced its first byte of
 // response: its prefill is done.
-func (f *Fleet) FirstToken(t Ticket) {
-	e := f.get(t.addr)
-	if e == nil || t.id == 0 {
-		return
-	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	e.acct.FirstToken(t.id)
-}
+func (f *Fleet) FirstToken(t Ticket) { f.update(t, (*Accounting).FirstToken) }
 
 // Completed records that the request of a ticket finished.
-func (f *Fleet) Completed(t Ticket) {
+func (f *Fleet) Completed(t Ticket) { f.update(t, (*Accounting).Complete) }
+
+// update applies a ticket's event to its endpoint's accounting, if the endpoint
+// is still in the fleet.
+func (f *Fleet) update(t Ticket, event func(*Accounting, uint64)) {
 	e := f.get(t.addr)
 	if e == nil || t.id == 0 {
 		return
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	e.acct.Complete(t.id)
+	event(&e.acct, t.id)
 }
 
 func (f *Fleet) get(addr string) *endpoint {

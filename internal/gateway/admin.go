@@ -21,24 +21,17 @@ func (g *Gateway) serveModels(w http.ResponseWriter, r *http.Request) {
 		openai.WriteError(w, http.StatusMethodNotAllowed, openai.TypeInvalidRequest, "use GET")
 		return
 	}
-	type model struct {
-		ID      string  `json:"id"`
-		Object  string  `json:"object"`
-		Created int64   `json:"created"`
-		OwnedBy string  `json:"owned_by"`
-		Parent  *string `json:"parent"`
-	}
-	data := []model{}
+	var data []openai.Model
 	if rt := g.routes.Load(); rt != nil {
 		created := rt.cfg.CreationTimestamp.Unix()
 		for _, p := range rt.pools {
-			data = append(data, model{ID: p.spec.ModelName, Object: "model", Created: created, OwnedBy: "kvgate"})
+			data = append(data, openai.Model{ID: p.spec.ModelName, Object: "model", Created: created, OwnedBy: "kvgate"})
 			for _, a := range p.spec.LoRAAdapters {
-				data = append(data, model{ID: a, Object: "model", Created: created, OwnedBy: "kvgate", Parent: &p.spec.ModelName})
+				data = append(data, openai.Model{ID: a, Object: "model", Created: created, OwnedBy: "kvgate", Parent: &p.spec.ModelName})
 			}
 		}
 	}
-	writeJSON(w, map[string]any{"object": "list", "data": data})
+	writeJSON(w, openai.Models(data))
 }
 
 // AdminHandler serves /metrics, /healthz, /readyz, /debug/config, /debug/fleet and

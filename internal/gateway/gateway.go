@@ -251,25 +251,6 @@ func (g *Gateway) Apply(cfg *v1alpha1.InferenceGatewayConfig) error {
 	return nil
 }
 
-// EndpointsOf lists a scheduler's endpoints in the configuration serving now,
-// comma-separated.
-func (g *Gateway) EndpointsOf(scheduler string) string {
-	rt := g.routes.Load()
-	if rt == nil {
-		return ""
-	}
-	for _, p := range rt.pools {
-		if p.name == scheduler {
-			addrs := make([]string, len(p.endpoints))
-			for i, e := range p.endpoints {
-				addrs[i] = e.addr
-			}
-			return strings.Join(addrs, ",")
-		}
-	}
-	return ""
-}
-
 // RecordRejected notes a configuration that failed to load, for /debug/config and
 // the metrics; the previous configuration keeps serving.
 func (g *Gateway) RecordRejected(err error) {

@@ -289,16 +289,9 @@ func (r *Reconciler) writeStatus(ctx context.Context, cfg *v1alpha1.InferenceGat
 	if r.Leader != nil && !r.Leader() {
 		return nil // another replica writes status; winning the Lease re-runs this
 	}
-	// Keep transition times of conditions that did not change.
-	for i := range st.Conditions {
-		if old := meta.FindStatusCondition(cfg.Status.Conditions, st.Conditions[i].Type); old != nil && old.Status == st.Conditions[i].Status {
-			st.Conditions[i].LastTransitionTime = old.LastTransitionTime
-		}
-		if st.Conditions[i].LastTransitionTime.IsZero() {
-			st.Conditions[i].LastTransitionTime = metav1.Now()
-		}
-		st.Conditions[i].ObservedGeneration = cfg.Generation
-	}
+	// Conditions that did not change keep their transition times, so that an
+	// unchanged status compares equal and is not rewritten on every pod event.
+	keepTimes(st.Conditions, cfg.Status.Conditions, cfg.Generation)
 	for i := range st.Schedulers {
 		var prev []metav1.Condition
 		for _, old := range cfg.Status.Schedulers {
@@ -306,18 +299,9 @@ func (r *Reconciler) writeStatus(ctx context.Context, cfg *v1alpha1.InferenceGat
 				prev = old.Conditions
 			}
 		}
-		for j := range st.Schedulers[i].Conditions {
-			c := &st.Schedulers[i].Conditions[j]
-			c.ObservedGeneration = cfg.Generation
-			if old := meta.FindStatusCondition(prev, c.Type); old != nil && old.Status == c.Status {
-				c.LastTransitionTime = old.LastTransitionTime
-			}
-			if c.LastTransitionTime.IsZero() {
-				c.LastTransitionTime = metav1.Now()
-			}
-		}
+		keepTimes(st.Schedulers[i].Conditions, prev, cfg.Generation)
 	}
-	if statusEqual(cfg.Status, st) {
+	if equality.Semantic.DeepEqual(cfg.Status, st) {
 		return nil
 	}
 	cfg.Status = st
@@ -329,23 +313,19 @@ func (r *Reconciler) writeStatus(ctx context.Context, cfg *v1alpha1.InferenceGat
 	return nil
 }
 
-// statusEqual compares statuses ignoring transition times, so that an unchanged
-// status is not rewritten on every pod event.
-func statusEqual(a, b v1alpha1.InferenceGatewayConfigStatus) bool {
-	strip := func(s v1alpha1.InferenceGatewayConfigStatus) v1alpha1.InferenceGatewayConfigStatus {
-		s = *s.DeepCopy()
-		for i := range s.Conditions {
-			s.Conditions[i].LastTransitionTime = metav1.Time{}
+// keepTimes stamps conditions with the generation, and with the transition time
+// of the same condition in prev when its status did not change (else now).
+func keepTimes(conds, prev []metav1.Condition, generation int64) {
+	for i := range conds {
+		c := &conds[i]
+		c.ObservedGeneration = generation
+		if old := meta.FindStatusCondition(prev, c.Type); old != nil && old.Status == c.Status {
+			c.LastTransitionTime = old.LastTransitionTime
 		}
-		for i := range s.Schedulers {
-			for j := range s.Schedulers[i].Conditions {
-				s.Schedulers[i].Conditions[j].LastTransitionTime = metav1.Time{}
-			}
+		if c.LastTransitionTime.IsZero() {
+			c.LastTransitionTime = metav1.Now()
 		}
-		return s
 	}
-	x, y := strip(a), strip(b)
-	return fmt.Sprint(x) == fmt.Sprint(y)
 }
 
 func schedulerCondition(sts []v1alpha1.SchedulerStatus, name string) string {

@@ -2,6 +2,7 @@ package kube
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -157,6 +158,32 @@ type countingGateway struct {
 func (c *countingGateway) Apply(cfg *v1alpha1.InferenceGatewayConfig) error {
 	c.applied.Add(1)
 	return c.Gateway.Apply(cfg)
+}
+
+// endpointsOf lists a scheduler's endpoints as the gateway's /debug/fleet shows
+// them, comma-separated.
+func endpointsOf(t *testing.T, g *gateway.Gateway, scheduler string) string {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	g.AdminHandler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/debug/fleet", nil))
+	var pools []struct {
+		Scheduler string `json:"scheduler"`
+		Endpoints []struct {
+			Address string `json:"address"`
+		} `json:"endpoints"`
+	}
+	if err := json.Unmarshal(rec.Body.Bytes(), &pools); err != nil {
+		t.Fatalf("/debug/fleet: %v", err)
+	}
+	var addrs []string
+	for _, p := range pools {
+		if p.Scheduler == scheduler {
+			for _, e := range p.Endpoints {
+				addrs = append(addrs, e.Address)
+			}
+		}
+	}
+	return strings.Join(addrs, ",")
 }
 
 // gatewayUnderTest runs a gateway fed by the controller until the test ends.
@@ -339,17 +366,26 @@ func TestPodsBecomeEndpoints(t *testing.T) {
 	// An event that changes nothing served (another app's pod) applies nothing:
 	// pools, transports and pickers stay as they are.
 	before := g.applied.Load()
+	var cur v1alpha1.InferenceGatewayConfig
+	if err := k.c.Get(ctx, target, &cur); err != nil {
+		t.Fatal(err)
+	}
+	version := cur.ResourceVersion
 	k.pod(t, ns, "unrelated", "127.0.0.10", true, map[string]string{"app": "other"})
 	time.Sleep(500 * time.Millisecond)
 	if n := g.applied.Load() - before; n != 0 {
 		t.Errorf("an unrelated pod caused %d configuration applies", n)
+	}
+	// Nor a status write: the status it would write is the one already there.
+	if err := k.c.Get(ctx, target, &cur); err != nil || cur.ResourceVersion != version {
+		t.Errorf("an unrelated pod rewrote the status: resource version %s → %s (%v)", version, cur.ResourceVersion, err)
 	}
 
 	// NotReady: out of rotation within a second.
 	gone := fmt.Sprintf("%s:%d", ips[0], port)
 	start := time.Now()
 	k.setReady(t, ns, "llama-0", ips[0], false)
-	eventually(t, time.Second, "the NotReady pod to leave the pool", func() bool { return !strings.Contains(g.EndpointsOf("llama"), gone) })
+	eventually(t, time.Second, "the NotReady pod to leave the pool", func() bool { return !strings.Contains(endpointsOf(t, g.Gateway, "llama"), gone) })
 	t.Logf("NotReady pod out of rotation after %v", time.Since(start))
 	for range 10 {
 		if code, ep := post(t, base); code != http.StatusOK || ep == gone {
@@ -357,7 +393,7 @@ func TestPodsBecomeEndpoints(t *testing.T) {
 		}
 	}
 	k.setReady(t, ns, "llama-0", ips[0], true)
-	eventually(t, 5*time.Second, "the pod back", func() bool { return strings.Contains(g.EndpointsOf("llama"), gone) })
+	eventually(t, 5*time.Second, "the pod back", func() bool { return strings.Contains(endpointsOf(t, g.Gateway, "llama"), gone) })
 
 	// A weights edit under load: no request fails.
 	var failed, sent atomic.Int64
@@ -410,7 +446,7 @@ func TestPodsBecomeEndpoints(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	eventually(t, time.Second, "no endpoints after deletion", func() bool { return g.EndpointsOf("llama") == "" })
+	eventually(t, time.Second, "no endpoints after deletion", func() bool { return endpointsOf(t, g.Gateway, "llama") == "" })
 	t.Logf("deleted pods out of rotation after %v", time.Since(start))
 	if code, _ := post(t, base); code != http.StatusServiceUnavailable {
 		t.Errorf("no pods left: status %d, want 503", code)

@@ -280,6 +280,3 @@ func (x *Index) EntriesOf(addr string) int {
 	}
 	return 0
 }
-
-// Bytes estimates the index's heap size.
-func (x *Index) Bytes() int { return x.Entries() * EntryBytes }

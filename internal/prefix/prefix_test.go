@@ -258,9 +258,9 @@ func TestIndexGC(t *testing.T) {
 	runtime.GC()
 	took := time.Since(t0)
 	t.Logf("%d blocks held: a full collection took %v, heap %d MB", x.Entries(), took, before.HeapAlloc>>20)
-	// Pointer-linked LRUs (golang-lru) cost 2.4 s for 14 million blocks, ~45 ms at
-	// this size; pointer-free, a few milliseconds.
-	if x.Entries() == 262144 && took > 30*time.Millisecond {
+	// Measured on this machine: the golang-lru index took ~20 ms a collection at
+	// this size (2.4 s at 14 million blocks), the pointer-free one ~0.4 ms.
+	if x.Entries() == 262144 && took > 10*time.Millisecond {
 		t.Errorf("a collection over %d blocks took %v", x.Entries(), took)
 	}
 }

@@ -65,17 +65,6 @@ func (s Scores) Get(name string) (float64, bool) {
 	return s.v[i], true
 }
 
-// Len is how many scores are set.
-func (s Scores) Len() int {
-	n := 0
-	for i := range ScoreNames {
-		if s.set&(1<<i) != 0 {
-			n++
-		}
-	}
-	return n
-}
-
 // All yields the set scores in ScoreNames order.
 func (s Scores) All() iter.Seq2[string, float64] {
 	return func(yield func(string, float64) bool) {

@@ -284,15 +284,6 @@ func (s *Server) handleModels(w http.ResponseWriter, r *http.Request) {
 		openai.WriteError(w, http.StatusMethodNotAllowed, openai.TypeInvalidRequest, "use GET")
 		return
 	}
-	type model struct {
-		ID          string  `json:"id"`
-		Object      string  `json:"object"`
-		Created     int64   `json:"created"`
-		OwnedBy     string  `json:"owned_by"`
-		Root        string  `json:"root"`
-		Parent      *string `json:"parent"`
-		MaxModelLen int     `json:"max_model_len"`
-	}
 	s.mu.Lock()
 	maxLen := s.eng.MaxModelLen()
 	names := make([]string, 0, len(s.adapters))
@@ -304,11 +295,11 @@ func (s *Server) handleModels(w http.ResponseWriter, r *http.Request) {
 	s.mu.Unlock()
 	slices.Sort(names)
 	created := s.epoch.Unix()
-	data := []model{{ID: s.opts.ServedName, Object: "model", Created: created, OwnedBy: "vllm", Root: s.opts.Model, MaxModelLen: maxLen}}
+	data := []openai.Model{{ID: s.opts.ServedName, Object: "model", Created: created, OwnedBy: "vllm", Root: s.opts.Model, MaxModelLen: maxLen}}
 	for _, a := range names {
-		data = append(data, model{ID: a, Object: "model", Created: created, OwnedBy: "vllm", Root: paths[a], Parent: &s.opts.ServedName, MaxModelLen: maxLen})
+		data = append(data, openai.Model{ID: a, Object: "model", Created: created, OwnedBy: "vllm", Root: paths[a], Parent: &s.opts.ServedName, MaxModelLen: maxLen})
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": data})
+	writeJSON(w, http.StatusOK, openai.Models(data))
 }
 
 func (s *Server) handleLoadLoRA(w http.ResponseWriter, r *http.Request) {
