@@ -13,6 +13,7 @@ import (
 
 	"github.com/spf13/cobra"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/kvgate/kvgate/internal/gateway"
@@ -83,6 +84,19 @@ func kubeSource(igwc, kubeconfig string, leaderElect bool, log *slog.Logger) (fu
 	if !ok || ns == "" || name == "" {
 		return nil, fmt.Errorf("--igwc %q: want NAMESPACE/NAME", igwc)
 	}
+	cfg, err := restConfig(kubeconfig, log)
+	if err != nil {
+		return nil, err
+	}
+	return func(ctx context.Context, g *gateway.Gateway) error {
+		return kube.Start(ctx, cfg, kube.Options{Target: types.NamespacedName{Namespace: ns, Name: name}, Gateway: g, Log: log, LeaderElection: leaderElect})
+	}, nil
+}
+
+// restConfig loads the cluster's client configuration: the kubeconfig file,
+// else in-cluster, else $KUBECONFIG. It routes the Kubernetes libraries' logs to
+// log.
+func restConfig(kubeconfig string, log *slog.Logger) (*rest.Config, error) {
 	rules := clientcmd.NewDefaultClientConfigLoadingRules()
 	rules.ExplicitPath = kubeconfig
 	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{}).ClientConfig()
@@ -90,9 +104,7 @@ func kubeSource(igwc, kubeconfig string, leaderElect bool, log *slog.Logger) (fu
 		return nil, fmt.Errorf("kubernetes client: %w", err)
 	}
 	kube.SetLoggers(log)
-	return func(ctx context.Context, g *gateway.Gateway) error {
-		return kube.Start(ctx, cfg, kube.Options{Target: types.NamespacedName{Namespace: ns, Name: name}, Gateway: g, Log: log, LeaderElection: leaderElect})
-	}, nil
+	return cfg, nil
 }
 
 func newLoggerFormat(level, format string) *slog.Logger {

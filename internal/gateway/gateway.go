@@ -335,12 +335,15 @@ var snapshotPool = sync.Pool{New: func() any { return new(snapshotScratch) }}
 
 // snapshot lists a pool's endpoints below limit for the picker, with their
 // scraped metrics and, for a prompt's block hashes, their prefix affinity. The
-// list lives in sc.
-func (p *pool) snapshot(fl *fleet.Fleet, idx *prefix.Index, hashes []uint64, limit int, sc *snapshotScratch) []schedule.Endpoint {
+// list lives in sc. A non-nil subset keeps only the endpoints it names.
+func (p *pool) snapshot(fl *fleet.Fleet, idx *prefix.Index, hashes []uint64, limit int, subset []string, sc *snapshotScratch) []schedule.Endpoint {
 	out, addrs := sc.eps[:0], sc.addrs[:0]
 	for _, e := range p.endpoints {
 		n := int(e.inFlight.Load())
 		if limit > 0 && n >= limit {
+			continue
+		}
+		if subset != nil && !slices.Contains(subset, e.addr) {
 			continue
 		}
 		out = append(out, schedule.Endpoint{Address: e.addr, InFlight: n})

@@ -12,10 +12,10 @@ import (
 
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
-	dto "github.com/prometheus/client_model/go"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kvgate/kvgate/api/v1alpha1"
+	"github.com/kvgate/kvgate/internal/promtest"
 	"github.com/kvgate/kvgate/internal/simserver"
 	"github.com/kvgate/kvgate/internal/simserver/simtest"
 )
@@ -86,43 +86,7 @@ func servedBy(into *string) option.RequestOption {
 // counter reads a kvgate metric with the given labels (0 when absent).
 func counter(t testing.TB, g *Gateway, name string, labels ...string) float64 {
 	t.Helper()
-	fams, err := g.m.Registry.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, f := range fams {
-		if f.GetName() != name {
-			continue
-		}
-		total := 0.0
-	metric:
-		for _, m := range f.GetMetric() {
-			have := map[string]string{}
-			for _, l := range m.GetLabel() {
-				have[l.GetName()] = l.GetValue()
-			}
-			for i := 0; i+1 < len(labels); i += 2 {
-				if have[labels[i]] != labels[i+1] {
-					continue metric
-				}
-			}
-			total += value(m)
-		}
-		return total
-	}
-	return 0
-}
-
-func value(m *dto.Metric) float64 {
-	switch {
-	case m.Counter != nil:
-		return m.GetCounter().GetValue()
-	case m.Gauge != nil:
-		return m.GetGauge().GetValue()
-	case m.Histogram != nil:
-		return float64(m.GetHistogram().GetSampleCount())
-	}
-	return 0
+	return promtest.Value(t, g.m.Registry, name, labels...)
 }
 
 type apiError struct {

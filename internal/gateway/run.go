@@ -33,10 +33,23 @@ type ServerOptions struct {
 	// applying configurations to the gateway as they come (Kubernetes). The
 	// gateway answers 503 and /readyz fails until the first one.
 	Source func(ctx context.Context, g *Gateway) error
+	// Frontend, when set, builds the data plane served on Listen instead of the
+	// OpenAI HTTP API (the Envoy ext_proc server of `kvgate epp`).
+	Frontend func(ctx context.Context, g *Gateway) (Frontend, error)
 }
 
-// Addrs are the bound listener addresses.
-type Addrs struct{ API, Admin string }
+// Frontend is a data plane Run serves on its API listener.
+type Frontend interface {
+	// Serve accepts connections on ln until Shutdown; it returns nil or
+	// http.ErrServerClosed once shut down.
+	Serve(ln net.Listener) error
+	// Shutdown stops accepting and waits for requests in flight until ctx ends.
+	Shutdown(ctx context.Context) error
+}
+
+// Addrs are the bound listener addresses; Health is the gRPC health listener of
+// a frontend that has one.
+type Addrs struct{ API, Admin, Health string }
 
 // Run loads the configuration, serves until ctx ends, then drains.
 func Run(ctx context.Context, o ServerOptions) error {
@@ -73,19 +86,36 @@ func Run(ctx context.Context, o ServerOptions) error {
 		_ = apiLn.Close()
 		return fmt.Errorf("admin listener: %w", err)
 	}
-	api := &http.Server{Handler: g, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10,
-		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
-	admin := &http.Server{Handler: g.AdminHandler(), ReadHeaderTimeout: 10 * time.Second}
-	errc := make(chan error, 3)
-	go func() { errc <- api.Serve(apiLn) }()
-	go func() { errc <- admin.Serve(adminLn) }()
-	log.Info("kvgate serving", "api", apiLn.Addr().String(), "admin", adminLn.Addr().String(), "config", o.ConfigPath, "schedulers", schedulers)
-	if o.Ready != nil {
-		o.Ready <- Addrs{API: apiLn.Addr().String(), Admin: adminLn.Addr().String()}
-	}
-
 	watchCtx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
+	var api Frontend = &http.Server{Handler: g, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10,
+		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
+	if o.Frontend != nil {
+		if api, err = o.Frontend(watchCtx, g); err != nil {
+			_ = apiLn.Close()
+			_ = adminLn.Close()
+			return err
+		}
+	}
+	admin := &http.Server{Handler: g.AdminHandler(), ReadHeaderTimeout: 10 * time.Second}
+	errc := make(chan error, 3)
+	go func() {
+		err := api.Serve(apiLn)
+		if err == nil {
+			err = http.ErrServerClosed
+		}
+		errc <- err
+	}()
+	go func() { errc <- admin.Serve(adminLn) }()
+	addrs := Addrs{API: apiLn.Addr().String(), Admin: adminLn.Addr().String()}
+	if h, ok := api.(interface{ HealthAddr() string }); ok {
+		addrs.Health = h.HealthAddr()
+	}
+	log.Info("kvgate serving", "api", addrs.API, "admin", addrs.Admin, "health", addrs.Health, "config", o.ConfigPath, "schedulers", schedulers)
+	if o.Ready != nil {
+		o.Ready <- addrs
+	}
+
 	if o.Source != nil {
 		go func() {
 			if err := o.Source(watchCtx, g); err != nil && watchCtx.Err() == nil {

@@ -129,37 +129,18 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 
 	// Admission and the pick, which reserves the chosen endpoint's slot.
-	req := schedule.Request{Model: model}
-	if model != p.spec.ModelName {
-		req.Adapter = model
-	}
-	var hashes []uint64
-	if pc := p.prefix; pc.blockChars > 0 && len(prompt) >= pc.blockChars {
-		hb := hashPool.Get().(*[]uint64)
-		defer hashPool.Put(hb)
-		hashes = prefix.Hashes((*hb)[:0], prompt, pc.blockChars, pc.maxBlocks, pc.seeds[model])
-		*hb = hashes
-	}
 	limit := rt.gw.InFlightLimit()
 	scratch := snapshotPool.Get().(*snapshotScratch)
 	defer snapshotPool.Put(scratch)
-	decision, cands, first, code, msg := g.choose(ctx, p, req, hashes, limit, rt.gw.QueueWait(), scratch)
+	hb := hashPool.Get().(*[]uint64)
+	defer hashPool.Put(hb)
+	d, code, msg := g.decide(ctx, decideArgs{rid: rid, p: p, model: model, prompt: prompt, limit: limit, wait: rt.gw.QueueWait(), start: start}, scratch, hb)
 	if code != 0 {
 		if code != http.StatusGatewayTimeout {
 			w.Header().Set("Retry-After", "1")
 		}
 		g.reject(w, p, model, code, openai.TypeOverloaded, msg)
 		return
-	}
-	g.m.Decision.Observe(time.Since(start).Seconds())
-	if n := g.decisions.Add(1); n%uint64(g.opts.DecisionLogEvery) == 0 && g.log.Enabled(ctx, slog.LevelDebug) {
-		g.log.Debug("decision", "request_id", rid, "scheduler", p.name, "model", model, "chosen", first.addr,
-			"candidates", explain(decision), "sampled_every", g.opts.DecisionLogEvery)
-	}
-	if p.prefix.blockChars > 0 {
-		if i := slices.IndexFunc(cands, func(e schedule.Endpoint) bool { return e.Address == first.addr }); i >= 0 {
-			g.m.PrefixMatch.WithLabelValues(p.name).Observe(cands[i].PrefixMatch)
-		}
 	}
 
 	rb := newReplayBody(head.Bytes(), body, rt.gw.RetryBuffer())
@@ -174,24 +155,85 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if size < 0 {
 		size = int64(head.Len())
 	}
-	g.forward(ctx, w, r, forwardJob{p: p, model: model, decision: decision, first: first, limit: limit, body: rb, rid: rid, start: start,
-		promptTokens: int(size / 4), hashes: hashes, cands: cands,
+	g.forward(ctx, w, r, forwardJob{p: p, model: model, decision: d.decision, first: d.first, limit: limit, body: rb, rid: rid, start: start,
+		promptTokens: int(size / 4), hashes: d.hashes, cands: d.cands,
 		attempts: rt.gw.Attempts(), explain: explain, client: r.Context()})
 }
 
-// choose waits, up to wait, for an endpoint of p below limit, ranks the candidates
-// and reserves the best one it can. It returns the decision and the reserved
-// endpoint, or the status and message of a refusal.
-func (g *Gateway) choose(ctx context.Context, p *pool, req schedule.Request, hashes []uint64, limit int, wait time.Duration, sc *snapshotScratch) (schedule.Decision, []schedule.Endpoint, *endpoint, int, string) {
+// decideArgs are the inputs of one routing decision.
+type decideArgs struct {
+	rid    string
+	p      *pool
+	model  string
+	prompt []byte // the raw head of the prompt, for prefix affinity
+	// subset, when not nil, restricts the pick to these addresses (the Endpoint
+	// Picker protocol's subset hint).
+	subset []string
+	limit  int
+	wait   time.Duration
+	start  time.Time
+}
+
+// decided is a pick: the ranked decision, the candidates as the picker saw them
+// (they live in the scratch the decision was made with), the prompt's block
+// hashes and the reserved first endpoint.
+type decided struct {
+	decision schedule.Decision
+	cands    []schedule.Endpoint
+	hashes   []uint64
+	first    *endpoint
+}
+
+// decide hashes the prompt's head, waits for admission and picks, reserving the
+// best endpoint. It returns the status and message of a refusal, or code 0.
+func (g *Gateway) decide(ctx context.Context, a decideArgs, sc *snapshotScratch, hb *[]uint64) (decided, int, string) {
+	p := a.p
+	req := schedule.Request{Model: a.model}
+	if a.model != p.spec.ModelName {
+		req.Adapter = a.model
+	}
+	var d decided
+	if pc := p.prefix; pc.blockChars > 0 && len(a.prompt) >= pc.blockChars {
+		d.hashes = prefix.Hashes((*hb)[:0], a.prompt, pc.blockChars, pc.maxBlocks, pc.seeds[a.model])
+		*hb = d.hashes
+	}
+	var code int
+	var msg string
+	d.decision, d.cands, d.first, code, msg = g.choose(ctx, p, req, d.hashes, a, sc)
+	if code != 0 {
+		return d, code, msg
+	}
+	g.m.Decision.Observe(time.Since(a.start).Seconds())
+	if n := g.decisions.Add(1); n%uint64(g.opts.DecisionLogEvery) == 0 && g.log.Enabled(ctx, slog.LevelDebug) {
+		g.log.Debug("decision", "request_id", a.rid, "scheduler", p.name, "model", a.model, "chosen", d.first.addr,
+			"candidates", explain(d.decision), "sampled_every", g.opts.DecisionLogEvery)
+	}
+	if p.prefix.blockChars > 0 {
+		if i := slices.IndexFunc(d.cands, func(e schedule.Endpoint) bool { return e.Address == d.first.addr }); i >= 0 {
+			g.m.PrefixMatch.WithLabelValues(p.name).Observe(d.cands[i].PrefixMatch)
+		}
+	}
+	return d, 0, ""
+}
+
+// choose waits, up to a.wait, for an endpoint of p below a.limit, ranks the
+// candidates and reserves the best one it can. It returns the decision and the
+// reserved endpoint, or the status and message of a refusal.
+func (g *Gateway) choose(ctx context.Context, p *pool, req schedule.Request, hashes []uint64, a decideArgs, sc *snapshotScratch) (schedule.Decision, []schedule.Endpoint, *endpoint, int, string) {
+	limit := a.limit
 	if len(p.endpoints) == 0 {
 		g.m.Shed.WithLabelValues(p.name, "no_endpoint").Inc()
 		return schedule.Decision{}, nil, nil, http.StatusServiceUnavailable, fmt.Sprintf("no ready endpoint for model %q", p.spec.ModelName)
+	}
+	if a.subset != nil && !slices.ContainsFunc(p.endpoints, func(e *endpoint) bool { return slices.Contains(a.subset, e.addr) }) {
+		g.m.Shed.WithLabelValues(p.name, "no_endpoint").Inc()
+		return schedule.Decision{}, nil, nil, http.StatusServiceUnavailable, fmt.Sprintf("no endpoint of model %q is in the proxy's subset hint", p.spec.ModelName)
 	}
 	var timer *time.Timer
 	expired := false
 	for {
 		woken := g.freed.wait()
-		if cands := p.snapshot(g.fleet, g.prefix, hashes, limit, sc); len(cands) > 0 {
+		if cands := p.snapshot(g.fleet, g.prefix, hashes, limit, a.subset, sc); len(cands) > 0 {
 			d := p.picker.Pick(req, cands)
 			for _, c := range d.Ranked {
 				if ep := p.endpoint(c.Address); ep != nil && ep.tryAcquire(limit) {
@@ -204,7 +246,7 @@ func (g *Gateway) choose(ctx context.Context, p *pool, req schedule.Request, has
 			return schedule.Decision{}, nil, nil, http.StatusTooManyRequests, fmt.Sprintf("every endpoint of model %q is at its limit of %d requests in flight; retry later", p.spec.ModelName, limit)
 		}
 		if timer == nil {
-			timer = time.NewTimer(wait)
+			timer = time.NewTimer(a.wait)
 			defer timer.Stop()
 		}
 		select {

@@ -31,9 +31,16 @@ type ErrorDetail struct {
 	Code    any     `json:"code"`
 }
 
+// ErrorJSON is the body of an OpenAI-shaped error with the HTTP status as its
+// code.
+func ErrorJSON(status int, typ, msg string) []byte {
+	body, _ := json.Marshal(ErrorBody{Error: ErrorDetail{Message: msg, Type: typ, Code: status}})
+	return body
+}
+
 // WriteError writes an OpenAI-shaped error with the HTTP status as its code.
 func WriteError(w http.ResponseWriter, status int, typ, msg string) {
-	body, _ := json.Marshal(ErrorBody{Error: ErrorDetail{Message: msg, Type: typ, Code: status}})
+	body := ErrorJSON(status, typ, msg)
 	h := w.Header()
 	h.Set("Content-Type", "application/json")
 	h.Set("Content-Length", strconv.Itoa(len(body)))

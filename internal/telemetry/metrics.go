@@ -90,3 +90,37 @@ func NewGateway() *Gateway {
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return g
 }
+
+// ExtProc holds the metrics of the Envoy ext_proc data plane (`kvgate epp`); the
+// requests themselves are counted in the Gateway metrics, as `serve` counts them.
+type ExtProc struct {
+	Streams      *prometheus.CounterVec // outcome
+	DuplicateEOS *prometheus.CounterVec // direction
+	HeldBytes    prometheus.Histogram
+	BBR          *prometheus.CounterVec // result
+}
+
+// NewExtProc creates the ext_proc metrics and registers them on reg.
+func NewExtProc(reg prometheus.Registerer) *ExtProc {
+	m := &ExtProc{
+		Streams: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvgate_extproc_streams_total",
+			Help: "ext_proc streams (one per HTTP request) by outcome: routed (a pick was returned), refused (an immediate response), aborted (the proxy or client went away before the request was routed), protocol_error (a message out of the protocol's order), observed (observability mode, nothing answered).",
+		}, []string{"outcome"}),
+		DuplicateEOS: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvgate_extproc_duplicate_eos_total",
+			Help: "Body messages received after their direction's end of stream (Envoy issue 46237: the last chunk of a large body sent twice), by direction; they are dropped.",
+		}, []string{"direction"}),
+		HeldBytes: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "kvgate_extproc_held_bytes",
+			Help:    "Request body bytes held before the pick: what had to be read to find the model and the prompt's head. Everything after streams through unheld.",
+			Buckets: prometheus.ExponentialBuckets(256, 4, 10),
+		}),
+		BBR: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvgate_bbr_requests_total",
+			Help: "Requests seen by the body-based router (`kvgate epp --bbr`) by result: model (model header set), adapter (an adapter, base model header set too), no_model (no model in the body; passed through unchanged), unreadable (a body that is not a JSON object; passed through unchanged).",
+		}, []string{"result"}),
+	}
+	reg.MustRegister(m.Streams, m.DuplicateEOS, m.HeldBytes, m.BBR)
+	return m
+}

@@ -1,0 +1,102 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kvgate/kvgate/internal/extproc"
+	"github.com/kvgate/kvgate/internal/gateway"
+	"github.com/kvgate/kvgate/internal/kube"
+)
+
+func newEPPCmd() *cobra.Command {
+	var (
+		o                   extproc.RunOptions
+		logLevel, logFormat string
+		igwc, kubeconfig    string
+		leaderElect, bbr    bool
+		bbrConfigMaps       string
+	)
+	cmd := &cobra.Command{
+		Use:   "epp",
+		Short: "Run as an Envoy ext_proc Endpoint Picker (or, with --bbr, Body-Based Router)",
+		Long: `Serves Envoy's external processing protocol (envoy.service.ext_proc.v3) on --listen, as the
+Gateway API Inference Extension's Endpoint Picker: for each request Envoy streams the headers and
+body (FULL_DUPLEX_STREAMED); kvgate reads the body only up to the model and the prompt's head, picks
+an endpoint with the same scheduler as 'kvgate serve', and answers the x-gateway-destination-endpoint
+header and envoy.lb metadata (the pick, then fallbacks). Body bytes pass through unchanged. gRPC
+health is on --health-listen, metrics on --admin-listen.
+
+With --bbr it is the Body-Based Router instead: it copies the body's model into
+X-Gateway-Model-Name (and an adapter's base model into X-Gateway-Base-Model-Name) and clears the
+route cache, so that HTTPRoute header matches see them. Adapters come from --config's schedulers and,
+with --bbr-configmaps, from ConfigMaps labelled inference.networking.k8s.io/bbr-managed=true.`,
+		Example: `  kvgate epp --config deploy/examples/gateway.yaml
+  kvgate epp --igwc default/kvgate                       # in a cluster
+  kvgate epp --bbr --listen :9004 --health-listen :9005 --bbr-configmaps default`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			log := newLoggerFormat(logLevel, logFormat)
+			o.Server.Logger = log
+			hup := make(chan os.Signal, 1)
+			signal.Notify(hup, syscall.SIGHUP)
+			defer signal.Stop(hup)
+			o.Server.Reload = hup
+			switch {
+			case igwc != "" && o.Server.ConfigPath != "":
+				return errors.New("--config and --igwc are exclusive")
+			case igwc != "":
+				src, err := kubeSource(igwc, kubeconfig, leaderElect, log)
+				if err != nil {
+					return err
+				}
+				o.Server.Source = src
+			case o.Server.ConfigPath == "" && !bbr:
+				return errors.New("--config FILE or --igwc NAMESPACE/NAME is required")
+			case o.Server.ConfigPath == "":
+				// A body-based router needs no pools; its adapters may all come
+				// from ConfigMaps.
+				o.Server.Source = func(ctx context.Context, _ *gateway.Gateway) error { <-ctx.Done(); return nil }
+			}
+			if bbr {
+				o.ExtProc.BBR = extproc.NewBBR()
+				if cmd.Flags().Changed("bbr-configmaps") {
+					cfg, err := restConfig(kubeconfig, log)
+					if err != nil {
+						return err
+					}
+					ns := bbrConfigMaps
+					if ns == "*" {
+						ns = ""
+					}
+					if err := kube.WatchAdapterConfigMaps(cmd.Context(), cfg, ns, log, o.ExtProc.BBR.SetSource); err != nil {
+						return err
+					}
+				}
+			}
+			return extproc.Run(cmd.Context(), o)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.Server.ConfigPath, "config", "", "InferenceGatewayConfig file")
+	f.StringVar(&o.Server.Listen, "listen", ":9002", "address of the ext_proc gRPC service")
+	f.StringVar(&o.HealthListen, "health-listen", ":9003", "address of the gRPC health service")
+	f.StringVar(&o.Server.AdminListen, "admin-listen", ":9090", "address of /metrics, /healthz, /readyz and /debug")
+	f.DurationVar(&o.Server.DrainTimeout, "drain-timeout", 30*time.Second, "how long streams in flight may finish after a stop signal")
+	f.IntVar(&o.ExtProc.Fallbacks, "fallbacks", -1, "fallback endpoints after the pick in the destination list (-1: maxAttempts-1 from the configuration; 0 for a proxy that reads one address)")
+	f.IntVar(&o.Server.Gateway.DecisionLogEvery, "decision-log-every", 100, "at --log-level debug, log one routing decision in this many with every candidate's scores")
+	f.BoolVar(&bbr, "bbr", false, "run as the Body-Based Router instead of the Endpoint Picker")
+	f.StringVar(&bbrConfigMaps, "bbr-configmaps", "", "with --bbr: read adapter mappings from bbr-managed ConfigMaps in this namespace (* for all)")
+	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	f.StringVar(&logFormat, "log-format", "text", "text or json")
+	f.StringVar(&igwc, "igwc", "", "serve this InferenceGatewayConfig (NAMESPACE/NAME) from the cluster instead of --config")
+	f.StringVar(&kubeconfig, "kubeconfig", "", "with --igwc or --bbr-configmaps: kubeconfig file (default: in-cluster, then $KUBECONFIG)")
+	f.BoolVar(&leaderElect, "leader-elect", true, "with --igwc: only the elected replica writes status (all replicas serve)")
+	return cmd
+}

@@ -1,0 +1,129 @@
+package extproc
+
+import (
+	"context"
+	"errors"
+	"net"
+	"time"
+
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
+
+	"github.com/kvgate/kvgate/internal/gateway"
+)
+
+// MaxMessageBytes bounds one gRPC message: Envoy's body chunks can be large.
+const MaxMessageBytes = 32 << 20
+
+// Health service names, as GIE's picker reports them, so that existing probes
+// and Envoy health checks work unchanged.
+const (
+	HealthLiveness  = "liveness"
+	HealthReadiness = "readiness"
+)
+
+// RunOptions configure Run.
+type RunOptions struct {
+	// Server configures the gateway underneath: configuration file or source,
+	// Listen (the ext_proc port, default :9002), AdminListen (metrics, :9090).
+	Server gateway.ServerOptions
+	// HealthListen is the gRPC health listener (default :9003).
+	HealthListen string
+	ExtProc      Options
+}
+
+// Run serves the ext_proc data plane until ctx ends, then drains.
+func Run(ctx context.Context, o RunOptions) error {
+	if o.HealthListen == "" {
+		o.HealthListen = ":9003"
+	}
+	o.Server.Frontend = func(ctx context.Context, g *gateway.Gateway) (gateway.Frontend, error) {
+		opts := o.ExtProc
+		opts.Logger = o.Server.Logger
+		return newFrontend(ctx, New(g, opts), o.HealthListen)
+	}
+	return gateway.Run(ctx, o.Server)
+}
+
+// frontend is the ext_proc gRPC server and its health server, on their own
+// listeners as GIE's picker has them.
+type frontend struct {
+	srv, healthSrv *grpc.Server
+	health         *health.Server
+	healthLn       net.Listener
+}
+
+func newFrontend(ctx context.Context, s *Server, healthListen string) (*frontend, error) {
+	ln, err := net.Listen("tcp", healthListen)
+	if err != nil {
+		return nil, errors.Join(errors.New("health listener"), err)
+	}
+	f := &frontend{
+		srv: grpc.NewServer(grpc.MaxRecvMsgSize(MaxMessageBytes), grpc.MaxSendMsgSize(MaxMessageBytes),
+			// Envoy keeps one connection with many streams; pings every 10 s are fine.
+			grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true})),
+		healthSrv: grpc.NewServer(),
+		health:    health.NewServer(),
+		healthLn:  ln,
+	}
+	extprocv3.RegisterExternalProcessorServer(f.srv, s)
+	healthpb.RegisterHealthServer(f.healthSrv, f.health)
+	// The picker's service is also reachable for health checks on its own port.
+	healthpb.RegisterHealthServer(f.srv, f.health)
+	f.health.SetServingStatus(HealthLiveness, healthpb.HealthCheckResponse_SERVING)
+	go func() { _ = f.healthSrv.Serve(ln) }()
+	go f.track(ctx, s)
+	return f, nil
+}
+
+// track keeps the readiness statuses in step with the gateway: a picker is ready
+// once it knows endpoints; a body-based router as soon as it serves.
+func (f *frontend) track(ctx context.Context, s *Server) {
+	last := healthpb.HealthCheckResponse_SERVICE_UNKNOWN
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	for {
+		st := healthpb.HealthCheckResponse_NOT_SERVING
+		if s.Ready() {
+			st = healthpb.HealthCheckResponse_SERVING
+		}
+		if st != last {
+			for _, name := range []string{"", HealthReadiness, extprocv3.ExternalProcessor_ServiceDesc.ServiceName} {
+				f.health.SetServingStatus(name, st)
+			}
+			last = st
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// HealthAddr is the health listener's address.
+func (f *frontend) HealthAddr() string { return f.healthLn.Addr().String() }
+
+func (f *frontend) Serve(ln net.Listener) error { return f.srv.Serve(ln) }
+
+// Shutdown reports not serving, lets the streams in flight end, and stops hard
+// when ctx ends first.
+func (f *frontend) Shutdown(ctx context.Context) error {
+	f.health.Shutdown()
+	done := make(chan struct{})
+	go func() {
+		f.srv.GracefulStop()
+		close(done)
+	}()
+	defer f.healthSrv.Stop()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		f.srv.Stop()
+		return ctx.Err()
+	}
+}
