@@ -77,7 +77,9 @@ func startServer(t testing.TB, cfg *v1alpha1.InferenceGatewayConfig, opts Option
 			n += len(sc.Endpoints)
 		}
 		// Picks are only meaningful once the fleet has read every endpoint.
-		eventually(t, "every endpoint scraped", func() bool { return ts.metric(t, "kvgate_endpoint_healthy") == float64(n) && ts.metric(t, "kvgate_endpoint_stale") == 0 })
+		eventually(t, "every endpoint scraped", func() bool {
+			return ts.metric(t, "kvgate_endpoint_healthy") == float64(n) && ts.metric(t, "kvgate_endpoint_stale") == 0
+		})
 	}
 	return ts
 }
