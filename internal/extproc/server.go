@@ -373,7 +373,11 @@ func (x *exchange) scanAndDecide(first *extprocv3.HttpBody) error {
 	if x.s.opts.BBR == nil {
 		limit = x.s.gw.PromptLimit()
 	}
-	sc, err := openai.Scan(r, x.held, limit)
+	scan := openai.Scan
+	if x.s.opts.BBR == nil && x.headers[ModelHeader] != "" {
+		scan = openai.ScanPrompt // the header names the model: only the prompt's head is needed
+	}
+	sc, err := scan(r, x.held, limit)
 	if r.err != nil {
 		return r.err // the stream broke or sent something out of order
 	}

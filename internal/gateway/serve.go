@@ -96,7 +96,11 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	model := r.Header.Get("X-Gateway-Model-Name")
 	var prompt []byte
 	if model == "" || rt.promptLimit > 0 {
-		sc, err := openai.Scan(body, head, rt.promptLimit)
+		scan := openai.Scan
+		if model != "" {
+			scan = openai.ScanPrompt // only the prompt's head is needed
+		}
+		sc, err := scan(body, head, rt.promptLimit)
 		if model == "" {
 			if err != nil {
 				g.rejectBody(w, rid, err)

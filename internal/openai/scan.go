@@ -54,13 +54,23 @@ const promptSearch = 1 << 20
 // the model server; it is hand-written because it is on every request's path and a
 // 256 KB body costs it ~30 times less than encoding/json (BenchmarkScan256KB).
 func Scan(r io.Reader, consumed *bytes.Buffer, promptLimit int) (Scanned, error) {
-	s := scanner{r: r, buf: consumed, base: consumed.Len(), promptLimit: promptLimit, promptStart: -1, promptEnd: -1}
+	return scan(r, consumed, promptLimit, false)
+}
+
+// ScanPrompt is Scan for a caller that already knows the model (from a header):
+// it does not look for one and stops as soon as it holds the prompt's head.
+func ScanPrompt(r io.Reader, consumed *bytes.Buffer, promptLimit int) (Scanned, error) {
+	return scan(r, consumed, promptLimit, true)
+}
+
+func scan(r io.Reader, consumed *bytes.Buffer, promptLimit int, modelKnown bool) (Scanned, error) {
+	s := scanner{r: r, buf: consumed, base: consumed.Len(), promptLimit: promptLimit, promptStart: -1, promptEnd: -1, modelFound: modelKnown}
 	s.pos = s.base
 	err := s.run()
 	if errors.Is(err, errEnough) {
 		err = nil
 	}
-	out := Scanned{Model: s.model, ModelFound: s.modelFound}
+	out := Scanned{Model: s.model, ModelFound: s.modelFound && !modelKnown}
 	if s.promptStart >= 0 {
 		data := s.buf.Bytes()
 		end := len(data)

@@ -104,6 +104,37 @@ func TestScanPrompt(t *testing.T) {
 	}
 }
 
+// TestScanPromptKnownModel: with the model known from a header, the scan stops
+// at the prompt's head even when a model key would come later, and reports no
+// model of its own.
+func TestScanPromptKnownModel(t *testing.T) {
+	long := `"` + strings.Repeat("abcdefgh", 100_000) + `"`
+	for _, tc := range []struct {
+		name, body, prompt string
+		maxRead            int
+	}{
+		{"model last", `{"prompt":` + long + `,"model":"m"}`, long[:1000], 64 << 10},
+		{"model first", `{"model":"m","prompt":` + long + `}`, long[:1000], 64 << 10},
+		{"no prompt", `{"model":"m","max_tokens":3}`, "", 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var consumed bytes.Buffer
+			r := strings.NewReader(tc.body)
+			got, err := ScanPrompt(r, &consumed, 1000)
+			if err != nil || got.ModelFound || got.Model != "" || string(got.Prompt) != tc.prompt {
+				t.Fatalf("got model %q (found %v) prompt %.40q err %v; want no model, prompt %.40q", got.Model, got.ModelFound, got.Prompt, err, tc.prompt)
+			}
+			if tc.maxRead > 0 && consumed.Len() > tc.maxRead {
+				t.Errorf("read %d bytes, want at most %d", consumed.Len(), tc.maxRead)
+			}
+			rest, _ := io.ReadAll(r)
+			if consumed.String()+string(rest) != tc.body {
+				t.Errorf("consumed + rest != body")
+			}
+		})
+	}
+}
+
 func FuzzScanModel(f *testing.F) {
 	for _, s := range []string{`{"model":"m"}`, `{"messages":[{"content":"x"}],"model":"y"}`, `{"a":{"model":"n"},"model":"o"}`, `[]`, `{`, `{"model":1}`, `{"model":"\ud800"}`, `  {"model" : "s" }  `} {
 		f.Add([]byte(s))
