@@ -19,6 +19,7 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/experimental"
 	"google.golang.org/protobuf/types/known/structpb"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -56,7 +57,7 @@ func startServer(t testing.TB, cfg *v1alpha1.InferenceGatewayConfig, opts Option
 		opts.Logger = quiet
 	}
 	s := New(gw, opts)
-	gs := grpc.NewServer(grpc.MaxRecvMsgSize(MaxMessageBytes))
+	gs := grpc.NewServer(ServerOptions()...)
 	extprocv3.RegisterExternalProcessorServer(gs, s)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -65,7 +66,9 @@ func startServer(t testing.TB, cfg *v1alpha1.InferenceGatewayConfig, opts Option
 	go func() { _ = gs.Serve(ln) }()
 	t.Cleanup(gs.Stop)
 	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxMessageBytes)))
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxMessageBytes)),
+		// Envoy's HTTP/2 windows are large by default (256 MiB a stream).
+		grpc.WithInitialWindowSize(16<<20), grpc.WithInitialConnWindowSize(64<<20), experimental.WithBufferPool(BufferPool()))
 	if err != nil {
 		t.Fatal(err)
 	}
