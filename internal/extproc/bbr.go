@@ -62,7 +62,7 @@ func (x *exchange) routeBody(sc openai.Scanned, err error, r *chunkReader) error
 	var set []*corev3.HeaderValueOption
 	result := "model"
 	switch {
-	case err != nil:
+	case err != nil, sc.ModelFound && !validHeaderValue(sc.Model):
 		result = "unreadable"
 	case !sc.ModelFound || sc.Model == "":
 		result = "no_model"
@@ -85,8 +85,36 @@ func (x *exchange) routeBody(sc openai.Scanned, err error, r *chunkReader) error
 	return x.release(r)
 }
 
-// bbrAnswer sends a body-based routing stream's request headers response.
+// bbrAnswer sends a body-based routing stream's request headers response. The
+// model headers are the router's output: without a model in the body, any a
+// client sent are removed, so that a route never matches a client's claim.
 func (x *exchange) bbrAnswer(result string, set []*corev3.HeaderValueOption) error {
 	x.s.m.BBR.WithLabelValues(result).Inc()
-	return x.answerHeaders(set, nil)
+	var remove []string
+	if len(set) == 0 {
+		for _, h := range []string{ModelHeader, BaseModelHeader} {
+			if _, ok := x.headers[h]; ok {
+				remove = append(remove, h)
+			}
+		}
+	}
+	return x.answerHeaders(set, remove, nil)
+}
+
+// maxModelName bounds a model name copied into a header.
+const maxModelName = 512
+
+// validHeaderValue says whether a model name can go into a header: Envoy
+// rejects a mutation with control characters (and fails the request), and a
+// long one would break header size limits.
+func validHeaderValue(v string) bool {
+	if len(v) > maxModelName {
+		return false
+	}
+	for i := 0; i < len(v); i++ {
+		if c := v[i]; c < 0x20 && c != '\t' || c == 0x7f {
+			return false
+		}
+	}
+	return true
 }

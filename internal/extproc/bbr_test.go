@@ -41,6 +41,9 @@ func TestBBR(t *testing.T) {
 		{"over 1 MB with a duplicate end of stream", request{body: big, cuts: cuts, duplicateEOS: true}, "sql-lora", llama, false},
 		{"model after a long prompt, small chunks", request{body: []byte(`{"messages":[{"role":"user","content":"` + strings.Repeat("z", 300000) + `"}],"model":"qwen"}`), cuts: slices.Repeat([]int{4096}, 80)}, "qwen", "qwen", false},
 		{"no model", request{body: []byte(`{"messages":[]}`)}, "", "", true},
+		{"no model, spoofed model headers", request{body: []byte(`{"messages":[]}`), headers: map[string]string{ModelHeader: "premium", BaseModelHeader: "premium"}}, "", "", true},
+		{"model with a line break", request{body: []byte(`{"model":"llama
+x-evil: 1"}`)}, "", "", true},
 		{"not JSON", request{body: []byte("model=llama")}, "", "", true},
 		{"trailers", request{body: chatBody(llama, "hi"), trailers: true}, llama, llama, false},
 		{"no body", request{method: "GET", path: "/v1/models"}, "", "", true},
@@ -48,8 +51,9 @@ func TestBBR(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.req.noUpstream = true
 			if tc.req.headers == nil {
-				tc.req.headers = map[string]string{"x-gateway-inference-objective": "batch"}
+				tc.req.headers = map[string]string{}
 			}
+			tc.req.headers["x-gateway-inference-objective"] = "batch"
 			p := s.play(t, tc.req)
 			if p.headers == nil || p.immediate != nil {
 				t.Fatalf("no headers response (immediate %v)", p.immediate)
@@ -69,8 +73,14 @@ func TestBBR(t *testing.T) {
 			if _, ok := setHeader(p.headers, DestinationHeader); ok || p.metadata != nil {
 				t.Fatal("the router must not pick")
 			}
-			if rm := p.headers.GetHeaderMutation().GetRemoveHeaders(); len(rm) > 0 {
-				t.Fatalf("the router removed %v; the picker after it needs them", rm)
+			rm := p.headers.GetHeaderMutation().GetRemoveHeaders()
+			if slices.Contains(rm, "x-gateway-inference-objective") {
+				t.Fatalf("the router removed %v; the picker after it needs the control headers", rm)
+			}
+			for h := range tc.req.headers {
+				if (h == ModelHeader || h == BaseModelHeader) && !slices.Contains(rm, h) {
+					t.Errorf("client-sent %s survives a body without a model (removed %v)", h, rm)
+				}
 			}
 			if !bytes.Equal(p.upstreamBody, tc.req.body) {
 				t.Fatalf("body changed: %d bytes, want %d", len(p.upstreamBody), len(tc.req.body))
@@ -84,7 +94,7 @@ func TestBBR(t *testing.T) {
 			}
 		})
 	}
-	for result, want := range map[string]float64{"model": 4, "adapter": 3, "no_model": 2, "unreadable": 1} {
+	for result, want := range map[string]float64{"model": 4, "adapter": 3, "no_model": 3, "unreadable": 2} {
 		if n := s.metric(t, "kvgate_bbr_requests_total", "result", result); n != want {
 			t.Errorf("bbr %s: %v, want %v", result, n, want)
 		}
@@ -107,10 +117,7 @@ func TestBBRThenPicker(t *testing.T) {
 	r := router.play(t, request{body: body, cuts: cuts, duplicateEOS: true, noUpstream: true})
 	model, _ := setHeader(r.headers, ModelHeader)
 	// The picker gets the router's chunks as the router released them.
-	var routed []int
-	for range r.reqChunks {
-		routed = append(routed, contentLengthLimit)
-	}
+	routed := r.reqChunks
 	p := picker.play(t, request{body: r.upstreamBody, cuts: routed, headers: map[string]string{ModelHeader: model}, duplicateEOS: true, noUpstream: true,
 		holdAfter: 128 << 10})
 	if dest := p.destination(t); !slices.Contains(addrs, dest[0]) {
@@ -118,8 +125,5 @@ func TestBBRThenPicker(t *testing.T) {
 	}
 	if !bytes.Equal(p.upstreamBody, body) || p.reqEOS != 1 {
 		t.Fatalf("after both filters the body differs (%d vs %d bytes) or has %d end-of-stream flags", len(p.upstreamBody), len(body), p.reqEOS)
-	}
-	if p.pickedAfter >= len(body)/2 {
-		t.Errorf("with the model in the header the picker read %d of %d bytes before picking", p.pickedAfter, len(body))
 	}
 }

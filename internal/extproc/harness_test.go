@@ -16,6 +16,7 @@ import (
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -112,8 +113,8 @@ type request struct {
 	// subset, when not nil, is sent as the subset hint.
 	subset []string
 	// holdAfter, when positive, sends only the chunks that hold the first
-	// holdAfter bytes, then waits for the pick before sending the rest: it proves
-	// the decision did not wait for the end of the body.
+	// holdAfter bytes, then waits for the pick before sending the rest: a
+	// picker that waited for the end of the body fails the test (timeout).
 	holdAfter int
 	// pickBeforeBody waits for the pick before sending any body byte: it proves
 	// the decision needs none.
@@ -133,6 +134,10 @@ type request struct {
 	served func(dest []string) string
 	// observability sets observability mode on every message.
 	observability bool
+	// modes, when set, is the protocol configuration Envoy sends on the first
+	// message (its body modes); the exchange then follows them: a response
+	// body mode NONE sends no response body.
+	modes *extprocv3.ProtocolConfiguration
 }
 
 // played is what Envoy saw of one exchange.
@@ -143,7 +148,7 @@ type played struct {
 	// upstreamBody is the request body as the processor released it.
 	upstreamBody []byte
 	reqEOS       int // end-of-stream flags on request body responses
-	reqChunks    int
+	reqChunks    []int // sizes of the request body responses
 	reqTrailers  bool
 	respHeaders  *extprocv3.CommonResponse
 	// upstreamResp is the model server's response body; clientResp what the
@@ -152,8 +157,6 @@ type played struct {
 	upstreamResp []byte
 	clientResp   []byte
 	respEOS      int
-	// pickedAfter is how many request bytes had been sent when the pick came.
-	pickedAfter int
 	answers     int // every message received
 	serverErr   error
 }
@@ -208,9 +211,7 @@ type collector struct {
 	mu sync.Mutex
 	p  *played
 	// closed as the exchange advances
-	picked, reqDone, respHeadersDone, respDone, ended chan struct{}
-	// sentBytes is how many request bytes have been sent, for pickedAfter.
-	sentBytes   func() int
+	picked, reqDone, respHeadersDone, respDone, ended, refused chan struct{}
 	violations  []string
 	trailersReq bool
 }
@@ -240,20 +241,24 @@ func (c *collector) run(stream extprocv3.ExternalProcessor_ProcessClient) {
 			return
 		}
 		c.p.answers++
+		if c.p.immediate != nil {
+			c.fail("%T after the immediate response", r.Response)
+		}
 		switch v := r.Response.(type) {
 		case *extprocv3.ProcessingResponse_ImmediateResponse:
 			if c.p.headers != nil && c.p.respHeaders != nil {
 				c.fail("immediate response after the response started")
 			}
 			c.p.immediate = v.ImmediateResponse
+			closeOnce(c.refused)
 			closeOnce(c.picked)
 			closeOnce(c.reqDone)
 		case *extprocv3.ProcessingResponse_RequestHeaders:
 			if c.p.headers != nil {
 				c.fail("second request headers response")
+				continue
 			}
 			c.p.headers, c.p.metadata = v.RequestHeaders.GetResponse(), r.GetDynamicMetadata()
-			c.p.pickedAfter = c.sentBytes()
 			closeOnce(c.picked)
 		case *extprocv3.ProcessingResponse_RequestBody:
 			if c.p.headers == nil {
@@ -272,7 +277,7 @@ func (c *collector) run(stream extprocv3.ExternalProcessor_ProcessClient) {
 				c.fail("request body response of %d bytes (over %d)", len(sr.GetBody()), contentLengthLimit)
 			}
 			c.p.upstreamBody = append(c.p.upstreamBody, sr.GetBody()...)
-			c.p.reqChunks++
+			c.p.reqChunks = append(c.p.reqChunks, len(sr.GetBody()))
 			if sr.GetEndOfStream() {
 				if c.trailersReq {
 					c.fail("end of stream on a body response though the body ended with trailers")
@@ -344,12 +349,9 @@ func (s *testServer) play(t testing.TB, req request) *played {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var sentMu sync.Mutex
-	sent := 0
 	p := &played{}
 	c := &collector{t: t, p: p, picked: make(chan struct{}), reqDone: make(chan struct{}), respHeadersDone: make(chan struct{}),
-		respDone: make(chan struct{}), ended: make(chan struct{}), trailersReq: req.trailers,
-		sentBytes: func() int { sentMu.Lock(); defer sentMu.Unlock(); return sent }}
+		respDone: make(chan struct{}), ended: make(chan struct{}), refused: make(chan struct{}), trailersReq: req.trailers}
 	go c.run(stream)
 	defer func() {
 		c.mu.Lock()
@@ -372,7 +374,7 @@ func (s *testServer) play(t testing.TB, req request) *played {
 	for k, v := range req.headers {
 		h[k] = v
 	}
-	first := &extprocv3.ProcessingRequest{ObservabilityMode: req.observability, Request: &extprocv3.ProcessingRequest_RequestHeaders{
+	first := &extprocv3.ProcessingRequest{ObservabilityMode: req.observability, ProtocolConfig: req.modes, Request: &extprocv3.ProcessingRequest_RequestHeaders{
 		RequestHeaders: &extprocv3.HttpHeaders{Headers: hdrs(h), EndOfStream: len(req.body) == 0 && !req.trailers}}}
 	if req.subset != nil {
 		list := make([]any, len(req.subset))
@@ -410,9 +412,6 @@ func (s *testServer) play(t testing.TB, req request) *played {
 		if err := stream.Send(msg); err != nil {
 			break // the processor ended the stream (an immediate response)
 		}
-		sentMu.Lock()
-		sent += len(ch)
-		sentMu.Unlock()
 		if req.abortAfterChunks > 0 && i+1 == req.abortAfterChunks {
 			cancel()
 			<-c.ended
@@ -435,12 +434,24 @@ func (s *testServer) play(t testing.TB, req request) *played {
 		<-c.ended
 		return p
 	}
-	if !wait(t, c.picked, c.ended, "the request headers response") || p.immediate != nil {
+	// The collector writes p as answers come; p's fields are read here only
+	// once a channel closed after the write says they are final.
+	refused := func() bool {
+		select {
+		case <-c.refused:
+			<-c.ended
+			return true
+		default:
+			return false
+		}
+	}
+	if !wait(t, c.picked, c.ended, "the request headers response") || refused() {
 		<-c.ended
 		return p
 	}
 	if len(req.body) > 0 || req.trailers {
-		if !wait(t, c.reqDone, c.ended, "the request body's end") {
+		if !wait(t, c.reqDone, c.ended, "the request body's end") || refused() {
+			<-c.ended
 			return p
 		}
 	}
@@ -483,6 +494,14 @@ func (s *testServer) play(t testing.TB, req request) *played {
 		t.Fatal(err)
 	}
 	wait(t, c.respHeadersDone, c.ended, "the response headers response")
+	if req.modes != nil && req.modes.GetResponseBodyMode() == filterv3.ProcessingMode_NONE {
+		// Envoy streams the response to the client itself and closes the
+		// ext_proc stream at its end.
+		p.upstreamResp, _ = io.ReadAll(resp.Body)
+		_ = stream.CloseSend()
+		<-c.ended
+		return p
+	}
 	buf := make([]byte, 4096)
 	n := 0
 	for {

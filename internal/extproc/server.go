@@ -79,7 +79,8 @@ type Options struct {
 	Metrics *telemetry.ExtProc
 	// Fallbacks caps how many fallback endpoints follow the pick in the
 	// destination list; negative: as many as the configuration's maxAttempts
-	// allows. A proxy whose ORIGINAL_DST cluster reads one address needs 0.
+	// allows. 0 (one address) is what an ORIGINAL_DST cluster can read; only a
+	// data plane that retries down a comma-separated list wants more.
 	Fallbacks int
 	// BBR makes the server a Body-Based Router instead of an Endpoint Picker.
 	BBR *BBR
@@ -184,13 +185,16 @@ func (x *exchange) close() {
 // finalOutcome is the outcome of a routed request whose stream ended.
 func (x *exchange) finalOutcome() gateway.Outcome {
 	o := gateway.Outcome{Status: x.status}
-	if x.status > 0 && !x.respEOS {
-		// The response started and its stream ended early: Envoy resets the ext_proc
-		// stream when the client goes away or the upstream breaks.
-		o.Status = 499
-		if x.ctx.Err() == nil {
-			o.StreamError = true
-		}
+	switch {
+	case x.status == 0:
+		// No response was shown to the processor: Envoy skips response headers
+		// for it, or the request ended before them.
+		o.Status = gateway.StatusUnseen
+	case !x.respEOS:
+		// The response started and its stream ended early. Envoy closes and then
+		// resets the ext_proc stream both when the client goes away and when the
+		// upstream breaks, so which of the two it was cannot be told here.
+		o.Status = gateway.StatusIncomplete
 	}
 	if x.usage != nil {
 		o.PromptTokens, o.CompletionTokens, o.UsageSeen = x.usage.Usage()
@@ -239,7 +243,12 @@ func (x *exchange) run() error {
 			return err
 		}
 		if msg.GetObservabilityMode() {
+			// Envoy does not wait for answers and applies none: a pick would
+			// only reserve an endpoint for a request sent elsewhere.
 			x.observed = true
+		}
+		if x.observed {
+			continue
 		}
 		if pc := msg.GetProtocolConfig(); pc != nil {
 			x.requestBodyMode, x.responseBodyMode = pc.GetRequestBodyMode(), pc.GetResponseBodyMode()
@@ -303,7 +312,11 @@ func (x *exchange) requestHeaders(msg *extprocv3.ProcessingRequest, h *extprocv3
 	model := x.headers[ModelHeader]
 	switch {
 	case x.reqEOS || !duplex(x.requestBodyMode):
-		// No body (or none this processor will see): the header decides.
+		// No body (or none this processor will see): the header decides, or
+		// the only pool when there is one (GET /v1/models and the like).
+		if model == "" {
+			model, _ = x.s.gw.OnlyModel()
+		}
 		return x.decide(model, nil)
 	case model != "" && x.s.gw.PromptLimit() == 0:
 		// The header names the model and no pool hashes prompts: decide now and
@@ -335,8 +348,8 @@ func (x *exchange) requestBody(b *extprocv3.HttpBody) error {
 // echoRequest passes one request chunk through.
 func (x *exchange) echoRequest(p []byte, eos bool) error {
 	x.reqBytes += int64(len(p))
-	if limit := x.s.gw.MaxBodyBytes(); limit > 0 && x.reqBytes > limit && x.s.opts.BBR == nil {
-		return x.refuse(tooLarge(limit), false)
+	if err := x.checkSize(); err != nil {
+		return err
 	}
 	x.reqEOS = eos
 	return sendBody(x.send, p, eos, true)
@@ -369,6 +382,9 @@ func (x *exchange) scanAndDecide(first *extprocv3.HttpBody) error {
 	x.held.Reset()
 	r := &chunkReader{x: x, cur: first.GetBody(), eos: first.GetEndOfStream()}
 	x.reqBytes = int64(len(r.cur))
+	if err := x.checkSize(); err != nil {
+		return err
+	}
 	limit := 0
 	if x.s.opts.BBR == nil {
 		limit = x.s.gw.PromptLimit()
@@ -452,17 +468,16 @@ func (x *exchange) decide(model string, prompt []byte) error {
 	if err != nil {
 		return err
 	}
-	return x.answerHeaders(set, md)
+	return x.answerHeaders(set, nil, md)
 }
 
 // answerHeaders sends the request headers response: the given headers set, the
 // control headers stripped, a generated request id added, and the route cache
 // cleared so that the route sees the new headers.
-func (x *exchange) answerHeaders(set []*corev3.HeaderValueOption, md *structpb.Struct) error {
+func (x *exchange) answerHeaders(set []*corev3.HeaderValueOption, remove []string, md *structpb.Struct) error {
 	if x.ridSet {
 		set = append(set, header(requestIDHeader, x.rid))
 	}
-	var remove []string
 	if x.s.opts.BBR == nil {
 		// The body-based router runs before the picker, which still needs them.
 		for name := range x.headers {
@@ -490,7 +505,9 @@ func (x *exchange) refuse(e *gateway.RouteError, counted bool) error {
 		x.s.gw.CountRefused(e.Status)
 	}
 	if x.route != nil {
-		x.route.Finish(gateway.Outcome{Status: e.Status})
+		// Refused while the body streamed, after the pick: the endpoint never
+		// answered, so the request is not counted against it.
+		x.route.Finish(gateway.Outcome{Status: e.Status, Unanswered: true})
 		x.route = nil
 	}
 	x.outcome("refused")
@@ -526,7 +543,9 @@ func (x *exchange) responseHeaders(msg *extprocv3.ProcessingRequest, h *extprocv
 		x.usage = gateway.NewUsageReader(strings.HasPrefix(hm["content-type"], "text/event-stream"))
 		set = append(set, header(endpointHeader, x.route.Served()), header(schedulerHeader, x.route.Scheduler()))
 	}
-	if h.GetEndOfStream() {
+	if h.GetEndOfStream() || x.responseBodyMode == filterv3.ProcessingMode_NONE {
+		// No body follows, or none this processor will see: the status is the
+		// outcome.
 		x.respEOS = true
 	}
 	return x.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{ResponseHeaders: &extprocv3.HeadersResponse{
@@ -608,9 +627,9 @@ func (r *chunkReader) Read(p []byte) (int, error) {
 		case *extprocv3.ProcessingRequest_RequestBody:
 			r.cur, r.eos = v.RequestBody.GetBody(), v.RequestBody.GetEndOfStream()
 			r.x.reqBytes += int64(len(r.cur))
-			if limit := r.x.s.gw.MaxBodyBytes(); limit > 0 && r.x.reqBytes > limit && r.x.s.opts.BBR == nil {
-				r.err = r.x.refuse(tooLarge(limit), false)
-				return 0, r.err
+			if err := r.x.checkSize(); err != nil {
+				r.err = err
+				return 0, err
 			}
 		case *extprocv3.ProcessingRequest_RequestTrailers:
 			r.x.stash, r.eos, r.trailers = msg, true, true
@@ -622,6 +641,17 @@ func (r *chunkReader) Read(p []byte) (int, error) {
 	n := copy(p, r.cur)
 	r.cur = r.cur[n:]
 	return n, nil
+}
+
+// checkSize refuses a request body that grew past the configured limit, as
+// long as its response has not started (a server may answer before reading a
+// whole body; that answer stands). A body-based router has no limit of its own.
+func (x *exchange) checkSize() error {
+	limit := x.s.gw.MaxBodyBytes()
+	if limit <= 0 || x.reqBytes <= limit || x.s.opts.BBR != nil || x.status > 0 {
+		return nil
+	}
+	return x.refuse(tooLarge(limit), false)
 }
 
 func tooLarge(limit int64) *gateway.RouteError {

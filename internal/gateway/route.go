@@ -111,6 +111,15 @@ func (g *Gateway) BaseModel(name string) (string, bool) {
 	return "", false
 }
 
+// OnlyModel is the model of the configuration's only scheduler, for requests
+// that name none, when there is exactly one.
+func (g *Gateway) OnlyModel() (string, bool) {
+	if rt := g.routes.Load(); rt != nil && len(rt.pools) == 1 {
+		return rt.pools[0].spec.ModelName, true
+	}
+	return "", false
+}
+
 // CountRefused counts a request refused before it had a pool (a body that could
 // not be read), as ServeHTTP's refusals are.
 func (g *Gateway) CountRefused(status int) {
@@ -221,12 +230,26 @@ func (r *Route) FirstByte() {
 	r.g.m.TTFT.WithLabelValues(r.p.name).Observe(time.Since(r.start).Seconds())
 }
 
+// Statuses of Outcome beyond HTTP's, counted in kvgate_requests_total's code
+// label as "incomplete" and "unseen".
+const (
+	// StatusIncomplete: the response started and ended early (the client went
+	// away or the upstream broke).
+	StatusIncomplete = -1
+	// StatusUnseen: the data plane never showed the response.
+	StatusUnseen = -2
+)
+
 // Outcome is how a routed request ended.
 type Outcome struct {
-	// Status is the HTTP status the endpoint answered; 0 (counted as 499) when
-	// the request ended before a response was seen: the client or the proxy went
-	// away.
+	// Status is the HTTP status the endpoint answered, or StatusIncomplete or
+	// StatusUnseen; 0 counts as 499: the request ended before a response (the
+	// client went away).
 	Status int
+	// Unanswered says the request was refused after the pick, before the
+	// endpoint answered (a body over the limit): it is not counted against the
+	// endpoint.
+	Unanswered bool
 	// StreamError says the response broke after bytes reached the client.
 	StreamError bool
 	// Usage, when Seen, is the token usage the endpoint reported.
@@ -248,10 +271,19 @@ func (r *Route) Finish(o Outcome) {
 		m.Tokens.WithLabelValues(r.p.name, "completion").Add(float64(o.CompletionTokens))
 	}
 	code := "499"
-	if o.Status > 0 {
+	switch {
+	case o.Status > 0:
 		code = strconv.Itoa(o.Status)
+	case o.Status == StatusIncomplete:
+		code = "incomplete"
+	case o.Status == StatusUnseen:
+		code = "unseen"
 	}
-	m.Requests.WithLabelValues(r.p.name, r.model, r.served.addr, code).Inc()
+	endpoint := r.served.addr
+	if o.Unanswered {
+		endpoint = ""
+	}
+	m.Requests.WithLabelValues(r.p.name, r.model, endpoint, code).Inc()
 	m.Duration.WithLabelValues(r.p.name).Observe(time.Since(r.start).Seconds())
 	r.release()
 	r.finished = true

@@ -33,6 +33,9 @@ var proxied = map[string]bool{
 	"/v1/responses":        true,
 }
 
+// statusClientClosed is nginx's 499: the client closed the request first.
+const statusClientClosed = 499
+
 // Message for a model no scheduler serves, as AWS's gateway words it.
 const noMatchingModel = "no matching model: set the model in the request body or the x-gateway-model-name header"
 
@@ -258,6 +261,9 @@ func (g *Gateway) choose(ctx context.Context, p *pool, req schedule.Request, has
 		case <-timer.C:
 			expired = true // one last look before refusing
 		case <-ctx.Done():
+			if errors.Is(ctx.Err(), context.Canceled) {
+				return schedule.Decision{}, nil, nil, statusClientClosed, "the client went away while waiting for an endpoint"
+			}
 			return schedule.Decision{}, nil, nil, http.StatusGatewayTimeout, "route timeout exceeded while waiting for an endpoint"
 		}
 	}

@@ -66,6 +66,11 @@ func ScanPrompt(r io.Reader, consumed *bytes.Buffer, promptLimit int) (Scanned, 
 func scan(r io.Reader, consumed *bytes.Buffer, promptLimit int, modelKnown bool) (Scanned, error) {
 	s := scanner{r: r, buf: consumed, base: consumed.Len(), promptLimit: promptLimit, promptStart: -1, promptEnd: -1, modelFound: modelKnown}
 	s.pos = s.base
+	if modelKnown {
+		// Nothing but a prompt is wanted: give up on one that has not begun
+		// within promptSearch bytes rather than hold a body without one.
+		s.stopAt = s.base + promptSearch
+	}
 	err := s.run()
 	if errors.Is(err, errEnough) {
 		err = nil
