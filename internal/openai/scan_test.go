@@ -116,7 +116,7 @@ func TestScanPromptKnownModel(t *testing.T) {
 		{"model last", `{"prompt":` + long + `,"model":"m"}`, long[:1000], 64 << 10},
 		{"model first", `{"model":"m","prompt":` + long + `}`, long[:1000], 64 << 10},
 		{"no prompt", `{"model":"m","max_tokens":3}`, "", 0},
-		{"no prompt within the search bound", `{"tools":` + long + `,` + `"prompt":"late"}`, "", promptSearch + scanChunk},
+		{"no prompt within the search bound", `{"tools":[` + long + `,` + long + `],"prompt":"late"}`, "", promptSearch + scanChunk},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var consumed bytes.Buffer
