@@ -22,6 +22,8 @@ func newEPPCmd() *cobra.Command {
 		igwc, kubeconfig    string
 		leaderElect, bbr    bool
 		bbrConfigMaps       string
+		secure              bool
+		certDir             string
 	)
 	cmd := &cobra.Command{
 		Use:   "epp",
@@ -80,6 +82,13 @@ with --bbr-configmaps, from ConfigMaps labelled inference.networking.k8s.io/bbr-
 					}
 				}
 			}
+			if secure {
+				cfg, err := extproc.TLSConfig(certDir)
+				if err != nil {
+					return err
+				}
+				o.TLS = cfg
+			}
 			return extproc.Run(cmd.Context(), o)
 		},
 	}
@@ -91,6 +100,8 @@ with --bbr-configmaps, from ConfigMaps labelled inference.networking.k8s.io/bbr-
 	f.DurationVar(&o.Server.DrainTimeout, "drain-timeout", 30*time.Second, "how long streams in flight may finish after a stop signal")
 	f.IntVar(&o.ExtProc.Fallbacks, "fallbacks", 0, "fallback endpoints after the pick in the destination header and metadata, for a data plane that retries down a comma-separated list (-1: maxAttempts-1 from the configuration); 0 sends one address, which an ORIGINAL_DST cluster needs")
 	f.IntVar(&o.Server.Gateway.DecisionLogEvery, "decision-log-every", 100, "at --log-level debug, log one routing decision in this many with every candidate's scores")
+	f.BoolVar(&secure, "secure-serving", false, "serve ext_proc over TLS (gateways that dial the picker with TLS, such as Envoy AI Gateway, need it); health stays plaintext")
+	f.StringVar(&certDir, "cert-path", "", "with --secure-serving: folder holding tls.crt and tls.key (default: a self-signed certificate made at startup)")
 	f.BoolVar(&bbr, "bbr", false, "run as the Body-Based Router instead of the Endpoint Picker")
 	f.StringVar(&bbrConfigMaps, "bbr-configmaps", "", "with --bbr: read adapter mappings from bbr-managed ConfigMaps in this namespace (* for all)")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -31,11 +32,22 @@ import (
 //
 //	go test -run '^$' -bench Overhead -benchtime 2000x ./internal/extproc/
 func BenchmarkOverhead(b *testing.B) {
-	addrs := startSims(b, 4, simserver.Options{})
-	s := startServer(b, gatewayConfig(pool(addrs...)), Options{})
-	small := chatBody(llama, "Write a haiku about GPUs.", `"stream":true`)
+	var s *testServer
+	if addr := os.Getenv("KVGATE_EPP_ADDR"); addr != "" {
+		// A picker in its own process (kvgate epp), so that the client's work,
+		// which is Envoy's in production, does not share its cores.
+		s = dialServer(b, addr)
+	} else {
+		addrs := startSims(b, 4, simserver.Options{})
+		s = startServer(b, gatewayConfig(pool(addrs...)), Options{})
+	}
 	// 220 KB: the prompt size of GIE issue 2928, with a shared system prompt.
-	large := chatBody(llama, strings.Repeat("Context paragraph about the quarterly accounts. ", 4600), `"stream":true`)
+	model := llama
+	if m := os.Getenv("KVGATE_EPP_MODEL"); m != "" {
+		model = m
+	}
+	small := chatBody(model, "Write a haiku about GPUs.", `"stream":true`)
+	large := chatBody(model, strings.Repeat("Context paragraph about the quarterly accounts. ", 4600), `"stream":true`)
 	for _, tc := range []struct {
 		name  string
 		body  []byte

@@ -66,15 +66,8 @@ func startServer(t testing.TB, cfg *v1alpha1.InferenceGatewayConfig, opts Option
 	}
 	go func() { _ = gs.Serve(ln) }()
 	t.Cleanup(gs.Stop)
-	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxMessageBytes)),
-		// Envoy's HTTP/2 windows are large by default (256 MiB a stream).
-		grpc.WithInitialWindowSize(16<<20), grpc.WithInitialConnWindowSize(64<<20), experimental.WithBufferPool(BufferPool()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = conn.Close() })
-	ts := &testServer{gw: gw, srv: s, client: extprocv3.NewExternalProcessorClient(conn), addr: ln.Addr().String()}
+	ts := dialServer(t, ln.Addr().String())
+	ts.gw, ts.srv = gw, s
 	if cfg != nil {
 		n := 0
 		for _, sc := range cfg.Spec.Schedulers {
@@ -86,6 +79,20 @@ func startServer(t testing.TB, cfg *v1alpha1.InferenceGatewayConfig, opts Option
 		})
 	}
 	return ts
+}
+
+// dialServer connects to an ext_proc server as Envoy would.
+func dialServer(t testing.TB, addr string) *testServer {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxMessageBytes)),
+		// Envoy's HTTP/2 windows are large by default (256 MiB a stream).
+		grpc.WithInitialWindowSize(16<<20), grpc.WithInitialConnWindowSize(64<<20), experimental.WithBufferPool(BufferPool()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	return &testServer{client: extprocv3.NewExternalProcessorClient(conn), addr: addr}
 }
 
 func gatewayConfig(schedulers ...v1alpha1.SchedulerSpec) *v1alpha1.InferenceGatewayConfig {

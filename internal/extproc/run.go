@@ -2,12 +2,14 @@ package extproc
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"net"
 	"time"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/experimental"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -32,9 +34,12 @@ type RunOptions struct {
 	// Server configures the gateway underneath: configuration file or source,
 	// Listen (the ext_proc port, default :9002), AdminListen (metrics, :9090).
 	Server gateway.ServerOptions
-	// HealthListen is the gRPC health listener (default :9003).
+	// HealthListen is the gRPC health listener (default :9003). It stays
+	// plaintext: Kubernetes gRPC probes cannot speak TLS.
 	HealthListen string
-	ExtProc      Options
+	// TLS, when set, serves the ext_proc service over TLS.
+	TLS     *tls.Config
+	ExtProc Options
 }
 
 // Run serves the ext_proc data plane until ctx ends, then drains.
@@ -45,7 +50,7 @@ func Run(ctx context.Context, o RunOptions) error {
 	o.Server.Frontend = func(ctx context.Context, g *gateway.Gateway) (gateway.Frontend, error) {
 		opts := o.ExtProc
 		opts.Logger = o.Server.Logger
-		return newFrontend(ctx, New(g, opts), o.HealthListen)
+		return newFrontend(ctx, New(g, opts), o.HealthListen, o.TLS)
 	}
 	return gateway.Run(ctx, o.Server)
 }
@@ -85,13 +90,17 @@ type frontend struct {
 	healthLn       net.Listener
 }
 
-func newFrontend(ctx context.Context, s *Server, healthListen string) (*frontend, error) {
+func newFrontend(ctx context.Context, s *Server, healthListen string, tlsConfig *tls.Config) (*frontend, error) {
 	ln, err := net.Listen("tcp", healthListen)
 	if err != nil {
 		return nil, errors.Join(errors.New("health listener"), err)
 	}
+	so := ServerOptions()
+	if tlsConfig != nil {
+		so = append(so, grpc.Creds(credentials.NewTLS(tlsConfig)))
+	}
 	f := &frontend{
-		srv:       grpc.NewServer(ServerOptions()...),
+		srv:       grpc.NewServer(so...),
 		healthSrv: grpc.NewServer(),
 		health:    health.NewServer(),
 		healthLn:  ln,

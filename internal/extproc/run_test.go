@@ -2,6 +2,7 @@ package extproc
 
 import (
 	"context"
+	"crypto/tls"
 	"io"
 	"net/http"
 	"strings"
@@ -10,6 +11,7 @@ import (
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
@@ -21,8 +23,15 @@ import (
 // the configuration brings endpoints (liveness always serving), the ext_proc
 // service picks on its own port, metrics are on the admin port, and a cancelled
 // context drains and returns.
+//
+// The ext_proc service runs over TLS with a self-signed certificate
+// (--secure-serving), as gateways that dial the picker with TLS expect.
 func TestRun(t *testing.T) {
 	addrs := startSims(t, 2, simserver.Options{})
+	tlsConfig, err := TLSConfig("")
+	if err != nil {
+		t.Fatal(err)
+	}
 	apply := make(chan struct{})
 	ready := make(chan gateway.Addrs, 1)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -44,6 +53,7 @@ func TestRun(t *testing.T) {
 					return nil
 				}},
 			HealthListen: "127.0.0.1:0",
+			TLS:          tlsConfig,
 			ExtProc:      Options{Fallbacks: 0},
 		})
 	}()
@@ -78,7 +88,15 @@ func TestRun(t *testing.T) {
 	close(apply)
 	eventually(t, "readiness once endpoints are known", func() bool { return check(HealthReadiness) == healthpb.HealthCheckResponse_SERVING })
 
-	conn, err := grpc.NewClient(a.API, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if plain, err := grpc.NewClient(a.API, grpc.WithTransportCredentials(insecure.NewCredentials())); err == nil {
+		_, err := healthpb.NewHealthClient(plain).Check(ctx, &healthpb.HealthCheckRequest{})
+		plain.Close()
+		if err == nil {
+			t.Fatal("the TLS listener answered a plaintext client")
+		}
+	}
+	// As Envoy AI Gateway dials it: TLS, certificate not verified.
+	conn, err := grpc.NewClient(a.API, grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{InsecureSkipVerify: true})))
 	if err != nil {
 		t.Fatal(err)
 	}
