@@ -154,7 +154,7 @@ type played struct {
 	immediate *extprocv3.ImmediateResponse
 	// upstreamBody is the request body as the processor released it.
 	upstreamBody []byte
-	reqEOS       int // end-of-stream flags on request body responses
+	reqEOS       int   // end-of-stream flags on request body responses
 	reqChunks    []int // sizes of the request body responses
 	reqTrailers  bool
 	respHeaders  *extprocv3.CommonResponse
@@ -164,8 +164,8 @@ type played struct {
 	upstreamResp []byte
 	clientResp   []byte
 	respEOS      int
-	answers     int // every message received
-	serverErr   error
+	answers      int // every message received
+	serverErr    error
 }
 
 // destination is the picked endpoint list, checked equal in header and metadata.
@@ -219,8 +219,8 @@ type collector struct {
 	p  *played
 	// closed as the exchange advances
 	picked, reqDone, respHeadersDone, respDone, ended, refused chan struct{}
-	violations  []string
-	trailersReq bool
+	violations                                                 []string
+	trailersReq                                                bool
 }
 
 func (c *collector) fail(format string, args ...any) {
