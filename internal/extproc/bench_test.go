@@ -2,6 +2,7 @@ package extproc
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -190,8 +191,8 @@ func (s *testServer) exchange(chunks [][]byte, events int, gap time.Duration) (a
 		}
 	}
 	_ = stream.CloseSend()
-	if _, err := stream.Recv(); err != io.EOF {
-		return 0, 0, fmt.Errorf("stream end: %v", err)
+	if _, err := stream.Recv(); !errors.Is(err, io.EOF) {
+		return 0, 0, fmt.Errorf("stream end: %w", err)
 	}
 	return added, toPick, nil
 }

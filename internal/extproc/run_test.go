@@ -67,7 +67,7 @@ func TestRun(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer hc.Close()
+	defer func() { _ = hc.Close() }()
 	health := healthpb.NewHealthClient(hc)
 	check := func(service string) healthpb.HealthCheckResponse_ServingStatus {
 		r, err := health.Check(ctx, &healthpb.HealthCheckRequest{Service: service})
@@ -90,7 +90,7 @@ func TestRun(t *testing.T) {
 
 	if plain, err := grpc.NewClient(a.API, grpc.WithTransportCredentials(insecure.NewCredentials())); err == nil {
 		_, err := healthpb.NewHealthClient(plain).Check(ctx, &healthpb.HealthCheckRequest{})
-		plain.Close()
+		_ = plain.Close()
 		if err == nil {
 			t.Fatal("the TLS listener answered a plaintext client")
 		}
@@ -100,7 +100,7 @@ func TestRun(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer conn.Close()
+	defer func() { _ = conn.Close() }()
 	s := &testServer{client: extprocv3.NewExternalProcessorClient(conn)}
 	p := s.play(t, request{body: chatBody(llama, "hi")})
 	if dest := p.destination(t); len(dest) != 1 || p.status != 200 {

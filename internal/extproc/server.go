@@ -115,7 +115,7 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 	defer x.close()
 	err := x.run()
 	switch {
-	case err == nil, errors.Is(err, io.EOF), errors.Is(err, errDone):
+	case errors.Is(err, io.EOF), errors.Is(err, errDone):
 		x.outcome("")
 		return nil
 	case status.Code(err) == codes.Canceled || x.ctx.Err() != nil:
