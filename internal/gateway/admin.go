@@ -34,8 +34,8 @@ func (g *Gateway) serveModels(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, openai.Models(data))
 }
 
-// AdminHandler serves /metrics, /healthz, /readyz, /debug/config, /debug/fleet and
-// /debug/pprof.
+// AdminHandler serves /metrics, /healthz, /readyz, /summary (the global router's
+// heartbeat), /debug/config, /debug/fleet and /debug/pprof.
 func (g *Gateway) AdminHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(g.m.Registry, promhttp.HandlerOpts{}))
@@ -51,6 +51,7 @@ func (g *Gateway) AdminHandler() http.Handler {
 		}
 	})
 	mux.HandleFunc("GET /debug/config", g.serveDebugConfig)
+	mux.HandleFunc("GET /summary", g.serveSummary)
 	// Go's profiler, on the admin listener only.
 	mux.HandleFunc("GET /debug/pprof/", pprof.Index)
 	mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)

@@ -69,6 +69,9 @@ type Gateway struct {
 	prefix    *prefix.Index
 	fleetCtx  context.Context
 	stopFleet context.CancelFunc
+	// recents holds each scheduler's recent request window (*recent), for
+	// the load summary.
+	recents sync.Map
 }
 
 // routes is one applied configuration, immutable once built.

@@ -123,7 +123,7 @@ func (g *Gateway) OnlyModel() (string, bool) {
 // CountRefused counts a request refused before it had a pool (a body that could
 // not be read), as ServeHTTP's refusals are.
 func (g *Gateway) CountRefused(status int) {
-	g.m.Requests.WithLabelValues("", "", "", strconv.Itoa(status)).Inc()
+	g.count("", "", "", strconv.Itoa(status))
 }
 
 // Route picks an endpoint for a request and reserves it. The pick waits, up to
@@ -156,13 +156,13 @@ func (g *Gateway) Route(ctx context.Context, req RouteRequest) (*Route, *RouteEr
 	subset := req.Subset
 	if subset != nil && len(subset) == 0 {
 		g.m.Shed.WithLabelValues(p.name, "no_endpoint").Inc()
-		g.m.Requests.WithLabelValues(p.name, req.Model, "", "503").Inc()
+		g.count(p.name, req.Model, "", "503")
 		return nil, &RouteError{http.StatusServiceUnavailable, openai.TypeOverloaded, "the proxy's subset hint lists no endpoint"}
 	}
 	d, code, msg := g.decide(ctx, decideArgs{rid: req.RequestID, p: p, model: req.Model, prompt: req.Prompt, subset: subset,
 		limit: limit, wait: rt.gw.QueueWait(), start: req.Start}, sc, hb)
 	if code != 0 {
-		g.m.Requests.WithLabelValues(p.name, req.Model, "", strconv.Itoa(code)).Inc()
+		g.count(p.name, req.Model, "", strconv.Itoa(code))
 		return nil, &RouteError{code, openai.TypeOverloaded, msg}
 	}
 	ranked := d.decision.Ranked
@@ -227,7 +227,7 @@ func (r *Route) FirstByte() {
 	}
 	r.firstByte = true
 	r.g.fleet.FirstToken(r.ticket)
-	r.g.m.TTFT.WithLabelValues(r.p.name).Observe(time.Since(r.start).Seconds())
+	r.g.observeTTFT(r.p.name, time.Since(r.start))
 }
 
 // Statuses of Outcome beyond HTTP's, counted in kvgate_requests_total's code
@@ -283,7 +283,7 @@ func (r *Route) Finish(o Outcome) {
 	if o.Unanswered {
 		endpoint = ""
 	}
-	m.Requests.WithLabelValues(r.p.name, r.model, endpoint, code).Inc()
+	r.g.count(r.p.name, r.model, endpoint, code)
 	m.Duration.WithLabelValues(r.p.name).Observe(time.Since(r.start).Seconds())
 	r.release()
 	r.finished = true

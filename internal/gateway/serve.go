@@ -296,7 +296,7 @@ func (g *Gateway) reject(w http.ResponseWriter, p *pool, model string, code int,
 	if p != nil {
 		sched = p.name
 	}
-	g.m.Requests.WithLabelValues(sched, model, "", strconv.Itoa(code)).Inc()
+	g.count(sched, model, "", strconv.Itoa(code))
 	openai.WriteError(w, code, typ, msg)
 }
 
@@ -399,7 +399,7 @@ func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Re
 	cerr := j.body.clientError()
 	switch {
 	case r.Context().Err() != nil:
-		g.m.Requests.WithLabelValues(j.p.name, j.model, "", "499").Inc()
+		g.count(j.p.name, j.model, "", "499")
 		return
 	case errors.As(cerr, &tooBig):
 		code, typ, msg = http.StatusRequestEntityTooLarge, openai.TypeInvalidRequest, fmt.Sprintf("request body exceeds %d bytes", tooBig.Limit)
@@ -498,7 +498,7 @@ func (g *Gateway) relay(ctx context.Context, w http.ResponseWriter, resp *http.R
 			if first {
 				first = false
 				g.fleet.FirstToken(ticket)
-				g.m.TTFT.WithLabelValues(j.p.name).Observe(time.Since(j.start).Seconds())
+				g.observeTTFT(j.p.name, time.Since(j.start))
 			}
 			obs.feed(buf[:n])
 			if _, werr := w.Write(buf[:n]); werr != nil {
@@ -534,7 +534,7 @@ func (g *Gateway) relay(ctx context.Context, w http.ResponseWriter, resp *http.R
 		if !sse {
 			// Headers are out and the body is not a stream of events: cut the
 			// connection so the client cannot take a truncated body for a whole one.
-			g.m.Requests.WithLabelValues(j.p.name, j.model, ep.addr, code).Inc()
+			g.count(j.p.name, j.model, ep.addr, code)
 			panic(http.ErrAbortHandler)
 		}
 		event, _ := json.Marshal(openai.ErrorBody{Error: openai.ErrorDetail{Message: msg, Type: openai.TypeServer, Code: status}})
@@ -547,7 +547,7 @@ func (g *Gateway) relay(ctx context.Context, w http.ResponseWriter, resp *http.R
 			g.m.Tokens.WithLabelValues(j.p.name, "completion").Add(float64(obs.output))
 		}
 	}
-	g.m.Requests.WithLabelValues(j.p.name, j.model, ep.addr, code).Inc()
+	g.count(j.p.name, j.model, ep.addr, code)
 	g.m.Duration.WithLabelValues(j.p.name).Observe(time.Since(j.start).Seconds())
 	g.log.Debug("served", "request_id", j.rid, "scheduler", j.p.name, "model", j.model, "endpoint", ep.addr, "status", resp.StatusCode, "code", code,
 		"duration", time.Since(j.start))

@@ -1,0 +1,210 @@
+package gateway
+
+import (
+	"math"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+)
+
+// This file is the load summary a tier-1 gateway offers the global router
+// (`kvgate global`): per model, how many endpoints are ready, how loaded they
+// are, and how the last half-minute of requests went. The global router polls
+// it as its heartbeat.
+
+// Summary is the JSON of GET /summary on the admin listener.
+type Summary struct {
+	Time     time.Time      `json:"time"`
+	Draining bool           `json:"draining"`
+	Models   []ModelSummary `json:"models"`
+	// WindowSeconds is the span the request figures cover.
+	WindowSeconds float64 `json:"windowSeconds"`
+}
+
+// ModelSummary is one scheduler's load.
+type ModelSummary struct {
+	Model          string   `json:"model"`
+	Scheduler      string   `json:"scheduler"`
+	Adapters       []string `json:"adapters,omitempty"`
+	Endpoints      int      `json:"endpoints"`
+	ReadyEndpoints int      `json:"readyEndpoints"`
+	// KVCacheUsage is the mean over the ready endpoints, 0..1.
+	KVCacheUsage float64 `json:"kvCacheUsage"`
+	Waiting      float64 `json:"waiting"`
+	Running      float64 `json:"running"`
+	InFlight     int64   `json:"inFlight"`
+	// Over the window: requests answered, the share that failed (5xx, broken
+	// streams) and the share refused by admission (429, 503).
+	Requests  int     `json:"requests"`
+	ErrorRate float64 `json:"errorRate"`
+	ShedRate  float64 `json:"shedRate"`
+	// TTFTP95Seconds is the 95th percentile of the window's times to first
+	// byte (0 without samples).
+	TTFTP95Seconds float64 `json:"ttftP95Seconds"`
+	TTFTSamples    int     `json:"ttftSamples"`
+}
+
+// Summary returns the gateway's load summary.
+func (g *Gateway) Summary() Summary {
+	now := time.Now()
+	out := Summary{Time: now.UTC(), Draining: g.draining.Load(), WindowSeconds: recentWindow.Seconds(), Models: []ModelSummary{}}
+	rt := g.routes.Load()
+	if rt == nil {
+		return out
+	}
+	for _, p := range rt.pools {
+		ms := ModelSummary{Model: p.spec.ModelName, Scheduler: p.name, Adapters: p.spec.LoRAAdapters, Endpoints: len(p.endpoints)}
+		addrs := make([]string, len(p.endpoints))
+		for i, e := range p.endpoints {
+			addrs[i] = e.addr
+			ms.InFlight += e.inFlight.Load()
+		}
+		for _, s := range g.fleet.Snapshot(addrs) {
+			if !s.Healthy || s.Stale {
+				continue
+			}
+			ms.ReadyEndpoints++
+			ms.KVCacheUsage += s.KVUsage
+			ms.Waiting += s.Waiting
+			ms.Running += s.Running
+		}
+		if ms.ReadyEndpoints > 0 {
+			ms.KVCacheUsage /= float64(ms.ReadyEndpoints)
+		}
+		w := g.recentOf(p.name).read(now)
+		ms.Requests, ms.TTFTSamples, ms.TTFTP95Seconds = w.total, w.ttftCount, w.ttftQuantile(0.95)
+		if w.total > 0 {
+			ms.ErrorRate = float64(w.errors) / float64(w.total)
+			ms.ShedRate = float64(w.shed) / float64(w.total)
+		}
+		out.Models = append(out.Models, ms)
+	}
+	return out
+}
+
+func (g *Gateway) serveSummary(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Cache-Control", "no-store")
+	writeJSON(w, g.Summary())
+}
+
+// count counts a request in the metrics and in its scheduler's recent window.
+func (g *Gateway) count(sched, model, endpoint, code string) {
+	g.m.Requests.WithLabelValues(sched, model, endpoint, code).Inc()
+	if sched != "" {
+		g.recentOf(sched).result(time.Now(), code)
+	}
+}
+
+// observeTTFT records a time to first byte in the metrics and the recent window.
+func (g *Gateway) observeTTFT(sched string, d time.Duration) {
+	g.m.TTFT.WithLabelValues(sched).Observe(d.Seconds())
+	g.recentOf(sched).ttft(time.Now(), d)
+}
+
+// recentOf returns a scheduler's recent window; windows outlive reloads.
+func (g *Gateway) recentOf(sched string) *recent {
+	if r, ok := g.recents.Load(sched); ok {
+		return r.(*recent)
+	}
+	r, _ := g.recents.LoadOrStore(sched, &recent{})
+	return r.(*recent)
+}
+
+const (
+	recentBuckets = 10
+	recentBucket  = 3 * time.Second
+	recentWindow  = recentBuckets * recentBucket
+	// TTFT bins grow by 25% from 1 ms: 62 bins reach past 1,000 s, and a
+	// quantile read from them is within 12% of the truth.
+	ttftBins   = 62
+	ttftBase   = time.Millisecond
+	ttftGrowth = 1.25
+)
+
+// recent counts a scheduler's last recentWindow of requests in rotating buckets.
+type recent struct {
+	mu      sync.Mutex
+	buckets [recentBuckets]recentCounts
+}
+
+type recentCounts struct {
+	slot                int64 // which recentBucket-long slot of time this is
+	total, errors, shed int
+	ttftCount           int
+	ttft                [ttftBins]uint32
+}
+
+func (r *recent) bucket(now time.Time) *recentCounts {
+	slot := now.UnixNano() / int64(recentBucket)
+	b := &r.buckets[slot%recentBuckets]
+	if b.slot != slot {
+		*b = recentCounts{slot: slot}
+	}
+	return b
+}
+
+func (r *recent) result(now time.Time, code string) {
+	status, _ := strconv.Atoi(code)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	b := r.bucket(now)
+	b.total++
+	switch {
+	case status == http.StatusTooManyRequests || status == http.StatusServiceUnavailable:
+		b.shed++
+	case status >= 500, code == "incomplete":
+		b.errors++
+	}
+}
+
+func (r *recent) ttft(now time.Time, d time.Duration) {
+	bin := 0
+	if d > ttftBase {
+		bin = min(ttftBins-1, int(math.Log(float64(d)/float64(ttftBase))/math.Log(ttftGrowth))+1)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	b := r.bucket(now)
+	b.ttftCount++
+	b.ttft[bin]++
+}
+
+// read sums the buckets still inside the window.
+func (r *recent) read(now time.Time) recentCounts {
+	slot := now.UnixNano() / int64(recentBucket)
+	var sum recentCounts
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for i := range r.buckets {
+		b := &r.buckets[i]
+		if b.slot <= slot-recentBuckets || b.slot > slot {
+			continue
+		}
+		sum.total += b.total
+		sum.errors += b.errors
+		sum.shed += b.shed
+		sum.ttftCount += b.ttftCount
+		for j, n := range b.ttft {
+			sum.ttft[j] += n
+		}
+	}
+	return sum
+}
+
+// ttftQuantile reads a quantile from the bins: the upper edge of the bin that
+// holds it.
+func (c recentCounts) ttftQuantile(q float64) float64 {
+	if c.ttftCount == 0 {
+		return 0
+	}
+	rank := int(math.Ceil(q * float64(c.ttftCount)))
+	seen := 0
+	for i, n := range c.ttft {
+		seen += int(n)
+		if seen >= rank {
+			return (time.Duration(float64(ttftBase) * math.Pow(ttftGrowth, float64(i)))).Seconds()
+		}
+	}
+	return 0
+}
