@@ -32,8 +32,8 @@ func newEPPCmd() *cobra.Command {
 Gateway API Inference Extension's Endpoint Picker: for each request Envoy streams the headers and
 body (FULL_DUPLEX_STREAMED); kvgate reads the body only up to the model and the prompt's head, picks
 an endpoint with the same scheduler as 'kvgate serve', and answers the x-gateway-destination-endpoint
-header and envoy.lb metadata (the pick, then fallbacks). Body bytes pass through unchanged. gRPC
-health is on --health-listen, metrics on --admin-listen.
+header and envoy.lb metadata (the pick, and with --fallbacks N up to N fallbacks after it). Body
+bytes pass through unchanged. gRPC health is on --health-listen, metrics on --admin-listen.
 
 With --bbr it is the Body-Based Router instead: it copies the body's model into
 X-Gateway-Model-Name (and an adapter's base model into X-Gateway-Base-Model-Name) and clears the
@@ -65,6 +65,7 @@ with --bbr-configmaps, from ConfigMaps labelled inference.networking.k8s.io/bbr-
 				// A body-based router needs no pools; its adapters may all come
 				// from ConfigMaps.
 				o.Server.Source = func(ctx context.Context, _ *gateway.Gateway) error { <-ctx.Done(); return nil }
+				o.Server.Gateway.ReadyWithoutConfig = true
 			}
 			if bbr {
 				o.ExtProc.BBR = extproc.NewBBR()

@@ -355,8 +355,11 @@ func TestKubernetesManifests(t *testing.T) {
 		d, svc := checkPicker(t, eg, "kvgate-epp", 9002, 9003)
 		decodeStrict[policyv1.PodDisruptionBudget](t, findManifest(t, eg, "PodDisruptionBudget", "kvgate-epp"))
 		args := d.Spec.Template.Spec.Containers[0].Args
-		if got := argValue(args, "--fallbacks"); got != "0" {
+		if got := argValue(args, "--fallbacks"); got != "" && got != "0" {
 			t.Errorf("--fallbacks %q: a gateway with an ORIGINAL_DST cluster reads one address", got)
+		}
+		if !slices.Contains(args, "--secure-serving") {
+			t.Errorf("args %v: Envoy Gateway dials the picker over TLS; --secure-serving is needed", args)
 		}
 		ns, name, _ := strings.Cut(argValue(args, "--igwc"), "/")
 		if ns != "$(POD_NAMESPACE)" {

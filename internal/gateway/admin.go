@@ -44,7 +44,7 @@ func (g *Gateway) AdminHandler() http.Handler {
 		switch {
 		case g.draining.Load():
 			http.Error(w, "draining", http.StatusServiceUnavailable)
-		case g.routes.Load() == nil:
+		case g.routes.Load() == nil && !g.opts.ReadyWithoutConfig:
 			http.Error(w, "no configuration", http.StatusServiceUnavailable)
 		default:
 			_, _ = w.Write([]byte("ok\n"))

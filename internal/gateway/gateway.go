@@ -39,6 +39,9 @@ type Options struct {
 	Seed            uint64
 	// Fleet tunes the metric scrapers (interval, staleness, ...).
 	Fleet fleet.Config
+	// ReadyWithoutConfig lets /readyz pass before any configuration: a
+	// body-based router needs none.
+	ReadyWithoutConfig bool
 	// DecisionLogEvery logs one decision in this many, with every candidate's
 	// scores, at debug level (default 100; 1 logs all).
 	DecisionLogEvery int

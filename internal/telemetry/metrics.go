@@ -62,7 +62,7 @@ func NewGateway() *Gateway {
 		}, []string{"scheduler", "kind"}),
 		Retries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvgate_retries_total",
-			Help: "Requests sent again to the next-best endpoint before any response byte reached the client, by reason (connect, status).",
+			Help: "Requests sent again to the next-best endpoint before any response byte reached the client, by reason (serve: connect, status; epp: fallback, when Envoy reports it served the request from a fallback of the list).",
 		}, []string{"scheduler", "reason"}),
 		Shed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvgate_shed_total",
@@ -118,7 +118,7 @@ func NewExtProc(reg prometheus.Registerer) *ExtProc {
 		}),
 		BBR: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvgate_bbr_requests_total",
-			Help: "Requests seen by the body-based router (`kvgate epp --bbr`) by result: model (model header set), adapter (an adapter, base model header set too), no_model (no model in the body; passed through unchanged), unreadable (a body that is not a JSON object; passed through unchanged).",
+			Help: "Requests seen by the body-based router (`kvgate epp --bbr`) by result: model (model header set), adapter (an adapter, base model header set too), no_model (no model in the body; passed through unchanged), unreadable (a body that is not a JSON object, or a model name with control characters or over 512 bytes; passed through unchanged).",
 		}, []string{"result"}),
 	}
 	reg.MustRegister(m.Streams, m.DuplicateEOS, m.HeldBytes, m.BBR)
