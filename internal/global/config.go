@@ -1,0 +1,310 @@
+package global
+
+import (
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/yaml"
+)
+
+// Kind and APIVersion of the global router's configuration document.
+const (
+	Kind       = "GlobalRouterConfig"
+	APIVersion = "gateway.kvgate.io/v1alpha1"
+)
+
+// Config is the global router's configuration: its member clusters, each a
+// tier-1 `kvgate serve`, and the policies it routes by.
+type Config struct {
+	APIVersion string            `json:"apiVersion"`
+	Kind       string            `json:"kind"`
+	Metadata   metav1.ObjectMeta `json:"metadata,omitempty"`
+	Spec       Spec              `json:"spec"`
+}
+
+// Spec is the configuration's body.
+type Spec struct {
+	Members []Member `json:"members"`
+	// Models set per-model policies: the TTFT SLO cost shaping keeps, and
+	// limits shared by every tenant.
+	Models  []ModelPolicy `json:"models,omitempty"`
+	Tenants []Tenant      `json:"tenants,omitempty"`
+	Routing Routing       `json:"routing,omitempty"`
+	// RateLimit, when set, enforces the tenants' and models' limits.
+	RateLimit *RateLimit `json:"rateLimit,omitempty"`
+}
+
+// Member is one tier-1 gateway.
+type Member struct {
+	Name string `json:"name"`
+	// URL is the member's OpenAI API (its `kvgate serve --listen`).
+	URL string `json:"url"`
+	// AdminURL is its admin listener, where GET /summary is the heartbeat.
+	AdminURL string `json:"adminURL"`
+	Region   string `json:"region,omitempty"`
+	// Price per million tokens; or per GPU-hour with the tokens a GPU serves
+	// in an hour, from which the price per million tokens follows.
+	PricePerMillionTokens *float64 `json:"pricePerMillionTokens,omitempty"`
+	PricePerGPUHour       *float64 `json:"pricePerGPUHour,omitempty"`
+	TokensPerGPUHour      *float64 `json:"tokensPerGPUHour,omitempty"`
+	// Weight is the member's capacity relative to members of the same price
+	// (default 1).
+	Weight *float64 `json:"weight,omitempty"`
+}
+
+// ModelPolicy is what one model asks of routing.
+type ModelPolicy struct {
+	Name string `json:"name"`
+	// TTFTSLO is the time to first token to keep (default routing.defaultTTFTSLO).
+	TTFTSLO *metav1.Duration `json:"ttftSLO,omitempty"`
+	// Limits are shared by all tenants for this model.
+	Limits *Limits `json:"limits,omitempty"`
+}
+
+// Tenant is one client organisation, named by its API key or JWT claim.
+type Tenant struct {
+	Name string `json:"name"`
+	// TTFTSLO overrides the model's SLO for this tenant's requests.
+	TTFTSLO *metav1.Duration `json:"ttftSLO,omitempty"`
+	// Limits are this tenant's, per model ("*": all models together).
+	Limits []TenantLimit `json:"limits,omitempty"`
+}
+
+// Limits are per minute; 0 or absent: unlimited.
+type Limits struct {
+	RequestsPerMinute int64 `json:"requestsPerMinute,omitempty"`
+	TokensPerMinute   int64 `json:"tokensPerMinute,omitempty"`
+}
+
+// TenantLimit is a tenant's limit on one model, or on all ("*").
+type TenantLimit struct {
+	Model  string `json:"model"`
+	Limits `json:",inline"`
+}
+
+// Routing tunes member choice and failover.
+type Routing struct {
+	// HeartbeatInterval is how often each member's summary is read (default
+	// 500ms); a member whose last good read is older than HeartbeatTimeout
+	// (default 2s) is drained.
+	HeartbeatInterval *metav1.Duration `json:"heartbeatInterval,omitempty"`
+	HeartbeatTimeout  *metav1.Duration `json:"heartbeatTimeout,omitempty"`
+	// RampUp is how long a returning member takes to get its full share
+	// (default 30s).
+	RampUp *metav1.Duration `json:"rampUp,omitempty"`
+	// DefaultTTFTSLO applies to models without their own (default 2s).
+	DefaultTTFTSLO *metav1.Duration `json:"defaultTTFTSLO,omitempty"`
+	// MaxErrorRate puts members failing more of their recent requests last
+	// (default 0.25).
+	MaxErrorRate *float64 `json:"maxErrorRate,omitempty"`
+	// RegionHeader names the client's region (default x-kvgate-region);
+	// CrossRegionLatency is added to a member's predicted TTFT when it is in
+	// another region (default 50ms).
+	RegionHeader       string           `json:"regionHeader,omitempty"`
+	CrossRegionLatency *metav1.Duration `json:"crossRegionLatency,omitempty"`
+	// MaxAttempts bounds how many members a request may try (default 3).
+	MaxAttempts *int32 `json:"maxAttempts,omitempty"`
+	// MaxBodyBytes bounds a request body, which is held whole so that it can be
+	// sent to another member (default 32 MiB).
+	MaxBodyBytes *int64 `json:"maxBodyBytes,omitempty"`
+	// PriceBlind turns cost shaping off (members are chosen by load and weight
+	// alone).
+	PriceBlind bool `json:"priceBlind,omitempty"`
+}
+
+// RateLimit configures the shared limiter.
+type RateLimit struct {
+	// Redis is the address (host:port) of the Redis all replicas share.
+	Redis string `json:"redis"`
+	// FailMode when Redis cannot be reached: "open" (default: each replica
+	// limits locally) or "closed" (requests are refused with 503).
+	FailMode string `json:"failMode,omitempty"`
+	// DefaultMaxTokens is the completion a request without max_tokens is
+	// assumed to reserve (default 1024).
+	DefaultMaxTokens *int64 `json:"defaultMaxTokens,omitempty"`
+}
+
+func dur(d *metav1.Duration, def time.Duration) time.Duration {
+	if d == nil {
+		return def
+	}
+	return d.Duration
+}
+
+// settings are the routing knobs with their defaults applied.
+type settings struct {
+	heartbeat, heartbeatTimeout, rampUp, defaultSLO, crossRegion time.Duration
+	maxErrorRate                                                 float64
+	regionHeader                                                 string
+	maxAttempts                                                  int
+	maxBody                                                      int64
+	priceBlind                                                   bool
+}
+
+func (r Routing) settings() settings {
+	s := settings{
+		heartbeat:        dur(r.HeartbeatInterval, 500*time.Millisecond),
+		heartbeatTimeout: dur(r.HeartbeatTimeout, 2*time.Second),
+		rampUp:           dur(r.RampUp, 30*time.Second),
+		defaultSLO:       dur(r.DefaultTTFTSLO, 2*time.Second),
+		crossRegion:      dur(r.CrossRegionLatency, 50*time.Millisecond),
+		maxErrorRate:     0.25,
+		regionHeader:     "X-Kvgate-Region",
+		maxAttempts:      3,
+		maxBody:          32 << 20,
+		priceBlind:       r.PriceBlind,
+	}
+	if r.MaxErrorRate != nil {
+		s.maxErrorRate = *r.MaxErrorRate
+	}
+	if r.RegionHeader != "" {
+		s.regionHeader = r.RegionHeader
+	}
+	if r.MaxAttempts != nil {
+		s.maxAttempts = int(*r.MaxAttempts)
+	}
+	if r.MaxBodyBytes != nil {
+		s.maxBody = *r.MaxBodyBytes
+	}
+	return s
+}
+
+// Load reads and checks a configuration file.
+func Load(path string) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	return Parse(path, data)
+}
+
+// Parse decodes a configuration strictly (an unknown field is an error) and
+// validates it.
+func Parse(name string, data []byte) (*Config, error) {
+	var c Config
+	if err := yaml.UnmarshalStrict(data, &c); err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	if err := c.Validate(); err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	return &c, nil
+}
+
+// Validate reports every problem with the configuration.
+func (c *Config) Validate() error {
+	var errs []error
+	add := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	if c.APIVersion != APIVersion || c.Kind != Kind {
+		add("apiVersion/kind: want %s %s, got %q %q", APIVersion, Kind, c.APIVersion, c.Kind)
+	}
+	if len(c.Spec.Members) == 0 {
+		add("spec.members: at least one member is needed")
+	}
+	names := map[string]bool{}
+	for i, m := range c.Spec.Members {
+		at := fmt.Sprintf("spec.members[%d]", i)
+		if m.Name == "" {
+			add("%s.name: required", at)
+		} else if names[m.Name] {
+			add("%s.name: %q is used twice", at, m.Name)
+		}
+		names[m.Name] = true
+		for field, u := range map[string]string{"url": m.URL, "adminURL": m.AdminURL} {
+			if pu, err := url.Parse(u); err != nil || (pu.Scheme != "http" && pu.Scheme != "https") || pu.Host == "" {
+				add("%s.%s: want an http(s) URL, got %q", at, field, u)
+			}
+		}
+		switch {
+		case m.PricePerMillionTokens != nil && m.PricePerGPUHour != nil:
+			add("%s: set pricePerMillionTokens or pricePerGPUHour, not both", at)
+		case m.PricePerMillionTokens != nil && *m.PricePerMillionTokens < 0:
+			add("%s.pricePerMillionTokens: must be ≥ 0", at)
+		case m.PricePerGPUHour != nil && (*m.PricePerGPUHour < 0 || m.TokensPerGPUHour == nil || *m.TokensPerGPUHour <= 0):
+			add("%s: pricePerGPUHour needs a positive tokensPerGPUHour", at)
+		}
+		if m.Weight != nil && *m.Weight <= 0 {
+			add("%s.weight: must be > 0", at)
+		}
+	}
+	models := map[string]bool{}
+	for i, m := range c.Spec.Models {
+		if m.Name == "" || models[m.Name] {
+			add("spec.models[%d].name: required and unique, got %q", i, m.Name)
+		}
+		models[m.Name] = true
+		if m.TTFTSLO != nil && m.TTFTSLO.Duration <= 0 {
+			add("spec.models[%d].ttftSLO: must be > 0", i)
+		}
+		if m.Limits != nil {
+			errs = append(errs, m.Limits.validate(fmt.Sprintf("spec.models[%d].limits", i))...)
+		}
+	}
+	tenants := map[string]bool{}
+	for i, tn := range c.Spec.Tenants {
+		if tn.Name == "" || tenants[tn.Name] {
+			add("spec.tenants[%d].name: required and unique, got %q", i, tn.Name)
+		}
+		tenants[tn.Name] = true
+		seen := map[string]bool{}
+		for j, l := range tn.Limits {
+			if l.Model == "" || seen[l.Model] {
+				add("spec.tenants[%d].limits[%d].model: required and unique (\"*\" for all models), got %q", i, j, l.Model)
+			}
+			seen[l.Model] = true
+			errs = append(errs, l.Limits.validate(fmt.Sprintf("spec.tenants[%d].limits[%d]", i, j))...)
+		}
+	}
+	r := c.Spec.Routing
+	for field, d := range map[string]*metav1.Duration{"heartbeatInterval": r.HeartbeatInterval, "heartbeatTimeout": r.HeartbeatTimeout,
+		"rampUp": r.RampUp, "defaultTTFTSLO": r.DefaultTTFTSLO, "crossRegionLatency": r.CrossRegionLatency} {
+		if d != nil && d.Duration < 0 {
+			add("spec.routing.%s: must be ≥ 0", field)
+		}
+	}
+	if r.MaxAttempts != nil && (*r.MaxAttempts < 1 || *r.MaxAttempts > 10) {
+		add("spec.routing.maxAttempts: must be 1..10")
+	}
+	if r.MaxErrorRate != nil && (*r.MaxErrorRate <= 0 || *r.MaxErrorRate > 1) {
+		add("spec.routing.maxErrorRate: must be in (0, 1]")
+	}
+	if rl := c.Spec.RateLimit; rl != nil {
+		if rl.Redis == "" {
+			add("spec.rateLimit.redis: required (host:port)")
+		}
+		if rl.FailMode != "" && rl.FailMode != "open" && rl.FailMode != "closed" {
+			add("spec.rateLimit.failMode: \"open\" or \"closed\", got %q", rl.FailMode)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (l Limits) validate(at string) []error {
+	if l.RequestsPerMinute < 0 || l.TokensPerMinute < 0 {
+		return []error{fmt.Errorf("%s: limits must be ≥ 0", at)}
+	}
+	return nil
+}
+
+// Price is the member's price per million tokens (0 when unset).
+func (m Member) Price() float64 {
+	switch {
+	case m.PricePerMillionTokens != nil:
+		return *m.PricePerMillionTokens
+	case m.PricePerGPUHour != nil && m.TokensPerGPUHour != nil:
+		return *m.PricePerGPUHour / *m.TokensPerGPUHour * 1e6
+	}
+	return 0
+}
+
+// CapacityWeight is the member's weight (default 1).
+func (m Member) CapacityWeight() float64 {
+	if m.Weight != nil {
+		return *m.Weight
+	}
+	return 1
+}

@@ -1,0 +1,164 @@
+package global
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvgate/kvgate/internal/gateway"
+)
+
+// member is one tier-1 gateway as the router knows it: its configuration, its
+// last load summary and its health.
+type member struct {
+	cfg           Member
+	price, weight float64
+	inFlight      atomic.Int64
+
+	mu      sync.Mutex
+	summary gateway.Summary
+	lastOK  time.Time // last good heartbeat
+	lastErr string
+	// healthy as of the last evaluation; a change to healthy after the first
+	// one starts a ramp.
+	healthy, everHealthy bool
+	rampStart            time.Time
+	// ejectedUntil is set by failed requests: the member sits out until then
+	// even if its heartbeats still answer.
+	ejectedUntil time.Time
+	failures     int // consecutive 5xx answers
+}
+
+func newMember(c Member) *member {
+	return &member{cfg: c, price: c.Price(), weight: c.CapacityWeight()}
+}
+
+// view is a member's state at one instant.
+type view struct {
+	healthy bool
+	ramp    float64
+	summary gateway.Summary
+	lastOK  time.Time
+	lastErr string
+}
+
+// evaluate recomputes the member's health at now, starting a ramp when it
+// comes back, and returns its view.
+func (m *member) evaluate(now time.Time, s settings) view {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	healthy := !m.lastOK.IsZero() && now.Sub(m.lastOK) <= s.heartbeatTimeout && !m.summary.Draining && !now.Before(m.ejectedUntil)
+	if healthy && !m.healthy {
+		if m.everHealthy {
+			m.rampStart = now
+		}
+		m.everHealthy = true
+	}
+	m.healthy = healthy
+	ramp := 1.0
+	if !m.rampStart.IsZero() && s.rampUp > 0 {
+		// From 10% to 100% over the ramp: a returning member gets some traffic
+		// at once (its heartbeat says it is up) but not a stampede.
+		ramp = min(1, 0.1+0.9*float64(now.Sub(m.rampStart))/float64(s.rampUp))
+	}
+	return view{healthy: healthy, ramp: ramp, summary: m.summary, lastOK: m.lastOK, lastErr: m.lastErr}
+}
+
+// heartbeat records one summary read.
+func (m *member) heartbeat(now time.Time, sum gateway.Summary, err error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err != nil {
+		m.lastErr = err.Error()
+		return
+	}
+	m.summary, m.lastOK, m.lastErr = sum, now, ""
+}
+
+// failed records a request the member failed before answering: a connection
+// error ejects it at once (it is likely gone), server errors after three in a
+// row. It stays out for the heartbeat timeout, then comes back ramping.
+func (m *member) failed(now time.Time, connErr bool, s settings) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.failures++
+	if connErr || m.failures >= 3 {
+		m.ejectedUntil = now.Add(s.heartbeatTimeout)
+		m.failures = 0
+	}
+}
+
+func (m *member) succeeded() {
+	m.mu.Lock()
+	m.failures = 0
+	m.mu.Unlock()
+}
+
+// modelLoad finds a model (or adapter) in a summary.
+func modelLoad(s gateway.Summary, model string) (gateway.ModelSummary, bool) {
+	for _, ms := range s.Models {
+		if ms.Model == model || slices.Contains(ms.Adapters, model) {
+			return ms, true
+		}
+	}
+	return gateway.ModelSummary{}, false
+}
+
+// poll reads a member's summary every interval until ctx ends.
+func (m *member) poll(ctx context.Context, client *http.Client, s settings, log *slog.Logger, onChange func()) {
+	t := time.NewTicker(s.heartbeat)
+	defer t.Stop()
+	url := strings.TrimSuffix(m.cfg.AdminURL, "/") + "/summary"
+	wasOK := true
+	for {
+		sum, err := fetchSummary(ctx, client, url, max(s.heartbeat, s.heartbeatTimeout/2))
+		if ctx.Err() != nil {
+			return
+		}
+		m.heartbeat(time.Now(), sum, err)
+		if (err == nil) != wasOK {
+			if err != nil {
+				log.Warn("member heartbeat failed", "member", m.cfg.Name, "err", err)
+			} else {
+				log.Info("member heartbeat back", "member", m.cfg.Name)
+			}
+			wasOK = err == nil
+		}
+		onChange()
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func fetchSummary(ctx context.Context, client *http.Client, url string, timeout time.Duration) (gateway.Summary, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	var s gateway.Summary
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return s, err
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return s, err
+	}
+	defer func() { _ = resp.Body.Close() }()
+	if resp.StatusCode != http.StatusOK {
+		return s, fmt.Errorf("GET %s: %s", url, resp.Status)
+	}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 4<<20)).Decode(&s); err != nil {
+		return s, fmt.Errorf("GET %s: %w", url, err)
+	}
+	return s, nil
+}

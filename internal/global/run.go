@@ -1,0 +1,122 @@
+package global
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// ServerOptions configure Run.
+type ServerOptions struct {
+	Config       *Config
+	Listen       string // OpenAI API (default :8080)
+	AdminListen  string // metrics, health, /debug/members (default :9090)
+	DrainTimeout time.Duration
+	Router       Options
+	// Ready, when set, receives the bound addresses once both listeners accept.
+	Ready chan<- [2]string
+}
+
+// Run serves the router until ctx ends, then drains.
+func Run(ctx context.Context, o ServerOptions) error {
+	log := o.Router.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	o.Router.Logger = log
+	r := New(o.Config, o.Router)
+	hbCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	r.Start(hbCtx)
+	apiLn, err := net.Listen("tcp", o.Listen)
+	if err != nil {
+		return fmt.Errorf("API listener: %w", err)
+	}
+	adminLn, err := net.Listen("tcp", o.AdminListen)
+	if err != nil {
+		_ = apiLn.Close()
+		return fmt.Errorf("admin listener: %w", err)
+	}
+	api := &http.Server{Handler: r, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10,
+		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
+	admin := &http.Server{Handler: r.AdminHandler(), ReadHeaderTimeout: 10 * time.Second}
+	errc := make(chan error, 2)
+	go func() { errc <- api.Serve(apiLn) }()
+	go func() { errc <- admin.Serve(adminLn) }()
+	log.Info("kvgate global serving", "api", apiLn.Addr().String(), "admin", adminLn.Addr().String(), "members", len(o.Config.Spec.Members))
+	if o.Ready != nil {
+		o.Ready <- [2]string{apiLn.Addr().String(), adminLn.Addr().String()}
+	}
+	select {
+	case <-ctx.Done():
+	case err := <-errc:
+		if !errors.Is(err, http.ErrServerClosed) {
+			return err
+		}
+	}
+	r.Drain()
+	shutdown, cancel := context.WithTimeout(context.Background(), o.DrainTimeout)
+	defer cancel()
+	err = api.Shutdown(shutdown)
+	_ = admin.Close()
+	if err != nil {
+		return fmt.Errorf("drain: %w", err)
+	}
+	return nil
+}
+
+// AdminHandler serves /metrics, /healthz, /readyz (ready while a member is
+// healthy) and /debug/members.
+func (r *Router) AdminHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(r.m.Registry, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		r.mu.Lock()
+		draining := r.draining
+		r.mu.Unlock()
+		if draining {
+			http.Error(w, "draining", http.StatusServiceUnavailable)
+			return
+		}
+		now := time.Now()
+		for _, m := range r.members {
+			if m.evaluate(now, r.s).healthy {
+				_, _ = w.Write([]byte("ok\n"))
+				return
+			}
+		}
+		http.Error(w, "no healthy member", http.StatusServiceUnavailable)
+	})
+	mux.HandleFunc("GET /debug/members", func(w http.ResponseWriter, _ *http.Request) {
+		type out struct {
+			Name, Region, URL string
+			Price, Weight     float64
+			Healthy           bool
+			Ramp              float64
+			InFlight          int64
+			LastHeartbeat     time.Time
+			LastError         string `json:",omitempty"`
+			Summary           any
+		}
+		var list []out
+		now := time.Now()
+		for _, m := range r.members {
+			v := m.evaluate(now, r.s)
+			list = append(list, out{Name: m.cfg.Name, Region: m.cfg.Region, URL: m.cfg.URL, Price: m.price, Weight: m.weight, Healthy: v.healthy,
+				Ramp: v.ramp, InFlight: m.inFlight.Load(), LastHeartbeat: v.lastOK, LastError: v.lastErr, Summary: v.summary})
+		}
+		w.Header().Set("Content-Type", "application/json")
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(list)
+	})
+	return mux
+}
