@@ -284,7 +284,7 @@ func (r *Route) Finish(o Outcome) {
 		endpoint = ""
 	}
 	r.g.count(r.p.name, r.model, endpoint, code)
-	m.Duration.WithLabelValues(r.p.name).Observe(time.Since(r.start).Seconds())
+	r.g.observeDuration(r.p.name, code, time.Since(r.start))
 	r.release()
 	r.finished = true
 }

@@ -548,7 +548,7 @@ func (g *Gateway) relay(ctx context.Context, w http.ResponseWriter, resp *http.R
 		}
 	}
 	g.count(j.p.name, j.model, ep.addr, code)
-	g.m.Duration.WithLabelValues(j.p.name).Observe(time.Since(j.start).Seconds())
+	g.observeDuration(j.p.name, code, time.Since(j.start))
 	g.log.Debug("served", "request_id", j.rid, "scheduler", j.p.name, "model", j.model, "endpoint", ep.addr, "status", resp.StatusCode, "code", code,
 		"duration", time.Since(j.start))
 }

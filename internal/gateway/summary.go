@@ -39,10 +39,14 @@ type ModelSummary struct {
 	Requests  int     `json:"requests"`
 	ErrorRate float64 `json:"errorRate"`
 	ShedRate  float64 `json:"shedRate"`
-	// TTFTP95Seconds is the 95th percentile of the window's times to first
-	// byte (0 without samples).
+	// TTFTP50Seconds and TTFTP95Seconds are the median and 95th percentile of
+	// the window's times to first byte (0 without samples).
+	TTFTP50Seconds float64 `json:"ttftP50Seconds"`
 	TTFTP95Seconds float64 `json:"ttftP95Seconds"`
 	TTFTSamples    int     `json:"ttftSamples"`
+	// MeanDurationSeconds is the mean time successful requests took from
+	// arrival to last byte: with Running, how fast a queue drains.
+	MeanDurationSeconds float64 `json:"meanDurationSeconds"`
 }
 
 // Summary returns the gateway's load summary.
@@ -73,7 +77,10 @@ func (g *Gateway) Summary() Summary {
 			ms.KVCacheUsage /= float64(ms.ReadyEndpoints)
 		}
 		w := g.recentOf(p.name).read(now)
-		ms.Requests, ms.TTFTSamples, ms.TTFTP95Seconds = w.total, w.ttftCount, w.ttftQuantile(0.95)
+		ms.Requests, ms.TTFTSamples, ms.TTFTP50Seconds, ms.TTFTP95Seconds = w.total, w.ttftCount, w.ttftQuantile(0.5), w.ttftQuantile(0.95)
+		if w.done > 0 {
+			ms.MeanDurationSeconds = w.duration.Seconds() / float64(w.done)
+		}
 		if w.total > 0 {
 			ms.ErrorRate = float64(w.errors) / float64(w.total)
 			ms.ShedRate = float64(w.shed) / float64(w.total)
@@ -96,6 +103,15 @@ func (g *Gateway) count(sched, model, endpoint, code string) {
 	}
 }
 
+// observeDuration records a finished request's duration in the metrics and,
+// when it succeeded, in the recent window.
+func (g *Gateway) observeDuration(sched, code string, d time.Duration) {
+	g.m.Duration.WithLabelValues(sched).Observe(d.Seconds())
+	if code == "200" {
+		g.recentOf(sched).duration(time.Now(), d)
+	}
+}
+
 // observeTTFT records a time to first byte in the metrics and the recent window.
 func (g *Gateway) observeTTFT(sched string, d time.Duration) {
 	g.m.TTFT.WithLabelValues(sched).Observe(d.Seconds())
@@ -111,9 +127,11 @@ func (g *Gateway) recentOf(sched string) *recent {
 	return r.(*recent)
 }
 
+// The window is short so that routing sees a member recover soon after its
+// load drops: a 30 s window kept an idle member's p95 high for half a minute.
 const (
 	recentBuckets = 10
-	recentBucket  = 3 * time.Second
+	recentBucket  = time.Second
 	recentWindow  = recentBuckets * recentBucket
 	// TTFT bins grow by 25% from 1 ms: 62 bins reach past 1,000 s, and a
 	// quantile read from them is within 12% of the truth.
@@ -132,6 +150,8 @@ type recentCounts struct {
 	slot                int64 // which recentBucket-long slot of time this is
 	total, errors, shed int
 	ttftCount           int
+	done                int // successful requests, their durations summed below
+	duration            time.Duration
 	ttft                [ttftBins]uint32
 }
 
@@ -156,6 +176,14 @@ func (r *recent) result(now time.Time, code string) {
 	case status >= 500, code == "incomplete":
 		b.errors++
 	}
+}
+
+func (r *recent) duration(now time.Time, d time.Duration) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	b := r.bucket(now)
+	b.done++
+	b.duration += d
 }
 
 func (r *recent) ttft(now time.Time, d time.Duration) {
@@ -185,6 +213,8 @@ func (r *recent) read(now time.Time) recentCounts {
 		sum.errors += b.errors
 		sum.shed += b.shed
 		sum.ttftCount += b.ttftCount
+		sum.done += b.done
+		sum.duration += b.duration
 		for j, n := range b.ttft {
 			sum.ttft[j] += n
 		}

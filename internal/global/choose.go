@@ -19,16 +19,27 @@ type Candidate struct {
 	// Ramp is 1, or less while a returning member ramps up: it takes at most
 	// that share of what it would otherwise take.
 	Ramp float64
-	// TTFTP95 is the member's recent 95th-percentile time to first token for
-	// the model (0: no recent samples); Samples how many it rests on.
-	TTFTP95 time.Duration
-	Samples int
+	// TTFTP50 and TTFTP95 are the member's recent median and 95th-percentile
+	// time to first token for the model (0: no recent samples); Samples how
+	// many they rest on.
+	TTFTP50, TTFTP95 time.Duration
+	Samples          int
 	// WaitingPerEndpoint is the member's queue for the model over its ready
 	// endpoints: the load signal that moves before the TTFT window does.
 	WaitingPerEndpoint float64
-	KVCacheUsage       float64
-	ErrorRate          float64
-	Requests           int // in the member's window, for ErrorRate's weight
+	// SentPerEndpoint is what this router sent the member since its last
+	// summary, over its ready endpoints: load the summary does not show yet.
+	SentPerEndpoint float64
+	// RunningPerEndpoint and MeanDuration say how fast a queue drains: a slot
+	// frees every MeanDuration / RunningPerEndpoint.
+	RunningPerEndpoint float64
+	MeanDuration       time.Duration
+	// Full says the member runs as many requests per endpoint as it has ever
+	// been seen to: the next one will likely queue even with no queue yet.
+	Full         bool
+	KVCacheUsage float64
+	ErrorRate    float64
+	Requests     int // in the member's window, for ErrorRate's weight
 }
 
 // Policy is what one request asks of the choice.
@@ -51,16 +62,32 @@ type Policy struct {
 // counts.
 const minErrorSamples = 20
 
-// Predicted is a member's expected time to first token: its recent p95, raised
-// by its queue (half a p95 per queued request per endpoint), plus the distance
-// to the client. Without recent samples it is assumed at a quarter of the SLO:
-// an idle member is worth trying.
+// Predicted is a member's expected time to first token for the next request:
+// its recent median — what a request costs when it does not queue — plus the
+// wait for a slot: each request queued ahead (per endpoint) waits for one slot
+// to free, and a slot frees every MeanDuration / RunningPerEndpoint. Requests
+// this router sent since the member's last summary count half, as some of them
+// will have found a free slot; a member running at the most it was ever seen to
+// run counts one more. Plus the distance to the client.
+//
+// The window's p95 is not the base: it holds the queueing of the last seconds,
+// so a member that had been overloaded would stay shunned after its queue
+// emptied. Without recent samples the base is a quarter of the SLO: an idle
+// member is worth trying.
 func (c Candidate) Predicted(p Policy) time.Duration {
-	base := c.TTFTP95
+	base := c.TTFTP50
 	if c.Samples < 5 || base <= 0 {
 		base = p.SLO / 4
 	}
-	d := time.Duration(float64(base) * (1 + 0.5*c.WaitingPerEndpoint))
+	ahead := c.WaitingPerEndpoint + 0.5*c.SentPerEndpoint
+	if c.Full {
+		ahead++
+	}
+	slot := base // without a duration yet, a queued request is assumed to cost a TTFT
+	if c.MeanDuration > 0 {
+		slot = time.Duration(float64(c.MeanDuration) / math.Max(1, c.RunningPerEndpoint))
+	}
+	d := base + time.Duration(ahead*float64(slot))
 	if p.ClientRegion != "" && c.Region != "" && c.Region != p.ClientRegion {
 		d += p.CrossRegion
 	}

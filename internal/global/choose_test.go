@@ -23,7 +23,7 @@ func TestRank(t *testing.T) {
 	dear := Candidate{Name: "dear", Price: 3, Weight: 1, Ramp: 1, Region: "us"}
 	with := func(c Candidate, f func(*Candidate)) Candidate { f(&c); return c }
 	busy := func(p95 time.Duration) func(*Candidate) {
-		return func(c *Candidate) { c.TTFTP95, c.Samples = p95, 100 }
+		return func(c *Candidate) { c.TTFTP50, c.TTFTP95, c.Samples = p95, p95, 100 }
 	}
 	for _, tc := range []struct {
 		name   string
@@ -32,15 +32,17 @@ func TestRank(t *testing.T) {
 		// want is each member's share of first picks, ± 0.03
 		want map[string]float64
 	}{
-		{"cheap inside its SLO takes everything", []Candidate{dear, with(cheap, busy(500 * time.Millisecond))}, Policy{SLO: slo},
+		{"cheap inside its SLO takes everything", []Candidate{dear, with(cheap, busy(500*time.Millisecond))}, Policy{SLO: slo},
 			map[string]float64{"cheap": 1}},
 		{"cheap at the SLO spills half", []Candidate{dear, with(cheap, busy(slo))}, Policy{SLO: slo},
 			map[string]float64{"cheap": 0.5, "dear": 0.5}},
-		{"cheap far over its SLO spills all", []Candidate{dear, with(cheap, busy(2 * slo))}, Policy{SLO: slo},
+		{"cheap far over its SLO spills all", []Candidate{dear, with(cheap, busy(2*slo))}, Policy{SLO: slo},
 			map[string]float64{"dear": 1}},
-		{"everyone over the SLO: the fastest", []Candidate{with(dear, busy(3 * slo)), with(cheap, busy(2 * slo))}, Policy{SLO: slo},
+		{"everyone over the SLO: the fastest", []Candidate{with(dear, busy(3*slo)), with(cheap, busy(2*slo))}, Policy{SLO: slo},
 			map[string]float64{"cheap": 1}},
-		{"queue counts before the window shows it", []Candidate{dear, with(cheap, func(c *Candidate) { busy(500 * time.Millisecond)(c); c.WaitingPerEndpoint = 4 })}, Policy{SLO: slo},
+		{"queue counts before the window shows it", []Candidate{dear, with(cheap, func(c *Candidate) { busy(300 * time.Millisecond)(c); c.WaitingPerEndpoint = 4 })}, Policy{SLO: slo},
+			map[string]float64{"dear": 1}},
+		{"requests sent since the last summary count", []Candidate{dear, with(cheap, func(c *Candidate) { busy(300 * time.Millisecond)(c); c.SentPerEndpoint = 8 })}, Policy{SLO: slo},
 			map[string]float64{"dear": 1}},
 		{"price-blind splits by weight", []Candidate{with(dear, func(c *Candidate) { c.Weight = 3 }), cheap}, Policy{SLO: slo, PriceBlind: true},
 			map[string]float64{"dear": 0.75, "cheap": 0.25}},
@@ -70,10 +72,10 @@ func TestRank(t *testing.T) {
 // failing members last.
 func TestRankFallbacks(t *testing.T) {
 	cands := []Candidate{
-		{Name: "slow", Price: 1, Weight: 1, Ramp: 1, TTFTP95: 5 * time.Second, Samples: 50},
+		{Name: "slow", Price: 1, Weight: 1, Ramp: 1, TTFTP50: 5 * time.Second, Samples: 50},
 		{Name: "failing", Price: 2, Weight: 1, Ramp: 1, ErrorRate: 0.9, Requests: 50},
-		{Name: "fast", Price: 3, Weight: 1, Ramp: 1, TTFTP95: 100 * time.Millisecond, Samples: 50},
-		{Name: "mid", Price: 4, Weight: 1, Ramp: 1, TTFTP95: 800 * time.Millisecond, Samples: 50},
+		{Name: "fast", Price: 3, Weight: 1, Ramp: 1, TTFTP50: 100 * time.Millisecond, Samples: 50},
+		{Name: "mid", Price: 4, Weight: 1, Ramp: 1, TTFTP50: 800 * time.Millisecond, Samples: 50},
 	}
 	r := Rank(cands, Policy{SLO: time.Second, MaxErrorRate: 0.2}, rand.New(rand.NewPCG(3, 4)).Float64)
 	var names []string

@@ -22,6 +22,9 @@ type member struct {
 	cfg           Member
 	price, weight float64
 	inFlight      atomic.Int64
+	// sent counts requests sent since the last heartbeat: the load the next
+	// summary will show, which the chooser counts meanwhile.
+	sent atomic.Int64
 
 	mu      sync.Mutex
 	summary gateway.Summary
@@ -35,10 +38,14 @@ type member struct {
 	// even if its heartbeats still answer.
 	ejectedUntil time.Time
 	failures     int // consecutive 5xx answers
+	// runHigh is the most requests per ready endpoint the member was seen to
+	// run, by model: a learned capacity (model servers do not publish their
+	// max_num_seqs).
+	runHigh map[string]float64
 }
 
 func newMember(c Member) *member {
-	return &member{cfg: c, price: c.Price(), weight: c.CapacityWeight()}
+	return &member{cfg: c, price: c.Price(), weight: c.CapacityWeight(), runHigh: map[string]float64{}}
 }
 
 // view is a member's state at one instant.
@@ -48,6 +55,7 @@ type view struct {
 	summary gateway.Summary
 	lastOK  time.Time
 	lastErr string
+	sent    int64
 }
 
 // evaluate recomputes the member's health at now, starting a ramp when it
@@ -69,7 +77,7 @@ func (m *member) evaluate(now time.Time, s settings) view {
 		// at once (its heartbeat says it is up) but not a stampede.
 		ramp = min(1, 0.1+0.9*float64(now.Sub(m.rampStart))/float64(s.rampUp))
 	}
-	return view{healthy: healthy, ramp: ramp, summary: m.summary, lastOK: m.lastOK, lastErr: m.lastErr}
+	return view{healthy: healthy, ramp: ramp, summary: m.summary, lastOK: m.lastOK, lastErr: m.lastErr, sent: m.sent.Load()}
 }
 
 // heartbeat records one summary read.
@@ -81,6 +89,21 @@ func (m *member) heartbeat(now time.Time, sum gateway.Summary, err error) {
 		return
 	}
 	m.summary, m.lastOK, m.lastErr = sum, now, ""
+	m.sent.Store(0)
+	for _, ms := range sum.Models {
+		if ms.ReadyEndpoints > 0 {
+			m.runHigh[ms.Model] = max(m.runHigh[ms.Model], ms.Running/float64(ms.ReadyEndpoints))
+		}
+	}
+}
+
+// full says whether the member runs, per endpoint, as many requests of the
+// model as it ever did (and at least one).
+func (m *member) full(model string, runningPerEndpoint float64) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	high := m.runHigh[model]
+	return high >= 1 && runningPerEndpoint >= high
 }
 
 // failed records a request the member failed before answering: a connection

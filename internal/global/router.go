@@ -282,9 +282,12 @@ func (r *Router) candidates(model string) ([]Candidate, []*member) {
 			continue
 		}
 		cands = append(cands, Candidate{Name: m.cfg.Name, Region: m.cfg.Region, Price: m.price, Weight: m.weight, Ramp: v.ramp,
-			TTFTP95: time.Duration(load.TTFTP95Seconds * float64(time.Second)), Samples: load.TTFTSamples,
-			WaitingPerEndpoint: load.Waiting / float64(load.ReadyEndpoints), KVCacheUsage: load.KVCacheUsage,
-			ErrorRate: load.ErrorRate, Requests: load.Requests})
+			TTFTP50: seconds(load.TTFTP50Seconds), TTFTP95: seconds(load.TTFTP95Seconds), Samples: load.TTFTSamples,
+			WaitingPerEndpoint: load.Waiting / float64(load.ReadyEndpoints), SentPerEndpoint: float64(v.sent) / float64(load.ReadyEndpoints),
+			RunningPerEndpoint: load.Running / float64(load.ReadyEndpoints), MeanDuration: seconds(load.MeanDurationSeconds),
+			Full:         m.full(load.Model, load.Running/float64(load.ReadyEndpoints)),
+			KVCacheUsage: load.KVCacheUsage,
+			ErrorRate:    load.ErrorRate, Requests: load.Requests})
 		ms = append(ms, m)
 	}
 	return cands, ms
@@ -329,6 +332,7 @@ func (r *Router) forward(w http.ResponseWriter, req *http.Request, rid, model st
 			break
 		}
 		m.inFlight.Add(1)
+		m.sent.Add(1)
 		resp, err := r.opts.Transport.RoundTrip(out)
 		if err != nil {
 			m.inFlight.Add(-1)
@@ -363,6 +367,8 @@ func (r *Router) forward(w http.ResponseWriter, req *http.Request, rid, model st
 	r.refuse(w, model, http.StatusBadGateway, openai.TypeServer, msg)
 	return 0
 }
+
+func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
 
 func cheapest(cands []Candidate) int {
 	best := 0
