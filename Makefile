@@ -31,7 +31,7 @@ verify-generate:
 ## built once from the Go module proxy by hack/envtest-bins.sh (several minutes the
 ## first time, cached in ~/.cache/kvgate/envtest).
 unit:
-	KUBEBUILDER_ASSETS="$$(./hack/envtest-bins.sh)" KVGATE_HELM="$$(./hack/tools.sh)/helm" $(GO) test -race -count=1 $(PKGS)
+	KUBEBUILDER_ASSETS="$$(./hack/envtest-bins.sh)" KVGATE_HELM="$$(./hack/tools.sh)/helm" KVGATE_REDIS_SERVER="$$(./hack/redis.sh)" $(GO) test -race -count=1 $(PKGS)
 
 ## lint: gofmt, go vet and golangci-lint (built once from the module proxy into ~/.cache/kvgate).
 lint:

@@ -1,0 +1,226 @@
+package auth
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"net/url"
+	"slices"
+	"strings"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	sigsyaml "sigs.k8s.io/yaml"
+)
+
+// Defaults of JWTConfig's optional fields.
+const (
+	DefaultTenantClaim     = "sub"
+	DefaultRefreshInterval = 5 * time.Minute
+	DefaultLeeway          = 30 * time.Second
+	DefaultFetchTimeout    = 10 * time.Second
+
+	// minRefreshInterval keeps a typo such as "5s" for "5m" from turning into a
+	// fetch per request; one second is still short enough for tests.
+	minRefreshInterval = time.Second
+	// maxLeeway bounds the clock skew accepted on exp and nbf: more would make
+	// an expired token good for far longer than its issuer meant.
+	maxLeeway = 5 * time.Minute
+)
+
+// hashPrefix names the only hash the configuration accepts.
+const hashPrefix = "sha256:"
+
+// Config is the auth section of `kvgate global`'s configuration. Its zero value
+// is invalid: with no API keys, no JWT and no anonymous access every request
+// would be refused.
+//
+// In YAML:
+//
+//	apiKeys:
+//	- tenant: acme
+//	  hash: sha256:9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08
+//	jwt:
+//	  jwksURL: https://idp.example.com/.well-known/jwks.json
+//	  issuer: https://idp.example.com/
+//	  audience: [kvgate]
+//	  tenantClaim: org.id      # default sub
+//	  refreshInterval: 5m      # default 5m
+//	  leeway: 30s              # default 30s
+//	  fetchTimeout: 10s        # default 10s
+//	allowAnonymous: false
+type Config struct {
+	// APIKeys are the accepted API keys, stored as hashes only.
+	APIKeys []APIKey `json:"apiKeys,omitempty"`
+	// JWT, when set, accepts bearer tokens signed by a key of a JWKS.
+	JWT *JWTConfig `json:"jwt,omitempty"`
+	// AllowAnonymous lets requests without any credentials through with tenant
+	// "" and method "anonymous". Requests with wrong credentials are refused
+	// all the same: a bad key must not be downgraded to anonymous access.
+	AllowAnonymous bool `json:"allowAnonymous,omitempty"`
+}
+
+// APIKey maps the hash of one API key to its tenant. Produce the hash with
+// HashKey or in a shell:
+//
+//	printf %s "$KEY" | sha256sum | awk '{print "sha256:" $1}'
+//
+// printf rather than echo: echo appends a newline, which changes the hash.
+type APIKey struct {
+	Tenant string `json:"tenant"`
+	// Hash is "sha256:" followed by the 64 hex digits of SHA-256 of the raw key.
+	Hash string `json:"hash"`
+}
+
+// JWTConfig accepts JWTs signed by a key of the JWKS at JWKSURL.
+type JWTConfig struct {
+	// JWKSURL is where the signing keys are fetched from (http or https).
+	JWKSURL string `json:"jwksURL"`
+	// Issuer, when set, must equal the token's iss claim.
+	Issuer string `json:"issuer,omitempty"`
+	// Audience, when set, must share at least one value with the token's aud
+	// claim.
+	Audience []string `json:"audience,omitempty"`
+	// TenantClaim names the claim holding the tenant (default "sub"). Dots
+	// reach into nested objects: "org.id" reads {"org":{"id":...}}. A claim
+	// whose own name holds dots, such as "https://example.com/tenant", is found
+	// too: at each level the longest name that exists wins.
+	TenantClaim string `json:"tenantClaim,omitempty"`
+	// RefreshInterval is how often the JWKS is fetched again (default 5m).
+	RefreshInterval *metav1.Duration `json:"refreshInterval,omitempty"`
+	// Leeway is the clock skew allowed on exp and nbf (default 30s, at most 5m).
+	Leeway *metav1.Duration `json:"leeway,omitempty"`
+	// FetchTimeout bounds one fetch of the JWKS (default 10s).
+	FetchTimeout *metav1.Duration `json:"fetchTimeout,omitempty"`
+}
+
+// ParseConfig decodes a YAML (or JSON) auth section strictly, refusing unknown
+// fields, and validates it.
+func ParseConfig(data []byte) (Config, error) {
+	var cfg Config
+	if err := sigsyaml.UnmarshalStrict(data, &cfg); err != nil {
+		return Config{}, fmt.Errorf("auth config: %w", err)
+	}
+	if err := cfg.Validate(); err != nil {
+		return Config{}, err
+	}
+	return cfg, nil
+}
+
+// HashKey is the configuration form of a raw API key: "sha256:<hex>".
+func HashKey(raw string) string {
+	sum := sha256.Sum256([]byte(raw))
+	return hashPrefix + hex.EncodeToString(sum[:])
+}
+
+// parseHash returns the digest a configured hash names.
+func parseHash(h string) ([sha256.Size]byte, error) {
+	var d [sha256.Size]byte
+	// The messages never quote the value: an operator who pasted the raw key
+	// into the hash field would otherwise find it in the logs.
+	hexPart, ok := strings.CutPrefix(h, hashPrefix)
+	if !ok {
+		return d, fmt.Errorf(`must start with %q (printf %%s "$KEY" | sha256sum)`, hashPrefix)
+	}
+	if len(hexPart) != hex.EncodedLen(sha256.Size) {
+		return d, fmt.Errorf("want %d hex digits after %q, got %d characters", hex.EncodedLen(sha256.Size), hashPrefix, len(hexPart))
+	}
+	if _, err := hex.Decode(d[:], []byte(hexPart)); err != nil {
+		return d, fmt.Errorf("not hexadecimal after %q", hashPrefix)
+	}
+	return d, nil
+}
+
+// Validate reports every problem of the configuration in one error, each with
+// the path of its field.
+func (c Config) Validate() error {
+	var problems []string
+	add := func(path, format string, args ...any) {
+		problems = append(problems, path+": "+fmt.Sprintf(format, args...))
+	}
+	if len(c.APIKeys) == 0 && c.JWT == nil && !c.AllowAnonymous {
+		problems = append(problems, "no authentication configured: set apiKeys, jwt or allowAnonymous")
+	}
+	seen := make(map[[sha256.Size]byte]int, len(c.APIKeys))
+	for i, k := range c.APIKeys {
+		path := fmt.Sprintf("apiKeys[%d]", i)
+		if strings.TrimSpace(k.Tenant) == "" {
+			add(path+".tenant", "must not be empty")
+		}
+		d, err := parseHash(k.Hash)
+		if err != nil {
+			add(path+".hash", "%v", err)
+			continue
+		}
+		// One key naming two tenants would make the tenant depend on the
+		// order of the list; the same entry twice is a copy-paste slip.
+		if j, dup := seen[d]; dup {
+			add(path+".hash", "same key as apiKeys[%d] (tenant %q)", j, c.APIKeys[j].Tenant)
+			continue
+		}
+		seen[d] = i
+	}
+	if c.JWT != nil {
+		problems = append(problems, c.JWT.problems()...)
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("invalid auth config: %s", strings.Join(problems, "; "))
+	}
+	return nil
+}
+
+func (j *JWTConfig) problems() []string {
+	var problems []string
+	add := func(path, format string, args ...any) {
+		problems = append(problems, "jwt."+path+": "+fmt.Sprintf(format, args...))
+	}
+	if j.JWKSURL == "" {
+		add("jwksURL", "required")
+	} else if u, err := url.Parse(j.JWKSURL); err != nil {
+		add("jwksURL", "%v", err)
+	} else if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		add("jwksURL", "want an absolute http or https URL, got %q", j.JWKSURL)
+	}
+	for i, a := range j.Audience {
+		if a == "" {
+			add(fmt.Sprintf("audience[%d]", i), "must not be empty")
+		}
+	}
+	if c := j.TenantClaim; c != "" && slices.Contains(strings.Split(c, "."), "") {
+		add("tenantClaim", "%q has an empty name between dots", c)
+	}
+	if d := j.RefreshInterval; d != nil && d.Duration < minRefreshInterval {
+		add("refreshInterval", "must be at least %v, got %v", minRefreshInterval, d.Duration)
+	}
+	if d := j.Leeway; d != nil && (d.Duration < 0 || d.Duration > maxLeeway) {
+		add("leeway", "must be between 0 and %v, got %v", maxLeeway, d.Duration)
+	}
+	if d := j.FetchTimeout; d != nil && d.Duration <= 0 {
+		add("fetchTimeout", "must be positive, got %v", d.Duration)
+	}
+	return problems
+}
+
+func (j *JWTConfig) tenantClaim() string {
+	if j.TenantClaim == "" {
+		return DefaultTenantClaim
+	}
+	return j.TenantClaim
+}
+
+func (j *JWTConfig) refreshInterval() time.Duration {
+	return durationOr(j.RefreshInterval, DefaultRefreshInterval)
+}
+
+func (j *JWTConfig) leeway() time.Duration { return durationOr(j.Leeway, DefaultLeeway) }
+
+func (j *JWTConfig) fetchTimeout() time.Duration {
+	return durationOr(j.FetchTimeout, DefaultFetchTimeout)
+}
+
+func durationOr(d *metav1.Duration, def time.Duration) time.Duration {
+	if d == nil {
+		return def
+	}
+	return d.Duration
+}

@@ -1,0 +1,98 @@
+package auth
+
+import (
+	"errors"
+	"net/http"
+
+	"github.com/kvgate/kvgate/internal/openai"
+)
+
+// Reason says why a request was not authenticated. It is the result label of
+// kvgate_auth_requests_total, so the set is small and fixed.
+type Reason string
+
+// Reasons, with the credential kind they apply to.
+const (
+	ReasonMissing        Reason = "missing"         // no credentials at all
+	ReasonMalformed      Reason = "malformed"       // an unusable header, or a token that does not parse
+	ReasonUnknownKey     Reason = "unknown_key"     // api_key: no configured hash matches
+	ReasonUnsupportedAlg Reason = "unsupported_alg" // jwt: alg is none, HMAC or unknown
+	ReasonUnknownKID     Reason = "unknown_kid"     // jwt: no key of the JWKS fits the token's kid and alg
+	ReasonBadSignature   Reason = "bad_signature"   // jwt: the signature does not verify
+	ReasonExpired        Reason = "expired"         // jwt: exp is past (beyond the leeway)
+	ReasonNotYetValid    Reason = "not_yet_valid"   // jwt: nbf is ahead (beyond the leeway)
+	ReasonWrongIssuer    Reason = "wrong_issuer"    // jwt: iss differs from the configured issuer
+	ReasonWrongAudience  Reason = "wrong_audience"  // jwt: aud names none of the configured audiences
+	ReasonMissingClaim   Reason = "missing_claim"   // jwt: exp, or iss/aud when configured, is absent
+	ReasonNoTenant       Reason = "no_tenant"       // jwt: the tenant claim is absent or not a string or integer
+	ReasonInvalid        Reason = "invalid"         // jwt: any other claim problem
+)
+
+// Error is what Authenticate returns for every refused request. Its Message is
+// safe to show the client: it never holds the key or the token.
+type Error struct {
+	// Method is the kind of credentials presented: "api_key", "jwt", or ""
+	// when there were none.
+	Method string
+	Reason Reason
+	// Detail is the client-facing reason of a refused JWT ("token is
+	// expired"); empty for the other kinds.
+	Detail string
+	// Err is the underlying cause, for logs; may be nil.
+	Err error
+}
+
+func (e *Error) Error() string {
+	s := "authentication failed"
+	if e.Method != "" {
+		s += " (" + e.Method + ")"
+	}
+	s += ": " + string(e.Reason)
+	if e.Err != nil {
+		s += ": " + e.Err.Error()
+	}
+	return s
+}
+
+func (e *Error) Unwrap() error { return e.Err }
+
+// Message is the error message for the client, in the OpenAI API's style.
+func (e *Error) Message() string {
+	switch {
+	case e.Reason == ReasonMissing:
+		return "Missing credentials: set Authorization: Bearer <API key or token> (or api-key: <API key>)."
+	case e.Method == MethodAPIKey:
+		// Unlike OpenAI, no part of the key is echoed: the message may be logged.
+		return "Incorrect API key provided."
+	case e.Method == MethodJWT && e.Detail != "":
+		return "Invalid token: " + e.Detail + "."
+	case e.Detail != "":
+		return "Invalid credentials: " + e.Detail + "."
+	}
+	return "Invalid credentials."
+}
+
+// StatusCode is the HTTP status of the answer: always 401.
+func (e *Error) StatusCode() int { return http.StatusUnauthorized }
+
+// wwwAuthenticate is the challenge of RFC 6750 §3: a bare one when no
+// credentials came, error="invalid_token" when they were refused.
+func (e *Error) wwwAuthenticate() string {
+	if e.Reason == ReasonMissing {
+		return `Bearer realm="kvgate"`
+	}
+	return `Bearer realm="kvgate", error="invalid_token"`
+}
+
+// WriteError answers a request Authenticate refused: 401 with a
+// WWW-Authenticate challenge and an OpenAI-shaped body of type
+// invalid_request_error. An error of another type is answered the same way
+// with a generic message, so that a caller's mistake fails closed.
+func WriteError(w http.ResponseWriter, err error) {
+	var ae *Error
+	if !errors.As(err, &ae) {
+		ae = &Error{Reason: ReasonInvalid}
+	}
+	w.Header().Set("WWW-Authenticate", ae.wwwAuthenticate())
+	openai.WriteError(w, ae.StatusCode(), openai.TypeInvalidRequest, ae.Message())
+}

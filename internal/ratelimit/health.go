@@ -1,0 +1,97 @@
+package ratelimit
+
+import (
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// health tracks whether Redis answers. After a failure Redis is left alone for
+// retry, and then tried by one request at a time, so that an outage that
+// times out costs one timeout per retry interval rather than one per request;
+// the first call that succeeds ends the outage. It also keeps the outage's log
+// to a few lines: at most one warning per logEvery, and the recovery line only
+// when the outage had been announced.
+type health struct {
+	retry, logEvery time.Duration
+	mode            FailMode
+	log             *slog.Logger
+	up              prometheus.Gauge
+
+	downUntil atomic.Int64 // unix ns before which Redis is not tried; 0 while it answers
+	down      atomic.Bool
+	fallback  atomic.Int64 // decisions taken without Redis since the last log line
+
+	mu        sync.Mutex
+	since     time.Time // first failure of the current outage
+	logged    time.Time // last log line
+	announced bool      // the current outage has been logged
+	errs      int64     // failures since the last log line
+	last      error
+}
+
+// try reports whether this call should go to Redis.
+func (h *health) try(now time.Time) bool {
+	until := h.downUntil.Load()
+	if until == 0 {
+		return true
+	}
+	if now.UnixNano() < until {
+		return false
+	}
+	// One prober per interval; the others decide without Redis meanwhile.
+	return h.downUntil.CompareAndSwap(until, now.Add(h.retry).UnixNano())
+}
+
+func (h *health) failed(now time.Time, err error) {
+	h.downUntil.Store(now.Add(h.retry).UnixNano())
+	h.down.Store(true)
+	h.up.Set(0)
+
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.last = err
+	h.errs++
+	if h.since.IsZero() {
+		h.since = now
+	}
+	if !h.logged.IsZero() && now.Sub(h.logged) < h.logEvery {
+		return
+	}
+	if !h.announced {
+		h.log.Warn("ratelimit: redis unavailable; "+h.mode.consequence(), "err", err)
+	} else {
+		h.log.Warn("ratelimit: redis still unavailable; "+h.mode.consequence(), "err", err,
+			"for", now.Sub(h.since).Round(time.Millisecond), "errors", h.errs, "decisions_without_redis", h.fallback.Load())
+	}
+	h.announced, h.logged, h.errs = true, now, 0
+	h.fallback.Store(0)
+}
+
+func (h *health) ok(now time.Time) {
+	if !h.down.Load() || !h.down.CompareAndSwap(true, false) {
+		return
+	}
+	h.downUntil.Store(0)
+	h.up.Set(1)
+
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.announced {
+		h.log.Info("ratelimit: redis available again; limits are shared again",
+			"after", now.Sub(h.since).Round(time.Millisecond), "decisions_without_redis", h.fallback.Load())
+		h.logged, h.errs = now, 0
+		h.fallback.Store(0)
+	}
+	h.announced, h.since = false, time.Time{}
+}
+
+// lastError is the error that made Redis unavailable.
+func (h *health) lastError() error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.last
+}

@@ -1,0 +1,161 @@
+package ratelimit
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// redisServer is a redis-server child process on a loopback port, for one test.
+type redisServer struct {
+	bin, dir string
+	port     int
+
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+	out  *lockedWriter
+	done chan struct{}
+}
+
+// redisBinary is $KVGATE_REDIS_SERVER, else redis-server on PATH; it skips the
+// test when there is neither.
+func redisBinary(t testing.TB) string {
+	t.Helper()
+	if bin := os.Getenv("KVGATE_REDIS_SERVER"); bin != "" {
+		if _, err := os.Stat(bin); err != nil {
+			t.Fatalf("KVGATE_REDIS_SERVER: %v", err)
+		}
+		return bin
+	}
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		t.Skip("no redis-server: set KVGATE_REDIS_SERVER, put redis-server on PATH, or run hack/redis.sh (installs Debian's redis-server as root)")
+	}
+	return bin
+}
+
+// startRedis starts a redis-server on a free loopback port, waits until it
+// answers PING, and kills it when the test ends.
+func startRedis(t testing.TB) *redisServer {
+	t.Helper()
+	s := &redisServer{bin: redisBinary(t), dir: t.TempDir()}
+	var err error
+	for range 3 { // the free port may be taken between our close and redis's bind
+		if s.port, err = freePort(); err != nil {
+			t.Fatal(err)
+		}
+		if err = s.start(); err == nil {
+			break
+		}
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.kill)
+	return s
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("finding a free port: %w", err)
+	}
+	defer func() { _ = l.Close() }()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+func (s *redisServer) addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(s.port)) }
+
+func (s *redisServer) start() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := &lockedWriter{}
+	cmd := exec.Command(s.bin, "--port", strconv.Itoa(s.port), "--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "no", "--dir", s.dir, "--daemonize", "no")
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("starting %s: %w", s.bin, err)
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	s.cmd, s.out, s.done = cmd, out, done
+
+	c := redis.NewClient(&redis.Options{Addr: s.addr(), MaxRetries: -1})
+	defer func() { _ = c.Close() }()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		err := c.Ping(ctx).Err()
+		cancel()
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-done:
+			return fmt.Errorf("redis-server on port %d exited: %s", s.port, out)
+		default:
+		}
+		if time.Now().After(deadline) {
+			_ = cmd.Process.Kill()
+			<-done
+			return fmt.Errorf("redis-server on port %d did not answer PING: %w\n%s", s.port, err, out)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// kill stops the server (SIGKILL: no goodbye to the clients) and waits for it.
+func (s *redisServer) kill() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd == nil {
+		return
+	}
+	_ = s.cmd.Process.Kill()
+	<-s.done
+	s.cmd = nil
+}
+
+// restart starts a fresh, empty server on the same port.
+func (s *redisServer) restart(t testing.TB) {
+	t.Helper()
+	s.kill()
+	if err := s.start(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// client is a new go-redis client of the server: one per simulated replica.
+func (s *redisServer) client(t testing.TB) *redis.Client {
+	t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: s.addr()})
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// lockedWriter collects redis-server's output, read while it is written.
+type lockedWriter struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedWriter) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
