@@ -36,7 +36,7 @@ func newRoot() *cobra.Command {
 			return bindEnv(cmd)
 		},
 	}
-	root.AddCommand(newVersionCmd(), newServeCmd(), newEPPCmd(), newSimCmd(), newDemoCmd(), newBenchCmd(), newTuneCmd())
+	root.AddCommand(newVersionCmd(), newServeCmd(), newEPPCmd(), newGlobalCmd(), newSimCmd(), newDemoCmd(), newBenchCmd(), newTuneCmd())
 	return root
 }
 

@@ -9,6 +9,8 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
+
+	"github.com/kvgate/kvgate/internal/auth"
 )
 
 // Kind and APIVersion of the global router's configuration document.
@@ -36,6 +38,9 @@ type Spec struct {
 	Routing Routing       `json:"routing,omitempty"`
 	// RateLimit, when set, enforces the tenants' and models' limits.
 	RateLimit *RateLimit `json:"rateLimit,omitempty"`
+	// Auth, when it lists API keys or a JWT issuer, requires every request to
+	// the API to authenticate; the tenant comes from the key or a claim.
+	Auth *auth.Config `json:"auth,omitempty"`
 }
 
 // Member is one tier-1 gateway.
@@ -256,7 +261,7 @@ func (c *Config) Validate() error {
 				add("spec.tenants[%d].limits[%d].model: required and unique (\"*\" for all models), got %q", i, j, l.Model)
 			}
 			seen[l.Model] = true
-			errs = append(errs, l.Limits.validate(fmt.Sprintf("spec.tenants[%d].limits[%d]", i, j))...)
+			errs = append(errs, l.validate(fmt.Sprintf("spec.tenants[%d].limits[%d]", i, j))...)
 		}
 	}
 	r := c.Spec.Routing
@@ -271,6 +276,11 @@ func (c *Config) Validate() error {
 	}
 	if r.MaxErrorRate != nil && (*r.MaxErrorRate <= 0 || *r.MaxErrorRate > 1) {
 		add("spec.routing.maxErrorRate: must be in (0, 1]")
+	}
+	if a := c.Spec.Auth; a != nil {
+		if err := a.Validate(); err != nil {
+			add("spec.auth: %w", err)
+		}
 	}
 	if rl := c.Spec.RateLimit; rl != nil {
 		if rl.Redis == "" {

@@ -28,19 +28,18 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kvgate/kvgate/internal/auth"
 	"github.com/kvgate/kvgate/internal/gateway"
 	"github.com/kvgate/kvgate/internal/openai"
 )
-
-// Authenticator names the tenant of a request; an error is answered 401.
-type Authenticator interface {
-	Authenticate(r *http.Request) (tenant string, err error)
-}
 
 // Admission is a rate limiter's answer for one request.
 type Admission struct {
 	Allowed    bool
 	RetryAfter time.Duration
+	// TooLarge: the request alone exceeds a tokens-per-minute limit; waiting
+	// does not help.
+	TooLarge bool
 	// Headers are the x-ratelimit-* headers to send, allowed or not.
 	Headers http.Header
 	// Reconcile settles the reservation with the tokens the request really
@@ -59,8 +58,8 @@ type Limiter interface {
 type Options struct {
 	Logger  *slog.Logger
 	Metrics *Metrics
-	Auth    Authenticator // nil: no authentication, every request is tenant ""
-	Limiter Limiter       // nil: no rate limiting
+	Auth    *auth.Authenticator // nil: no authentication, every request is tenant ""
+	Limiter Limiter             // nil: no rate limiting
 	// Transport reaches the members (default: a pooled transport).
 	Transport http.RoundTripper
 }
@@ -79,7 +78,6 @@ type Router struct {
 	maxTok  int64
 
 	draining  bool
-	drainOnce sync.Once
 	mu        sync.Mutex
 }
 
@@ -164,14 +162,13 @@ func (r *Router) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	w.Header().Set("X-Request-Id", rid)
 	tenant := ""
 	if r.opts.Auth != nil {
-		t, err := r.opts.Auth.Authenticate(req)
+		id, err := r.opts.Auth.Authenticate(req)
 		if err != nil {
 			r.m.Requests.WithLabelValues("", "", "401").Inc()
-			w.Header().Set("WWW-Authenticate", "Bearer")
-			openai.WriteError(w, http.StatusUnauthorized, openai.TypeInvalidRequest, err.Error())
+			auth.WriteError(w, err)
 			return
 		}
-		tenant = t
+		tenant = id.Tenant
 	}
 	switch {
 	case req.URL.Path == "/v1/models" && req.Method == http.MethodGet:
@@ -246,6 +243,11 @@ func (r *Router) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 			w.Header()[k] = vs
 		}
 		if !adm.Allowed {
+			if adm.TooLarge {
+				r.refuse(w, model, http.StatusTooManyRequests, openai.TypeRateLimit,
+					fmt.Sprintf("request too large: its %d estimated tokens exceed the tokens-per-minute limit of tenant %q on model %q; send less", estimate, tenant, model))
+				return
+			}
 			w.Header().Set("Retry-After", strconv.Itoa(max(1, int((adm.RetryAfter+time.Second-1)/time.Second))))
 			r.refuse(w, model, http.StatusTooManyRequests, openai.TypeRateLimit, fmt.Sprintf("rate limit reached for tenant %q on model %q; retry later", tenant, model))
 			return

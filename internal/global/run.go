@@ -1,6 +1,7 @@
 package global
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -11,6 +12,10 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/kvgate/kvgate/internal/auth"
+	"github.com/kvgate/kvgate/internal/ratelimit"
 )
 
 // ServerOptions configure Run.
@@ -31,9 +36,14 @@ func Run(ctx context.Context, o ServerOptions) error {
 		log = slog.Default()
 	}
 	o.Router.Logger = log
-	r := New(o.Config, o.Router)
 	hbCtx, stop := context.WithCancel(ctx)
 	defer stop()
+	closeDeps, err := Dependencies(hbCtx, o.Config, &o.Router)
+	if err != nil {
+		return err
+	}
+	defer closeDeps()
+	r := New(o.Config, o.Router)
 	r.Start(hbCtx)
 	apiLn, err := net.Listen("tcp", o.Listen)
 	if err != nil {
@@ -70,6 +80,41 @@ func Run(ctx context.Context, o ServerOptions) error {
 		return fmt.Errorf("drain: %w", err)
 	}
 	return nil
+}
+
+// Dependencies builds what the configuration asks for beyond the router: the
+// authenticator (spec.auth) and the shared rate limiter (spec.rateLimit), with
+// their metrics on the router's registry. The returned function releases them.
+func Dependencies(ctx context.Context, cfg *Config, o *Options) (func(), error) {
+	if o.Metrics == nil {
+		o.Metrics = NewMetrics()
+	}
+	var closers []func()
+	closeAll := func() {
+		for _, c := range closers {
+			c()
+		}
+	}
+	if a := cfg.Spec.Auth; a != nil && (len(a.APIKeys) > 0 || a.JWT != nil) {
+		au, err := auth.New(ctx, *a, auth.Options{Logger: o.Logger, Registerer: o.Metrics.Registry})
+		if err != nil {
+			return closeAll, fmt.Errorf("auth: %w", err)
+		}
+		closers = append(closers, au.Close)
+		o.Auth = au
+	}
+	if rl := cfg.Spec.RateLimit; rl != nil {
+		mode, err := ratelimit.ParseFailMode(cmp.Or(rl.FailMode, "open"))
+		if err != nil {
+			return closeAll, err
+		}
+		client := redis.NewClient(&redis.Options{Addr: rl.Redis, DialTimeout: 200 * time.Millisecond, ReadTimeout: 200 * time.Millisecond,
+			WriteTimeout: 200 * time.Millisecond, MaxRetries: -1})
+		closers = append(closers, func() { _ = client.Close() })
+		l := ratelimit.New(client, ratelimit.Options{FailMode: mode, Logger: o.Logger, Metrics: ratelimit.NewMetrics(o.Metrics.Registry)})
+		o.Limiter = newSharedLimiter(l, cfg.Spec)
+	}
+	return closeAll, nil
 }
 
 // AdminHandler serves /metrics, /healthz, /readyz (ready while a member is

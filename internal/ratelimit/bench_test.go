@@ -5,6 +5,8 @@ import (
 	"log/slog"
 	"strconv"
 	"testing"
+
+	"github.com/kvgate/kvgate/internal/redistest"
 )
 
 // BenchmarkReserve is the cost of one decision: a script call to a redis-server
@@ -17,7 +19,7 @@ func BenchmarkReserve(b *testing.B) {
 		b.Run(backend, func(b *testing.B) {
 			l := New(nil, quiet)
 			if backend == onRedis {
-				l = New(startRedis(b).client(b), quiet)
+				l = New(redistest.Start(b).Client(b), quiet)
 			}
 			ctx := context.Background()
 			b.Run("serial", func(b *testing.B) {

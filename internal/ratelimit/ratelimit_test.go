@@ -15,6 +15,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/kvgate/kvgate/internal/promtest"
+
+	"github.com/kvgate/kvgate/internal/redistest"
 )
 
 // skip marks a remaining count a step does not check.
@@ -24,9 +26,9 @@ const skip = -1
 type env struct {
 	l     *Limiter
 	reg   *prometheus.Registry
-	srv   *redisServer  // nil for the local store
-	rdb   *redis.Client // a client of srv, to look at the keys
-	clock *fakeClock    // the local store's time; nil on Redis
+	srv   *redistest.Server // nil for the local store
+	rdb   *redis.Client     // a client of srv, to look at the keys
+	clock *fakeClock        // the local store's time; nil on Redis
 }
 
 const (
@@ -42,9 +44,9 @@ func newEnv(t *testing.T, backend string, opts Options) *env {
 	opts.Metrics = NewMetrics(e.reg)
 	switch backend {
 	case onRedis:
-		e.srv = startRedis(t)
-		e.rdb = e.srv.client(t)
-		e.l = New(e.srv.client(t), opts)
+		e.srv = redistest.Start(t)
+		e.rdb = e.srv.Client(t)
+		e.l = New(e.srv.Client(t), opts)
 	case onLocal:
 		e.clock = &fakeClock{t: time.Unix(1_700_000_000, 0)}
 		e.l = New(nil, opts)
@@ -499,8 +501,8 @@ func TestTwoReplicas(t *testing.T) {
 	if testing.Short() {
 		t.Skip("4 s of load")
 	}
-	srv := startRedis(t)
-	replicas := []*Limiter{New(srv.client(t), Options{}), New(srv.client(t), Options{})}
+	srv := redistest.Start(t)
+	replicas := []*Limiter{New(srv.Client(t), Options{}), New(srv.Client(t), Options{})}
 	ctx := context.Background()
 	k, lim := Key{Tenant: "shared", Model: "m"}, Limits{RequestsPerMinute: 6000}
 	const (
@@ -578,12 +580,12 @@ func TestRedisDown(t *testing.T) {
 	k, lim := Key{Tenant: "down", Model: "m"}, Limits{RequestsPerMinute: 20, TokensPerMinute: 1000}
 	for _, mode := range []FailMode{FailOpen, FailClosed} {
 		t.Run(mode.String(), func(t *testing.T) {
-			var logs lockedWriter
-			srv := startRedis(t)
+			var logs redistest.SyncBuffer
+			srv := redistest.Start(t)
 			reg := prometheus.NewRegistry()
 			opts := Options{FailMode: mode, RetryInterval: 50 * time.Millisecond, LogInterval: time.Hour,
 				Logger: slog.New(slog.NewTextHandler(&logs, nil)), Metrics: NewMetrics(reg)}
-			a, b := New(srv.client(t), opts), New(srv.client(t), Options{Logger: slog.New(slog.DiscardHandler)})
+			a, b := New(srv.Client(t), opts), New(srv.Client(t), Options{Logger: slog.New(slog.DiscardHandler)})
 			ctx := context.Background()
 
 			// Shared: 5 through a, seen by b.
@@ -596,7 +598,7 @@ func TestRedisDown(t *testing.T) {
 				t.Fatalf("replica b sees %d requests remaining, want 14", res.Requests.Remaining)
 			}
 
-			srv.kill()
+			srv.Kill()
 			switch mode {
 			case FailOpen:
 				// The local limiter starts with a full burst of its own: exactly
@@ -640,7 +642,7 @@ func TestRedisDown(t *testing.T) {
 
 			// Back: the first answer ends the outage, and the limit is shared
 			// again (on an empty Redis: the restarted server kept nothing).
-			srv.restart(t)
+			srv.Restart(t)
 			deadline := time.Now().Add(5 * time.Second)
 			for {
 				res, _, err := a.Reserve(ctx, k, lim, 10)

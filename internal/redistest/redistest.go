@@ -1,4 +1,7 @@
-package ratelimit
+// Package redistest starts real redis-server processes for tests: the binary
+// from $KVGATE_REDIS_SERVER (make test sets it from hack/redis.sh), else
+// redis-server on PATH; tests skip without one.
+package redistest
 
 import (
 	"bytes"
@@ -15,14 +18,14 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// redisServer is a redis-server child process on a loopback port, for one test.
-type redisServer struct {
+// Server is a redis-server child process on a loopback port, for one test.
+type Server struct {
 	bin, dir string
 	port     int
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd
-	out  *lockedWriter
+	out  *SyncBuffer
 	done chan struct{}
 }
 
@@ -43,11 +46,11 @@ func redisBinary(t testing.TB) string {
 	return bin
 }
 
-// startRedis starts a redis-server on a free loopback port, waits until it
+// Start starts a redis-server on a free loopback port, waits until it
 // answers PING, and kills it when the test ends.
-func startRedis(t testing.TB) *redisServer {
+func Start(t testing.TB) *Server {
 	t.Helper()
-	s := &redisServer{bin: redisBinary(t), dir: t.TempDir()}
+	s := &Server{bin: redisBinary(t), dir: t.TempDir()}
 	var err error
 	for range 3 { // the free port may be taken between our close and redis's bind
 		if s.port, err = freePort(); err != nil {
@@ -60,7 +63,7 @@ func startRedis(t testing.TB) *redisServer {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(s.kill)
+	t.Cleanup(s.Kill)
 	return s
 }
 
@@ -73,12 +76,12 @@ func freePort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
-func (s *redisServer) addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(s.port)) }
+func (s *Server) Addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(s.port)) }
 
-func (s *redisServer) start() error {
+func (s *Server) start() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := &lockedWriter{}
+	out := &SyncBuffer{}
 	cmd := exec.Command(s.bin, "--port", strconv.Itoa(s.port), "--bind", "127.0.0.1",
 		"--save", "", "--appendonly", "no", "--dir", s.dir, "--daemonize", "no")
 	cmd.Stdout, cmd.Stderr = out, out
@@ -89,7 +92,7 @@ func (s *redisServer) start() error {
 	go func() { _ = cmd.Wait(); close(done) }()
 	s.cmd, s.out, s.done = cmd, out, done
 
-	c := redis.NewClient(&redis.Options{Addr: s.addr(), MaxRetries: -1})
+	c := redis.NewClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1})
 	defer func() { _ = c.Close() }()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
@@ -113,8 +116,8 @@ func (s *redisServer) start() error {
 	}
 }
 
-// kill stops the server (SIGKILL: no goodbye to the clients) and waits for it.
-func (s *redisServer) kill() {
+// Kill stops the server (SIGKILL: no goodbye to the clients) and waits for it.
+func (s *Server) Kill() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.cmd == nil {
@@ -125,36 +128,37 @@ func (s *redisServer) kill() {
 	s.cmd = nil
 }
 
-// restart starts a fresh, empty server on the same port.
-func (s *redisServer) restart(t testing.TB) {
+// Restart starts a fresh, empty server on the same port.
+func (s *Server) Restart(t testing.TB) {
 	t.Helper()
-	s.kill()
+	s.Kill()
 	if err := s.start(); err != nil {
 		t.Fatal(err)
 	}
 }
 
-// client is a new go-redis client of the server: one per simulated replica.
-func (s *redisServer) client(t testing.TB) *redis.Client {
+// Client is a new go-redis client of the server: one per simulated replica.
+func (s *Server) Client(t testing.TB) *redis.Client {
 	t.Helper()
-	c := redis.NewClient(&redis.Options{Addr: s.addr()})
+	c := redis.NewClient(&redis.Options{Addr: s.Addr()})
 	t.Cleanup(func() { _ = c.Close() })
 	return c
 }
 
-// lockedWriter collects redis-server's output, read while it is written.
-type lockedWriter struct {
+// SyncBuffer is a buffer safe to read while it is written: redis-server's
+// output, a logger's.
+type SyncBuffer struct {
 	mu sync.Mutex
 	b  bytes.Buffer
 }
 
-func (l *lockedWriter) Write(p []byte) (int, error) {
+func (l *SyncBuffer) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.Write(p)
 }
 
-func (l *lockedWriter) String() string {
+func (l *SyncBuffer) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.String()

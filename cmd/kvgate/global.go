@@ -1,0 +1,48 @@
+package main
+
+import (
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kvgate/kvgate/internal/global"
+)
+
+func newGlobalCmd() *cobra.Command {
+	var (
+		o                   global.ServerOptions
+		path                string
+		logLevel, logFormat string
+	)
+	cmd := &cobra.Command{
+		Use:   "global",
+		Short: "Run the tier-2 global router over member clusters (tier-1 kvgate serve gateways)",
+		Long: `Reads a GlobalRouterConfig document and serves the OpenAI API on --listen in front of member
+clusters, each a tier-1 'kvgate serve'. It reads every member's load summary (GET /summary on the
+member's admin listener) as its heartbeat, sends each request to the cheapest healthy member whose
+predicted time to first token stays inside the SLO (spilling to dearer members as it would not),
+fails over to the next member when one fails before streaming, ramps returning members up
+gradually, authenticates API keys or JWTs, and enforces per-tenant and per-model limits shared by
+all replicas through Redis. Metrics, health and /debug/members are on --admin-listen.`,
+		Example: `  kvgate global --config deploy/examples/global.yaml`,
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := global.Load(path)
+			if err != nil {
+				return err
+			}
+			o.Config = cfg
+			o.Router.Logger = newLoggerFormat(logLevel, logFormat)
+			return global.Run(cmd.Context(), o)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&path, "config", "", "GlobalRouterConfig file (required)")
+	_ = cmd.MarkFlagRequired("config")
+	f.StringVar(&o.Listen, "listen", ":8080", "address of the OpenAI API")
+	f.StringVar(&o.AdminListen, "admin-listen", ":9090", "address of /metrics, /healthz, /readyz and /debug/members")
+	f.DurationVar(&o.DrainTimeout, "drain-timeout", 30*time.Second, "how long in-flight requests may finish after a stop signal")
+	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	f.StringVar(&logFormat, "log-format", "text", "text or json")
+	return cmd
+}

@@ -1,0 +1,257 @@
+package global
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+
+	"github.com/kvgate/kvgate/internal/auth"
+	"github.com/kvgate/kvgate/internal/redistest"
+	"github.com/kvgate/kvgate/internal/simserver"
+)
+
+// startLimited runs routers (replicas) over one member with auth and limits
+// kept in one Redis; it returns their URLs.
+func startLimited(t testing.TB, m *tier1, redisAddr, failMode string, tenants []Tenant, replicas int) ([]*Router, []string) {
+	t.Helper()
+	cfg := routerConfig(fastRouting(), m.member("only", 1))
+	cfg.Spec.Auth = &auth.Config{APIKeys: []auth.APIKey{{Tenant: "acme", Hash: auth.HashKey("sk-acme")}, {Tenant: "beta", Hash: auth.HashKey("sk-beta")}}}
+	cfg.Spec.RateLimit = &RateLimit{Redis: redisAddr, FailMode: failMode}
+	cfg.Spec.Tenants = tenants
+	var routers []*Router
+	var urls []string
+	for range replicas {
+		o := Options{Logger: quiet}
+		closeDeps, err := Dependencies(context.Background(), cfg, &o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(closeDeps)
+		r, u := startRouter(t, cfg, o)
+		routers, urls = append(routers, r), append(urls, u)
+	}
+	return routers, urls
+}
+
+// send posts a chat request with an API key and returns the response, its body
+// read.
+func send(t testing.TB, base, key, body string) (*http.Response, []byte) {
+	t.Helper()
+	req, _ := http.NewRequest("POST", base+"/v1/chat/completions", strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	if key != "" {
+		req.Header.Set("Authorization", "Bearer "+key)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	b, _ := io.ReadAll(resp.Body)
+	return resp, b
+}
+
+func chatBody(extra string) string {
+	return `{"model":"` + llama + `","messages":[{"role":"user","content":"hi"}],"max_tokens":4` + extra + `}`
+}
+
+// TestAuthAndRequestLimit: requests without a valid key get 401 with an OpenAI
+// error; a tenant over its requests-per-minute gets 429 with Retry-After and
+// x-ratelimit headers, while another tenant is unaffected.
+func TestAuthAndRequestLimit(t *testing.T) {
+	m := startTier1(t, 1, simserver.Options{})
+	rd := redistest.Start(t)
+	_, urls := startLimited(t, m, rd.Addr(), "open", []Tenant{{Name: "acme", Limits: []TenantLimit{{Model: "*", Limits: Limits{RequestsPerMinute: 5}}}}}, 1)
+	base := urls[0]
+	for _, tc := range []struct{ name, key string }{{"no key", ""}, {"wrong key", "sk-nope"}} {
+		resp, body := send(t, base, tc.key, chatBody(""))
+		var e struct{ Error struct{ Code int } }
+		if resp.StatusCode != 401 || json.Unmarshal(body, &e) != nil || e.Error.Code != 401 || resp.Header.Get("WWW-Authenticate") == "" {
+			t.Errorf("%s: %d %s", tc.name, resp.StatusCode, body)
+		}
+	}
+	for i := range 5 {
+		if resp, body := send(t, base, "sk-acme", chatBody("")); resp.StatusCode != 200 {
+			t.Fatalf("request %d within the limit: %d %s", i, resp.StatusCode, body)
+		} else if resp.Header.Get("X-Ratelimit-Limit-Requests") != "5" || resp.Header.Get("X-Ratelimit-Remaining-Requests") != strconv.Itoa(4-i) {
+			t.Errorf("request %d: limit %q remaining %q", i, resp.Header.Get("X-Ratelimit-Limit-Requests"), resp.Header.Get("X-Ratelimit-Remaining-Requests"))
+		}
+	}
+	resp, body := send(t, base, "sk-acme", chatBody(""))
+	if resp.StatusCode != 429 || resp.Header.Get("Retry-After") == "" || !strings.Contains(string(body), "rate_limit_error") {
+		t.Fatalf("over the limit: %d retry-after %q %s", resp.StatusCode, resp.Header.Get("Retry-After"), body)
+	}
+	if resp, _ := send(t, base, "sk-beta", chatBody("")); resp.StatusCode != 200 {
+		t.Fatalf("another tenant: %d", resp.StatusCode)
+	}
+}
+
+// TestTokenReconcile: tokens are reserved from the prompt and max_tokens and
+// settled with the real usage after the response — streamed with usage, or
+// counted from the stream's events without it — so a tenant whose limit holds
+// one reservation can send request after request that use few tokens.
+func TestTokenReconcile(t *testing.T) {
+	m := startTier1(t, 1, simserver.Options{})
+	rd := redistest.Start(t)
+	const tpm = 3000
+	_, urls := startLimited(t, m, rd.Addr(), "closed", []Tenant{{Name: "acme", Limits: []TenantLimit{{Model: llama, Limits: Limits{TokensPerMinute: tpm}}}}}, 1)
+	c := sdk(urls[0], option.WithAPIKey("sk-acme"))
+	var used int64
+	start := time.Now()
+	for i, include := range []bool{true, false, true, false} {
+		params := openai.ChatCompletionNewParams{Model: llama, Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("hi")},
+			MaxTokens: openai.Int(2000)}
+		if include {
+			params.StreamOptions = openai.ChatCompletionStreamOptionsParam{IncludeUsage: openai.Bool(true)}
+		}
+		var remaining string
+		s := c.Chat.Completions.NewStreaming(context.Background(), params, option.WithMiddleware(func(r *http.Request, next option.MiddlewareNext) (*http.Response, error) {
+			resp, err := next(r)
+			if err == nil {
+				remaining = resp.Header.Get("X-Ratelimit-Remaining-Tokens")
+			}
+			return resp, err
+		}))
+		var events, usage int64
+		for s.Next() {
+			ch := s.Current()
+			if len(ch.Choices) > 0 {
+				events++
+			}
+			if ch.Usage.TotalTokens > 0 {
+				usage = ch.Usage.TotalTokens
+			}
+		}
+		if err := s.Err(); err != nil {
+			t.Fatalf("request %d (2,000-token reservation, limit %d a minute): %v", i, tpm, err)
+		}
+		// What the reservation left: the limit less what earlier requests used
+		// and this one reserved, plus what the minute gave back since the first
+		// (tpm/60 a second). Without the earlier requests settled at their use,
+		// two 2,000-token reservations would not fit under the limit at all.
+		reserved := int64(len(`{"messages":[{"content":"hi","role":"user"}],"model":"`+llama+`","max_tokens":2000}`))/4 + 2000
+		got, _ := strconv.ParseInt(remaining, 10, 64)
+		low := tpm - used - reserved - 20
+		high := min(tpm-reserved, low+int64(time.Since(start).Seconds()*tpm/60)) + 40
+		if got < low || got > high {
+			t.Errorf("request %d: remaining tokens %d, want %d..%d (used so far %d)", i, got, low, high, used)
+		}
+		if include {
+			used += usage
+		} else {
+			used += events // the estimate without usage: one token an event (plus no prompt)
+		}
+		t.Logf("request %d: include_usage=%v, remaining after reserving %s, used %d in all", i, include, remaining, used)
+	}
+}
+
+// TestSharedLimitTwoReplicas: two router replicas, 500 requests/s offered in
+// all, enforce one shared limit: what they admit together is within ±5% of the
+// limit's allowance.
+func TestSharedLimitTwoReplicas(t *testing.T) {
+	if testing.Short() {
+		t.Skip("4 s of traffic at 500 requests/s")
+	}
+	m := startTier1(t, 2, simserver.Options{})
+	rd := redistest.Start(t)
+	const rpm = 1200 // 20/s, and a burst of a minute's worth
+	_, urls := startLimited(t, m, rd.Addr(), "closed", []Tenant{{Name: "acme", Limits: []TenantLimit{{Model: "*", Limits: Limits{RequestsPerMinute: rpm}}}}}, 2)
+	var admitted, refused, other atomic.Int64
+	const rate, d = 500.0, 4 * time.Second
+	start := time.Now()
+	var wg sync.WaitGroup
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256}}
+	body := chatBody("")
+	for i := 0; ; i++ {
+		at := start.Add(time.Duration(float64(i) / rate * float64(time.Second)))
+		if at.After(start.Add(d)) {
+			break
+		}
+		time.Sleep(time.Until(at))
+		wg.Go(func() {
+			req, _ := http.NewRequest("POST", urls[i%2]+"/v1/chat/completions", strings.NewReader(body))
+			req.Header.Set("Authorization", "Bearer sk-acme")
+			resp, err := client.Do(req)
+			if err != nil {
+				other.Add(1)
+				return
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			_ = resp.Body.Close()
+			switch resp.StatusCode {
+			case 200:
+				admitted.Add(1)
+			case 429:
+				refused.Add(1)
+			default:
+				other.Add(1)
+			}
+		})
+	}
+	elapsed := time.Since(start)
+	wg.Wait()
+	// GCRA's allowance over the run: the burst (a minute's worth) plus the rate
+	// for the time the run lasted.
+	allowance := float64(rpm) + float64(rpm)/60*elapsed.Seconds()
+	got := float64(admitted.Load())
+	t.Logf("offered %d over %v: admitted %d, refused %d, other %d; allowance %.0f (%.1f%%)",
+		admitted.Load()+refused.Load()+other.Load(), elapsed.Round(time.Millisecond), admitted.Load(), refused.Load(), other.Load(), allowance, 100*(got/allowance-1))
+	if other.Load() > 0 {
+		t.Errorf("%d requests neither admitted nor refused with 429", other.Load())
+	}
+	if got < allowance*0.95 || got > allowance*1.05 {
+		t.Errorf("admitted %.0f, want %.0f ± 5%%", got, allowance)
+	}
+}
+
+// TestRedisDown: with Redis killed, fail-open keeps admitting within a local
+// limit and fail-closed refuses with 503; both recover when Redis returns.
+func TestRedisDown(t *testing.T) {
+	m := startTier1(t, 1, simserver.Options{})
+	for _, mode := range []string{"open", "closed"} {
+		t.Run(mode, func(t *testing.T) {
+			rd := redistest.Start(t)
+			routers, urls := startLimited(t, m, rd.Addr(), mode, []Tenant{{Name: "acme", Limits: []TenantLimit{{Model: "*", Limits: Limits{RequestsPerMinute: 3}}}}}, 1)
+			if resp, _ := send(t, urls[0], "sk-acme", chatBody("")); resp.StatusCode != 200 {
+				t.Fatalf("with Redis up: %d", resp.StatusCode)
+			}
+			rd.Kill()
+			var codes []int
+			for range 5 {
+				resp, _ := send(t, urls[0], "sk-acme", chatBody(""))
+				codes = append(codes, resp.StatusCode)
+			}
+			want := map[string][]int{"open": {200, 200, 200, 429, 429}, "closed": {503, 503, 503, 503, 503}}[mode]
+			if fmt.Sprint(codes) != fmt.Sprint(want) {
+				t.Errorf("with Redis down: %v, want %v (local limit of 3 when open)", codes, want)
+			}
+			if mode == "open" {
+				if n := routers[0].metric(t, "kvgate_ratelimit_degraded_decisions_total"); n < 5 {
+					t.Errorf("degraded decisions counted %v", n)
+				}
+			}
+			rd.Restart(t)
+			eventually(t, "Redis used again", func() bool {
+				resp, _ := send(t, urls[0], "sk-acme", chatBody(""))
+				return resp.StatusCode == 200 && routers[0].metric(t, "kvgate_ratelimit_redis_up") == 1
+			})
+			rec := httptest.NewRecorder()
+			routers[0].AdminHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+			if !strings.Contains(rec.Body.String(), "kvgate_ratelimit_redis_errors_total") {
+				t.Error("redis errors not in the metrics")
+			}
+		})
+	}
+}
