@@ -77,8 +77,8 @@ type Router struct {
 	client  *http.Client             // heartbeats
 	maxTok  int64
 
-	draining  bool
-	mu        sync.Mutex
+	draining bool
+	mu       sync.Mutex
 }
 
 // New returns a router over cfg's members; Start runs their heartbeats.
