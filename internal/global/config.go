@@ -131,6 +131,9 @@ type RateLimit struct {
 	// DefaultMaxTokens is the completion a request without max_tokens is
 	// assumed to reserve (default 1024).
 	DefaultMaxTokens *int64 `json:"defaultMaxTokens,omitempty"`
+	// Timeout bounds one Redis call (default 50ms); a slower answer counts as
+	// Redis unavailable and the fail mode applies.
+	Timeout *metav1.Duration `json:"timeout,omitempty"`
 }
 
 func dur(d *metav1.Duration, def time.Duration) time.Duration {
@@ -285,6 +288,9 @@ func (c *Config) Validate() error {
 	if rl := c.Spec.RateLimit; rl != nil {
 		if rl.Redis == "" {
 			add("spec.rateLimit.redis: required (host:port)")
+		}
+		if rl.Timeout != nil && rl.Timeout.Duration <= 0 {
+			add("spec.rateLimit.timeout: must be > 0")
 		}
 		if rl.FailMode != "" && rl.FailMode != "open" && rl.FailMode != "closed" {
 			add("spec.rateLimit.failMode: \"open\" or \"closed\", got %q", rl.FailMode)

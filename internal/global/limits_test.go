@@ -28,7 +28,9 @@ func startLimited(t testing.TB, m *tier1, redisAddr, failMode string, tenants []
 	t.Helper()
 	cfg := routerConfig(fastRouting(), m.member("only", 1))
 	cfg.Spec.Auth = &auth.Config{APIKeys: []auth.APIKey{{Tenant: "acme", Hash: auth.HashKey("sk-acme")}, {Tenant: "beta", Hash: auth.HashKey("sk-beta")}}}
-	cfg.Spec.RateLimit = &RateLimit{Redis: redisAddr, FailMode: failMode}
+	// A generous Redis timeout: on a loaded test machine a 50 ms answer is
+	// not an outage.
+	cfg.Spec.RateLimit = &RateLimit{Redis: redisAddr, FailMode: failMode, Timeout: d(time.Second)}
 	cfg.Spec.Tenants = tenants
 	var routers []*Router
 	var urls []string
@@ -169,6 +171,8 @@ func TestSharedLimitTwoReplicas(t *testing.T) {
 	const rpm = 1200 // 20/s, and a burst of a minute's worth
 	_, urls := startLimited(t, m, rd.Addr(), "closed", []Tenant{{Name: "acme", Limits: []TenantLimit{{Model: "*", Limits: Limits{RequestsPerMinute: rpm}}}}}, 2)
 	var admitted, refused, other atomic.Int64
+	var codesMu sync.Mutex
+	codes := map[int]int{}
 	const rate, d = 500.0, 4 * time.Second
 	start := time.Now()
 	var wg sync.WaitGroup
@@ -197,6 +201,9 @@ func TestSharedLimitTwoReplicas(t *testing.T) {
 				refused.Add(1)
 			default:
 				other.Add(1)
+				codesMu.Lock()
+				codes[resp.StatusCode]++
+				codesMu.Unlock()
 			}
 		})
 	}
@@ -209,7 +216,7 @@ func TestSharedLimitTwoReplicas(t *testing.T) {
 	t.Logf("offered %d over %v: admitted %d, refused %d, other %d; allowance %.0f (%.1f%%)",
 		admitted.Load()+refused.Load()+other.Load(), elapsed.Round(time.Millisecond), admitted.Load(), refused.Load(), other.Load(), allowance, 100*(got/allowance-1))
 	if other.Load() > 0 {
-		t.Errorf("%d requests neither admitted nor refused with 429", other.Load())
+		t.Errorf("%d requests neither admitted nor refused with 429: %v", other.Load(), codes)
 	}
 	if got < allowance*0.95 || got > allowance*1.05 {
 		t.Errorf("admitted %.0f, want %.0f ± 5%%", got, allowance)

@@ -108,10 +108,16 @@ func Dependencies(ctx context.Context, cfg *Config, o *Options) (func(), error) 
 		if err != nil {
 			return closeAll, err
 		}
-		client := redis.NewClient(&redis.Options{Addr: rl.Redis, DialTimeout: 200 * time.Millisecond, ReadTimeout: 200 * time.Millisecond,
-			WriteTimeout: 200 * time.Millisecond, MaxRetries: -1})
+		// The limiter bounds each call itself (rateLimit.timeout); the client's
+		// own timeouts only keep a dead connection from lingering.
+		client := redis.NewClient(&redis.Options{Addr: rl.Redis, DialTimeout: time.Second, ReadTimeout: 2 * time.Second,
+			WriteTimeout: 2 * time.Second, MaxRetries: -1})
 		closers = append(closers, func() { _ = client.Close() })
-		l := ratelimit.New(client, ratelimit.Options{FailMode: mode, Logger: o.Logger, Metrics: ratelimit.NewMetrics(o.Metrics.Registry)})
+		ro := ratelimit.Options{FailMode: mode, Logger: o.Logger, Metrics: ratelimit.NewMetrics(o.Metrics.Registry)}
+		if rl.Timeout != nil {
+			ro.Timeout = rl.Timeout.Duration
+		}
+		l := ratelimit.New(client, ro)
 		o.Limiter = newSharedLimiter(l, cfg.Spec)
 	}
 	return closeAll, nil
