@@ -164,9 +164,10 @@ type exchange struct {
 	route    *gateway.Route
 
 	// Response direction.
-	status  int
-	respEOS bool
-	usage   *gateway.UsageReader
+	status   int
+	streamed bool // the response is a stream of server-sent events
+	respEOS  bool
+	usage    *gateway.UsageReader
 }
 
 var heldPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
@@ -540,7 +541,8 @@ func (x *exchange) responseHeaders(msg *extprocv3.ProcessingRequest, h *extprocv
 	}
 	if x.route != nil {
 		x.route.Serve(servedEndpoint(msg.GetMetadataContext()))
-		x.usage = gateway.NewUsageReader(strings.HasPrefix(hm["content-type"], "text/event-stream"))
+		x.streamed = strings.HasPrefix(hm["content-type"], "text/event-stream")
+		x.usage = gateway.NewUsageReader(x.streamed)
 		set = append(set, header(endpointHeader, x.route.Served()), header(schedulerHeader, x.route.Scheduler()))
 	}
 	if h.GetEndOfStream() || x.responseBodyMode == filterv3.ProcessingMode_NONE {
@@ -564,7 +566,7 @@ func (x *exchange) responseBody(b *extprocv3.HttpBody) error {
 	p, eos := b.GetBody(), b.GetEndOfStream()
 	if x.route != nil {
 		if len(p) > 0 {
-			x.route.FirstByte()
+			x.route.FirstByte(x.streamed)
 			x.usage.Feed(p)
 		}
 	}

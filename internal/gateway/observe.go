@@ -64,14 +64,31 @@ func (o *usageObserver) finish() {
 	}
 }
 
+// usage is the usage object of the chat and completions APIs (prompt_tokens,
+// completion_tokens) or of the Responses API (input_tokens, output_tokens).
+type usage struct {
+	Prompt     int64 `json:"prompt_tokens"`
+	Completion int64 `json:"completion_tokens"`
+	Input      int64 `json:"input_tokens"`
+	Output     int64 `json:"output_tokens"`
+}
+
 func (o *usageObserver) parse(b []byte) {
+	// The Responses API nests it in the response (response.completed events).
 	var v struct {
-		Usage *struct {
-			Prompt     int64 `json:"prompt_tokens"`
-			Completion int64 `json:"completion_tokens"`
-		} `json:"usage"`
+		Usage    *usage `json:"usage"`
+		Response *struct {
+			Usage *usage `json:"usage"`
+		} `json:"response"`
 	}
-	if json.Unmarshal(b, &v) == nil && v.Usage != nil {
-		o.prompt, o.output, o.seen = v.Usage.Prompt, v.Usage.Completion, true
+	if json.Unmarshal(b, &v) != nil {
+		return
+	}
+	u := v.Usage
+	if u == nil && v.Response != nil {
+		u = v.Response.Usage
+	}
+	if u != nil {
+		o.prompt, o.output, o.seen = u.Prompt+u.Input, u.Completion+u.Output, true
 	}
 }

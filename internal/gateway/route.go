@@ -221,13 +221,15 @@ func (r *Route) Serve(addr string) {
 }
 
 // FirstByte records the first byte of the response body: the prefill is done.
-func (r *Route) FirstByte() {
+// streamed says the response is a stream of events (its first byte is the
+// first token's).
+func (r *Route) FirstByte(streamed bool) {
 	if r.firstByte || r.finished {
 		return
 	}
 	r.firstByte = true
 	r.g.fleet.FirstToken(r.ticket)
-	r.g.observeTTFT(r.p.name, time.Since(r.start))
+	r.g.observeTTFT(r.p.name, time.Since(r.start), streamed)
 }
 
 // Statuses of Outcome beyond HTTP's, counted in kvgate_requests_total's code

@@ -498,7 +498,7 @@ func (g *Gateway) relay(ctx context.Context, w http.ResponseWriter, resp *http.R
 			if first {
 				first = false
 				g.fleet.FirstToken(ticket)
-				g.observeTTFT(j.p.name, time.Since(j.start))
+				g.observeTTFT(j.p.name, time.Since(j.start), sse)
 			}
 			obs.feed(buf[:n])
 			if _, werr := w.Write(buf[:n]); werr != nil {
@@ -521,6 +521,7 @@ func (g *Gateway) relay(ctx context.Context, w http.ResponseWriter, resp *http.R
 		}
 	}
 	code := strconv.Itoa(resp.StatusCode)
+	window := code // what the load summary counts
 	switch {
 	case clientGone, readErr != nil && j.client.Err() != nil:
 		code = "499" // the client went away; its upstream request is cancelled with it
@@ -531,10 +532,11 @@ func (g *Gateway) relay(ctx context.Context, w http.ResponseWriter, resp *http.R
 			msg, status = "route timeout exceeded mid-response", http.StatusGatewayTimeout
 		}
 		g.log.Warn("response broke after bytes reached the client", "request_id", j.rid, "endpoint", ep.addr, "err", readErr)
+		window = "incomplete"
 		if !sse {
 			// Headers are out and the body is not a stream of events: cut the
 			// connection so the client cannot take a truncated body for a whole one.
-			g.count(j.p.name, j.model, ep.addr, code)
+			g.countAs(j.p.name, j.model, ep.addr, code, window)
 			panic(http.ErrAbortHandler)
 		}
 		event, _ := json.Marshal(openai.ErrorBody{Error: openai.ErrorDetail{Message: msg, Type: openai.TypeServer, Code: status}})
@@ -547,8 +549,8 @@ func (g *Gateway) relay(ctx context.Context, w http.ResponseWriter, resp *http.R
 			g.m.Tokens.WithLabelValues(j.p.name, "completion").Add(float64(obs.output))
 		}
 	}
-	g.count(j.p.name, j.model, ep.addr, code)
-	g.observeDuration(j.p.name, code, time.Since(j.start))
+	g.countAs(j.p.name, j.model, ep.addr, code, window)
+	g.observeDuration(j.p.name, window, time.Since(j.start))
 	g.log.Debug("served", "request_id", j.rid, "scheduler", j.p.name, "model", j.model, "endpoint", ep.addr, "status", resp.StatusCode, "code", code,
 		"duration", time.Since(j.start))
 }

@@ -10,7 +10,7 @@ import (
 
 // This file is the load summary a tier-1 gateway offers the global router
 // (`kvgate global`): per model, how many endpoints are ready, how loaded they
-// are, and how the last half-minute of requests went. The global router polls
+// are, and how the last ten seconds of requests went. The global router polls
 // it as its heartbeat.
 
 // Summary is the JSON of GET /summary on the admin listener.
@@ -34,13 +34,15 @@ type ModelSummary struct {
 	Waiting      float64 `json:"waiting"`
 	Running      float64 `json:"running"`
 	InFlight     int64   `json:"inFlight"`
-	// Over the window: requests answered, the share that failed (5xx, broken
-	// streams) and the share refused by admission (429, 503).
+	// Over the window: requests answered, the share that failed (5xx, and
+	// responses that broke after they started) and the share refused by
+	// admission (429, 503).
 	Requests  int     `json:"requests"`
 	ErrorRate float64 `json:"errorRate"`
 	ShedRate  float64 `json:"shedRate"`
 	// TTFTP50Seconds and TTFTP95Seconds are the median and 95th percentile of
-	// the window's times to first byte (0 without samples).
+	// the window's times to first byte of streamed responses (0 without
+	// samples).
 	TTFTP50Seconds float64 `json:"ttftP50Seconds"`
 	TTFTP95Seconds float64 `json:"ttftP95Seconds"`
 	TTFTSamples    int     `json:"ttftSamples"`
@@ -97,9 +99,16 @@ func (g *Gateway) serveSummary(w http.ResponseWriter, _ *http.Request) {
 
 // count counts a request in the metrics and in its scheduler's recent window.
 func (g *Gateway) count(sched, model, endpoint, code string) {
+	g.countAs(sched, model, endpoint, code, code)
+}
+
+// countAs is count with another outcome for the window: a stream that broke
+// after its 200 went out is a 200 in the metrics but a failure for the load
+// summary.
+func (g *Gateway) countAs(sched, model, endpoint, code, window string) {
 	g.m.Requests.WithLabelValues(sched, model, endpoint, code).Inc()
 	if sched != "" {
-		g.recentOf(sched).result(time.Now(), code)
+		g.recentOf(sched).result(time.Now(), window)
 	}
 }
 
@@ -112,10 +121,14 @@ func (g *Gateway) observeDuration(sched, code string, d time.Duration) {
 	}
 }
 
-// observeTTFT records a time to first byte in the metrics and the recent window.
-func (g *Gateway) observeTTFT(sched string, d time.Duration) {
+// observeTTFT records a time to first byte in the metrics and, for a streamed
+// response, in the recent window: a whole JSON body's first byte comes with its
+// last, which says nothing of how soon a stream would have started.
+func (g *Gateway) observeTTFT(sched string, d time.Duration, streamed bool) {
 	g.m.TTFT.WithLabelValues(sched).Observe(d.Seconds())
-	g.recentOf(sched).ttft(time.Now(), d)
+	if streamed {
+		g.recentOf(sched).ttft(time.Now(), d)
+	}
 }
 
 // recentOf returns a scheduler's recent window; windows outlive reloads.

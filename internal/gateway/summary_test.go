@@ -17,7 +17,7 @@ func TestSummary(t *testing.T) {
 	g, base := startGateway(t, gatewayConfig(scheduler("llama", llama, a), scheduler("qwen", qwen, "127.0.0.1:1")))
 	eventually(t, 5*time.Second, "the endpoint scraped", func() bool { return g.fleet.Snapshot([]string{a})[0].Scraped })
 	for range 5 {
-		post(t, base, chat(llama))
+		post(t, base, chat(llama, `"stream":true`)) // streamed: their first bytes are TTFTs
 	}
 	call(t, "POST", base+"/v1/chat/completions", chat(qwen)) // nothing listens: 502, an error
 	rec := httptest.NewRecorder()

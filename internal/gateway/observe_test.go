@@ -1,0 +1,37 @@
+package gateway
+
+import "testing"
+
+// TestUsageObserver: usage is found in every response shape the gateways pass
+// through, fed in pieces that cut lines and objects anywhere.
+func TestUsageObserver(t *testing.T) {
+	for _, tc := range []struct {
+		name               string
+		sse                bool
+		body               string
+		prompt, completion int64
+		seen               bool
+	}{
+		{"chat JSON", false, `{"id":"c","choices":[],"usage":{"prompt_tokens":12,"completion_tokens":7,"total_tokens":19}}`, 12, 7, true},
+		{"chat stream with usage", true, "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":1}}\n\ndata: [DONE]\n\n", 3, 1, true},
+		{"chat stream without usage", true, "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: [DONE]\n\n", 0, 0, false},
+		{"responses JSON", false, `{"id":"r","object":"response","output":[],"usage":{"input_tokens":30,"output_tokens":9,"total_tokens":39}}`, 30, 9, true},
+		{"responses stream", true, "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\"a\"}\n\nevent: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"id\":\"r\",\"usage\":{\"input_tokens\":5,\"output_tokens\":2}}}\n\n", 5, 2, true},
+		{"not JSON", false, `<html>`, 0, 0, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for _, piece := range []int{1, 7, 1 << 20} {
+				u := NewUsageReader(tc.sse)
+				for b := []byte(tc.body); len(b) > 0; {
+					n := min(piece, len(b))
+					u.Feed(b[:n])
+					b = b[n:]
+				}
+				p, c, ok := u.Usage()
+				if p != tc.prompt || c != tc.completion || ok != tc.seen {
+					t.Fatalf("pieces of %d: usage %d/%d seen %v, want %d/%d %v", piece, p, c, ok, tc.prompt, tc.completion, tc.seen)
+				}
+			}
+		})
+	}
+}
