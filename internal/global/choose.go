@@ -126,7 +126,7 @@ func Rank(cands []Candidate, p Policy, rnd func() float64) []int {
 		if p.PriceBlind {
 			price = 0
 		}
-		order[i] = rankEntry{i: i, price: price, weight: c.Weight * c.Ramp, ramp: c.Ramp, predicted: c.Predicted(p),
+		order[i] = rankEntry{i: i, price: price, weight: c.Weight, ramp: c.Ramp, predicted: c.Predicted(p),
 			failing: p.MaxErrorRate > 0 && c.Requests >= minErrorSamples && c.ErrorRate > p.MaxErrorRate,
 			remote:  p.ClientRegion != "" && c.Region != p.ClientRegion}
 	}

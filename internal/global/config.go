@@ -254,8 +254,11 @@ func (c *Config) Validate() error {
 	}
 	tenants := map[string]bool{}
 	for i, tn := range c.Spec.Tenants {
-		if tn.Name == "" || tenants[tn.Name] {
-			add("spec.tenants[%d].name: required and unique, got %q", i, tn.Name)
+		if tn.Name == "" || tn.Name == "*" || tenants[tn.Name] {
+			add("spec.tenants[%d].name: required, unique and not \"*\" (which names the model-wide limits), got %q", i, tn.Name)
+		}
+		if tn.TTFTSLO != nil && tn.TTFTSLO.Duration <= 0 {
+			add("spec.tenants[%d].ttftSLO: must be > 0", i)
 		}
 		tenants[tn.Name] = true
 		seen := map[string]bool{}
@@ -269,10 +272,21 @@ func (c *Config) Validate() error {
 	}
 	r := c.Spec.Routing
 	for field, d := range map[string]*metav1.Duration{"heartbeatInterval": r.HeartbeatInterval, "heartbeatTimeout": r.HeartbeatTimeout,
-		"rampUp": r.RampUp, "defaultTTFTSLO": r.DefaultTTFTSLO, "crossRegionLatency": r.CrossRegionLatency} {
+		"defaultTTFTSLO": r.DefaultTTFTSLO} {
+		if d != nil && d.Duration <= 0 {
+			add("spec.routing.%s: must be > 0", field)
+		}
+	}
+	for field, d := range map[string]*metav1.Duration{"rampUp": r.RampUp, "crossRegionLatency": r.CrossRegionLatency} {
 		if d != nil && d.Duration < 0 {
 			add("spec.routing.%s: must be ≥ 0", field)
 		}
+	}
+	if r.HeartbeatInterval != nil && r.HeartbeatTimeout != nil && r.HeartbeatTimeout.Duration < r.HeartbeatInterval.Duration {
+		add("spec.routing.heartbeatTimeout: must be at least heartbeatInterval, or every member flaps")
+	}
+	if r.MaxBodyBytes != nil && *r.MaxBodyBytes <= 0 {
+		add("spec.routing.maxBodyBytes: must be > 0")
 	}
 	if r.MaxAttempts != nil && (*r.MaxAttempts < 1 || *r.MaxAttempts > 10) {
 		add("spec.routing.maxAttempts: must be 1..10")
@@ -288,6 +302,9 @@ func (c *Config) Validate() error {
 	if rl := c.Spec.RateLimit; rl != nil {
 		if rl.Redis == "" {
 			add("spec.rateLimit.redis: required (host:port)")
+		}
+		if rl.DefaultMaxTokens != nil && *rl.DefaultMaxTokens <= 0 {
+			add("spec.rateLimit.defaultMaxTokens: must be > 0")
 		}
 		if rl.Timeout != nil && rl.Timeout.Duration <= 0 {
 			add("spec.rateLimit.timeout: must be > 0")

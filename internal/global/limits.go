@@ -91,5 +91,10 @@ func (s *sharedLimiter) Admit(ctx context.Context, tenant, model string, tokens 
 			_ = r.Reconcile(ctx, used)
 		}
 	}
+	adm.Cancel = func(ctx context.Context) {
+		for _, r := range held {
+			_ = r.Cancel(ctx)
+		}
+	}
 	return adm, nil
 }

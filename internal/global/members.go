@@ -42,11 +42,16 @@ type member struct {
 	// run, by model: a learned capacity (model servers do not publish their
 	// max_num_seqs).
 	runHigh map[string]float64
+	born    time.Time // when the router started following it
 }
 
 func newMember(c Member) *member {
-	return &member{cfg: c, price: c.Price(), weight: c.CapacityWeight(), runHigh: map[string]float64{}}
+	return &member{cfg: c, price: c.Price(), weight: c.CapacityWeight(), runHigh: map[string]float64{}, born: time.Now()}
 }
+
+// startupGrace is how long after the router starts a member first seen healthy
+// counts as found at start (no ramp): a few heartbeats, however slow.
+func startupGrace(s settings) time.Duration { return max(5*time.Second, 2*s.heartbeatTimeout) }
 
 // view is a member's state at one instant.
 type view struct {
@@ -65,7 +70,10 @@ func (m *member) evaluate(now time.Time, s settings) view {
 	defer m.mu.Unlock()
 	healthy := !m.lastOK.IsZero() && now.Sub(m.lastOK) <= s.heartbeatTimeout && !m.summary.Draining && !now.Before(m.ejectedUntil)
 	if healthy && !m.healthy {
-		if m.everHealthy {
+		// A member back from being unhealthy ramps up; so does one first seen
+		// after the router's start-up (it came up while others had the
+		// traffic). The members found at start share it at once.
+		if m.everHealthy || now.Sub(m.born) > startupGrace(s) {
 			m.rampStart = now
 		}
 		m.everHealthy = true

@@ -43,8 +43,10 @@ type Admission struct {
 	// Headers are the x-ratelimit-* headers to send, allowed or not.
 	Headers http.Header
 	// Reconcile settles the reservation with the tokens the request really
-	// used; it is called exactly once for an allowed request.
+	// used; Cancel gives it back whole, for a request no member served. One of
+	// them is called exactly once for an allowed request.
 	Reconcile func(ctx context.Context, actualTokens int64)
+	Cancel    func(ctx context.Context)
 }
 
 // Limiter reserves a request and its estimated tokens against every limit that
@@ -223,12 +225,13 @@ func (r *Router) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 
 	cands, members := r.candidates(model)
 	if len(cands) == 0 {
-		code, msg := http.StatusServiceUnavailable, fmt.Sprintf("no healthy member serves model %q", model)
 		if !r.known(model) {
-			code, msg = http.StatusNotFound, fmt.Sprintf("no member serves model %q", model)
+			// The model label stays empty: a client must not mint metric series.
+			r.refuse(w, "", http.StatusNotFound, openai.TypeNotFound, fmt.Sprintf("no member serves model %q", model))
+			return
 		}
 		w.Header().Set("Retry-After", "1")
-		r.refuse(w, model, code, openai.TypeOverloaded, msg)
+		r.refuse(w, model, http.StatusServiceUnavailable, openai.TypeOverloaded, fmt.Sprintf("no healthy member serves model %q", model))
 		return
 	}
 	var adm Admission
@@ -236,7 +239,12 @@ func (r *Router) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		adm, err = r.opts.Limiter.Admit(req.Context(), tenant, model, estimate)
 		if err != nil {
 			w.Header().Set("Retry-After", "1")
-			r.refuse(w, model, http.StatusServiceUnavailable, openai.TypeServer, "rate limiting is unavailable: "+err.Error())
+			if req.Context().Err() != nil {
+				r.m.Requests.WithLabelValues("", model, "499").Inc()
+				return
+			}
+			r.log.Warn("rate limiting unavailable; refusing (rateLimit.failMode: closed)", "request_id", rid, "err", err)
+			r.refuse(w, model, http.StatusServiceUnavailable, openai.TypeServer, "rate limiting is unavailable; retry later")
 			return
 		}
 		for k, vs := range adm.Headers {
@@ -259,13 +267,17 @@ func (r *Router) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	if len(order) > r.s.maxAttempts {
 		order = order[:r.s.maxAttempts]
 	}
-	used := r.forward(w, req, rid, model, body, order, members, cands, start)
-	if adm.Reconcile != nil {
-		// Settled after the client's request is done: on a fresh context so that
-		// a client that went away still has its tokens counted.
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(req.Context()), time.Second)
+	used, served := r.forward(w, req, rid, model, body, order, members, cands, start)
+	// Settled after the client's request is done, on a fresh context so that a
+	// client that went away still has its tokens counted. A request no member
+	// served gives its reservation back whole.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(req.Context()), time.Second)
+	defer cancel()
+	switch {
+	case served && adm.Reconcile != nil:
 		adm.Reconcile(ctx, used)
-		cancel()
+	case !served && adm.Cancel != nil:
+		adm.Cancel(ctx)
 	}
 }
 
@@ -317,16 +329,16 @@ func (r *Router) sloFor(model, tenant string) time.Duration {
 }
 
 // forward tries the ranked members in turn until one answers, relays its answer
-// and returns the tokens the request used (0 when none answered).
-func (r *Router) forward(w http.ResponseWriter, req *http.Request, rid, model string, body []byte, order []int, members []*member, cands []Candidate, start time.Time) int64 {
+// and returns the tokens the request used and whether a member served it.
+func (r *Router) forward(w http.ResponseWriter, req *http.Request, rid, model string, body []byte, order []int, members []*member, cands []Candidate, start time.Time) (int64, bool) {
 	var lastErr error
 	for k, i := range order {
 		m := members[i]
 		if k > 0 {
 			r.m.Failovers.WithLabelValues(members[order[k-1]].cfg.Name, m.cfg.Name).Inc()
 		}
-		if k == 0 && i != cheapest(cands) {
-			r.m.Spills.WithLabelValues(model, cands[cheapest(cands)].Name, m.cfg.Name).Inc()
+		if c := cheapest(cands); k == 0 && cands[i].Price > cands[c].Price {
+			r.m.Spills.WithLabelValues(model, cands[c].Name, m.cfg.Name).Inc()
 		}
 		out, err := r.upstream(req, m, rid, body)
 		if err != nil {
@@ -340,7 +352,7 @@ func (r *Router) forward(w http.ResponseWriter, req *http.Request, rid, model st
 			m.inFlight.Add(-1)
 			if req.Context().Err() != nil {
 				r.m.Requests.WithLabelValues(m.cfg.Name, model, "499").Inc()
-				return 0
+				return 0, false
 			}
 			m.failed(time.Now(), true, r.s)
 			r.observe(m)
@@ -353,21 +365,29 @@ func (r *Router) forward(w http.ResponseWriter, req *http.Request, rid, model st
 			_ = resp.Body.Close()
 			m.inFlight.Add(-1)
 			m.failed(time.Now(), false, r.s)
+			r.observe(m)
 			r.log.Warn("member answered with a server error; trying the next", "request_id", rid, "member", m.cfg.Name, "status", resp.StatusCode)
 			lastErr = fmt.Errorf("member %s answered %s", m.cfg.Name, resp.Status)
 			continue
 		}
-		m.succeeded()
-		used := r.relay(w, resp, m, model, start)
+		if resp.StatusCode >= 500 {
+			// The last attempt's server error is relayed, and still counts
+			// against the member.
+			m.failed(time.Now(), false, r.s)
+			r.observe(m)
+		} else {
+			m.succeeded()
+		}
+		used := r.relay(w, req, resp, m, model, start)
 		m.inFlight.Add(-1)
-		return used
+		return used, true
 	}
 	msg := "no member could serve the request"
 	if lastErr != nil {
 		msg += ": " + lastErr.Error()
 	}
 	r.refuse(w, model, http.StatusBadGateway, openai.TypeServer, msg)
-	return 0
+	return 0, false
 }
 
 func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
@@ -413,9 +433,9 @@ func (r *Router) upstream(req *http.Request, m *member, rid string, body []byte)
 }
 
 // relay streams a member's answer to the client and returns the tokens used:
-// the usage the member reported, else an estimate (one token per streamed
-// event, or the reservation's prompt part for a body without usage).
-func (r *Router) relay(w http.ResponseWriter, resp *http.Response, m *member, model string, start time.Time) int64 {
+// the usage the member reported, else one token per streamed event (0 for a
+// body without usage).
+func (r *Router) relay(w http.ResponseWriter, req *http.Request, resp *http.Response, m *member, model string, start time.Time) int64 {
 	defer func() { _ = resp.Body.Close() }()
 	h := w.Header()
 	for k, vs := range resp.Header {
@@ -456,13 +476,21 @@ func (r *Router) relay(w http.ResponseWriter, resp *http.Response, m *member, mo
 			}
 		}
 		if err != nil {
-			if !errors.Is(err, io.EOF) {
+			switch {
+			case errors.Is(err, io.EOF):
+			case req.Context().Err() != nil:
+				code = "499" // the client went away; the member's request went with it
+			case sse:
 				code = "stream_error"
-				if sse {
-					ev, _ := json.Marshal(openai.ErrorBody{Error: openai.ErrorDetail{Message: "the member failed mid-response: " + err.Error(), Type: openai.TypeServer, Code: http.StatusBadGateway}})
-					_, _ = fmt.Fprintf(w, "data: %s\n\n", ev)
-					_ = rc.Flush()
-				}
+				ev, _ := json.Marshal(openai.ErrorBody{Error: openai.ErrorDetail{Message: "the member failed mid-response: " + err.Error(), Type: openai.TypeServer, Code: http.StatusBadGateway}})
+				_, _ = fmt.Fprintf(w, "data: %s\n\n", ev)
+				_ = rc.Flush()
+			default:
+				// Headers are out and the body is not a stream of events: cut the
+				// connection so the client cannot take a truncated body for a
+				// whole one.
+				r.m.Requests.WithLabelValues(m.cfg.Name, model, "stream_error").Inc()
+				panic(http.ErrAbortHandler)
 			}
 			break
 		}

@@ -137,6 +137,12 @@ func (r *Router) AdminHandler() http.Handler {
 			http.Error(w, "draining", http.StatusServiceUnavailable)
 			return
 		}
+		if r.opts.Auth != nil {
+			if err := r.opts.Auth.Ready(); err != nil {
+				http.Error(w, "authentication not ready: "+err.Error(), http.StatusServiceUnavailable)
+				return
+			}
+		}
 		now := time.Now()
 		for _, m := range r.members {
 			if m.evaluate(now, r.s).healthy {
