@@ -15,6 +15,7 @@ type usageObserver struct {
 	output  int64
 	seen    bool
 	tooLong bool
+	events  int64 // SSE data lines but [DONE]
 }
 
 const (
@@ -51,11 +52,17 @@ func (o *usageObserver) feed(p []byte) {
 }
 
 func (o *usageObserver) sseLine(line []byte) {
-	data, ok := bytes.CutPrefix(line, []byte("data: "))
-	if !ok || !bytes.Contains(data, usageKey) {
+	data, ok := bytes.CutPrefix(line, []byte("data:"))
+	if !ok {
 		return
 	}
-	o.parse(data)
+	data = bytes.TrimPrefix(data, []byte(" "))
+	if !bytes.Equal(bytes.TrimSpace(data), []byte("[DONE]")) {
+		o.events++
+	}
+	if bytes.Contains(data, usageKey) {
+		o.parse(data)
+	}
 }
 
 func (o *usageObserver) finish() {

@@ -11,13 +11,14 @@ func TestUsageObserver(t *testing.T) {
 		body               string
 		prompt, completion int64
 		seen               bool
+		events             int64
 	}{
-		{"chat JSON", false, `{"id":"c","choices":[],"usage":{"prompt_tokens":12,"completion_tokens":7,"total_tokens":19}}`, 12, 7, true},
-		{"chat stream with usage", true, "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":1}}\n\ndata: [DONE]\n\n", 3, 1, true},
-		{"chat stream without usage", true, "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: [DONE]\n\n", 0, 0, false},
-		{"responses JSON", false, `{"id":"r","object":"response","output":[],"usage":{"input_tokens":30,"output_tokens":9,"total_tokens":39}}`, 30, 9, true},
-		{"responses stream", true, "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\"a\"}\n\nevent: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"id\":\"r\",\"usage\":{\"input_tokens\":5,\"output_tokens\":2}}}\n\n", 5, 2, true},
-		{"not JSON", false, `<html>`, 0, 0, false},
+		{"chat JSON", false, `{"id":"c","choices":[],"usage":{"prompt_tokens":12,"completion_tokens":7,"total_tokens":19}}`, 12, 7, true, 0},
+		{"chat stream with usage", true, "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":1}}\n\ndata: [DONE]\n\n", 3, 1, true, 2},
+		{"chat stream without usage", true, "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata:{\"choices\":[{\"delta\":{\"content\":\"b\"}}]}\n\ndata: [DONE]\n\n", 0, 0, false, 2},
+		{"responses JSON", false, `{"id":"r","object":"response","output":[],"usage":{"input_tokens":30,"output_tokens":9,"total_tokens":39}}`, 30, 9, true, 0},
+		{"responses stream", true, "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\"a\"}\n\nevent: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"id\":\"r\",\"usage\":{\"input_tokens\":5,\"output_tokens\":2}}}\n\n", 5, 2, true, 2},
+		{"not JSON", false, `<html>`, 0, 0, false, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			for _, piece := range []int{1, 7, 1 << 20} {
@@ -28,8 +29,8 @@ func TestUsageObserver(t *testing.T) {
 					b = b[n:]
 				}
 				p, c, ok := u.Usage()
-				if p != tc.prompt || c != tc.completion || ok != tc.seen {
-					t.Fatalf("pieces of %d: usage %d/%d seen %v, want %d/%d %v", piece, p, c, ok, tc.prompt, tc.completion, tc.seen)
+				if p != tc.prompt || c != tc.completion || ok != tc.seen || u.Events() != tc.events {
+					t.Fatalf("pieces of %d: usage %d/%d seen %v, %d events; want %d/%d %v, %d", piece, p, c, ok, u.Events(), tc.prompt, tc.completion, tc.seen, tc.events)
 				}
 			}
 		})

@@ -308,6 +308,10 @@ func NewUsageReader(sse bool) *UsageReader { return &UsageReader{o: usageObserve
 // Feed passes the next bytes of the response.
 func (u *UsageReader) Feed(p []byte) { u.o.feed(p) }
 
+// Events counts the server-sent events with data fed so far, but [DONE]: about
+// one token each, for a stream without usage.
+func (u *UsageReader) Events() int64 { return u.o.events }
+
 // Usage returns the usage found, once the whole response was fed.
 func (u *UsageReader) Usage() (prompt, completion int64, ok bool) {
 	u.o.finish()

@@ -160,9 +160,11 @@ func Rank(cands []Candidate, p Policy, rnd func() float64) []int {
 		}
 	}
 	// Fallbacks, and the choice when every member passed: healthy before
-	// failing, then the fastest.
+	// failing, then the fastest — a ramping member's prediction stretched by
+	// its ramp, or an idle returning member would win every such choice and
+	// take the stampede its ramp is there to prevent.
 	slices.SortStableFunc(rest, func(a, b rankEntry) int {
-		return cmp.Or(boolCmp(a.failing, b.failing), cmp.Compare(a.predicted, b.predicted))
+		return cmp.Or(boolCmp(a.failing, b.failing), cmp.Compare(a.rampedPrediction(), b.rampedPrediction()))
 	})
 	out := make([]int, 0, len(order))
 	if first >= 0 {
@@ -180,6 +182,10 @@ type rankEntry struct {
 	ramp            float64
 	predicted       time.Duration
 	failing, remote bool
+}
+
+func (a rankEntry) rampedPrediction() float64 {
+	return float64(a.predicted) / math.Max(a.ramp, 0.01)
 }
 
 func (a rankEntry) sameTier(b rankEntry) bool {

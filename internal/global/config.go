@@ -131,7 +131,7 @@ type RateLimit struct {
 	// DefaultMaxTokens is the completion a request without max_tokens is
 	// assumed to reserve (default 1024).
 	DefaultMaxTokens *int64 `json:"defaultMaxTokens,omitempty"`
-	// Timeout bounds one Redis call (default 50ms); a slower answer counts as
+	// Timeout bounds one Redis call (default 200ms); a slower answer counts as
 	// Redis unavailable and the fail mode applies.
 	Timeout *metav1.Duration `json:"timeout,omitempty"`
 }

@@ -204,24 +204,37 @@ func (r *Router) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		r.refuse(w, "", http.StatusBadRequest, openai.TypeInvalidRequest, "malformed JSON body: "+err.Error())
 		return
 	}
-	model := req.Header.Get("X-Gateway-Model-Name")
-	if model == "" && len(fields.Model) > 0 && json.Unmarshal(fields.Model, &model) != nil {
+	var model string
+	if len(fields.Model) > 0 && string(fields.Model) != "null" && json.Unmarshal(fields.Model, &model) != nil {
 		r.refuse(w, "", http.StatusBadRequest, openai.TypeInvalidRequest, "'model' must be a string")
 		return
+	}
+	// Limits are kept by the model the member will serve, which is the body's:
+	// a header naming another (a base model under an adapter's limit) would let
+	// a tenant route around its limit.
+	if h := req.Header.Get("X-Gateway-Model-Name"); h != "" {
+		if model != "" && h != model {
+			r.refuse(w, "", http.StatusBadRequest, openai.TypeInvalidRequest, "x-gateway-model-name and the body's model differ")
+			return
+		}
+		model = h
 	}
 	if model == "" {
 		r.refuse(w, "", http.StatusBadRequest, openai.TypeInvalidRequest, "no model: set the model in the request body")
 		return
 	}
 	// Tokens reserved up front: the prompt at about four bytes a token plus
-	// the completion the request may ask for.
+	// the most the request may generate: the largest of its limits (a model
+	// server honours the one its API reads), else the configured default;
+	// embeddings generate nothing.
+	prompt := int64(len(body)) / 4
 	completion := r.maxTok
-	for _, v := range []*int64{fields.MaxTokens, fields.MaxCompletionTokens, fields.MaxOutputTokens} {
-		if v != nil && *v > 0 {
-			completion = *v
-		}
+	if req.URL.Path == "/v1/embeddings" {
+		completion = 0
+	} else if v := maxOf(fields.MaxTokens, fields.MaxCompletionTokens, fields.MaxOutputTokens); v > 0 {
+		completion = min(v, maxCompletion)
 	}
-	estimate := int64(len(body))/4 + completion
+	estimate := prompt + completion
 
 	cands, members := r.candidates(model)
 	if len(cands) == 0 {
@@ -267,18 +280,43 @@ func (r *Router) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	if len(order) > r.s.maxAttempts {
 		order = order[:r.s.maxAttempts]
 	}
-	used, served := r.forward(w, req, rid, model, body, order, members, cands, start)
-	// Settled after the client's request is done, on a fresh context so that a
-	// client that went away still has its tokens counted. A request no member
-	// served gives its reservation back whole.
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(req.Context()), time.Second)
-	defer cancel()
-	switch {
-	case served && adm.Reconcile != nil:
-		adm.Reconcile(ctx, used)
-	case !served && adm.Cancel != nil:
-		adm.Cancel(ctx)
+	st := &settlement{prompt: prompt}
+	// Settled once the request is done — deferred, so that a relay that aborts
+	// the connection settles too — on a fresh context so that a client that
+	// went away still has its tokens counted. A request no member served gives
+	// its reservation back whole.
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(req.Context()), time.Second)
+		defer cancel()
+		switch {
+		case st.served && adm.Reconcile != nil:
+			adm.Reconcile(ctx, st.used)
+		case !st.served && adm.Cancel != nil:
+			adm.Cancel(ctx)
+		}
+	}()
+	r.forward(w, req, rid, model, body, order, members, cands, start, st)
+}
+
+// maxCompletion caps a request's completion limit in the token estimate, so
+// that an absurd max_tokens cannot overflow it.
+const maxCompletion = 1 << 24
+
+func maxOf(vs ...*int64) int64 {
+	var m int64
+	for _, v := range vs {
+		if v != nil && *v > m {
+			m = *v
+		}
 	}
+	return m
+}
+
+// settlement is what a request used, for its rate-limit reservation.
+type settlement struct {
+	prompt int64 // the estimate, for a response without usage
+	used   int64
+	served bool // a member's answer reached the client
 }
 
 // candidates lists the healthy members serving model with ready endpoints.
@@ -328,9 +366,12 @@ func (r *Router) sloFor(model, tenant string) time.Duration {
 	return r.s.defaultSLO
 }
 
-// forward tries the ranked members in turn until one answers, relays its answer
-// and returns the tokens the request used and whether a member served it.
-func (r *Router) forward(w http.ResponseWriter, req *http.Request, rid, model string, body []byte, order []int, members []*member, cands []Candidate, start time.Time) (int64, bool) {
+// forward tries the ranked members in turn until one answers and relays its
+// answer, recording in st what the request used. A member is given up on — and
+// the next one tried — when it cannot be reached, answers 5xx or 429 (tier 1
+// refusing: every endpoint busy), or fails or is drained before the first byte
+// of its answer; never once a byte went to the client.
+func (r *Router) forward(w http.ResponseWriter, req *http.Request, rid, model string, body []byte, order []int, members []*member, cands []Candidate, start time.Time, st *settlement) {
 	var lastErr error
 	for k, i := range order {
 		m := members[i]
@@ -340,54 +381,126 @@ func (r *Router) forward(w http.ResponseWriter, req *http.Request, rid, model st
 		if c := cheapest(cands); k == 0 && cands[i].Price > cands[c].Price {
 			r.m.Spills.WithLabelValues(model, cands[c].Name, m.cfg.Name).Inc()
 		}
-		out, err := r.upstream(req, m, rid, body)
-		if err != nil {
-			lastErr = err
-			break
+		last := k == len(order)-1
+		done, err := r.attempt(w, req, rid, model, body, m, start, last, st)
+		if done {
+			return
 		}
-		m.inFlight.Add(1)
-		m.sent.Add(1)
-		resp, err := r.opts.Transport.RoundTrip(out)
-		if err != nil {
-			m.inFlight.Add(-1)
-			if req.Context().Err() != nil {
-				r.m.Requests.WithLabelValues(m.cfg.Name, model, "499").Inc()
-				return 0, false
-			}
-			m.failed(time.Now(), true, r.s)
-			r.observe(m)
-			r.log.Warn("member failed before answering; trying the next", "request_id", rid, "member", m.cfg.Name, "err", err)
-			lastErr = fmt.Errorf("member %s: %w", m.cfg.Name, err)
-			continue
+		lastErr = err
+		if req.Context().Err() != nil {
+			r.m.Requests.WithLabelValues(m.cfg.Name, model, "499").Inc()
+			return
 		}
-		if resp.StatusCode >= 500 && k < len(order)-1 {
-			_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
-			_ = resp.Body.Close()
-			m.inFlight.Add(-1)
-			m.failed(time.Now(), false, r.s)
-			r.observe(m)
-			r.log.Warn("member answered with a server error; trying the next", "request_id", rid, "member", m.cfg.Name, "status", resp.StatusCode)
-			lastErr = fmt.Errorf("member %s answered %s", m.cfg.Name, resp.Status)
-			continue
-		}
-		if resp.StatusCode >= 500 {
-			// The last attempt's server error is relayed, and still counts
-			// against the member.
-			m.failed(time.Now(), false, r.s)
-			r.observe(m)
-		} else {
-			m.succeeded()
-		}
-		used := r.relay(w, req, resp, m, model, start)
-		m.inFlight.Add(-1)
-		return used, true
 	}
-	msg := "no member could serve the request"
 	if lastErr != nil {
-		msg += ": " + lastErr.Error()
+		r.log.Warn("no member could serve the request", "request_id", rid, "model", model, "err", lastErr)
 	}
-	r.refuse(w, model, http.StatusBadGateway, openai.TypeServer, msg)
-	return 0, false
+	r.refuse(w, model, http.StatusBadGateway, openai.TypeServer, "no member could serve the request; retry later")
+}
+
+// attempt sends the request to one member. It reports done once the member's
+// answer (or the client's departure) settled the request, or the error that
+// makes the next member worth trying.
+func (r *Router) attempt(w http.ResponseWriter, req *http.Request, rid, model string, body []byte, m *member, start time.Time, last bool, st *settlement) (bool, error) {
+	ctx, cancel := context.WithCancel(req.Context())
+	defer cancel()
+	out, err := r.upstream(ctx, req, m, rid, body)
+	if err != nil {
+		return false, err
+	}
+	m.inFlight.Add(1)
+	defer m.inFlight.Add(-1)
+	m.sent.Add(1)
+	// A member drained while this request waits for its first byte (a hung
+	// cluster) is given up on, as one that refused the connection.
+	answered := make(chan struct{})
+	drained := make(chan struct{})
+	go r.watch(ctx, m, answered, func() { close(drained); cancel() })
+	resp, err := r.opts.Transport.RoundTrip(out)
+	var first []byte
+	var firstErr error
+	if err == nil && resp.StatusCode < 500 && resp.StatusCode != http.StatusTooManyRequests {
+		// The first bytes come before the headers go out: a member that dies
+		// before them is still retried elsewhere.
+		first, firstErr = readFirst(resp.Body)
+		if firstErr != nil && !errors.Is(firstErr, io.EOF) && len(first) == 0 {
+			_ = resp.Body.Close()
+			err = firstErr
+		}
+	}
+	close(answered)
+	select {
+	case <-drained:
+		if err == nil {
+			_ = resp.Body.Close()
+		}
+		err = fmt.Errorf("member %s drained before answering", m.cfg.Name)
+	default:
+	}
+	if err != nil {
+		if req.Context().Err() != nil {
+			return false, err
+		}
+		m.failed(time.Now(), true, r.s)
+		r.observe(m)
+		r.log.Warn("member failed before answering; trying the next", "request_id", rid, "member", m.cfg.Name, "err", err)
+		return false, fmt.Errorf("member %s: %w", m.cfg.Name, err)
+	}
+	if (resp.StatusCode >= 500 || resp.StatusCode == http.StatusTooManyRequests) && !last {
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+		_ = resp.Body.Close()
+		if resp.StatusCode >= 500 {
+			m.failed(time.Now(), false, r.s)
+			r.observe(m)
+		}
+		r.log.Warn("member refused or failed; trying the next", "request_id", rid, "member", m.cfg.Name, "status", resp.StatusCode)
+		return false, fmt.Errorf("member %s answered %s", m.cfg.Name, resp.Status)
+	}
+	if resp.StatusCode >= 500 {
+		// The last attempt's server error is relayed, and still counts against
+		// the member.
+		m.failed(time.Now(), false, r.s)
+		r.observe(m)
+	} else {
+		m.succeeded()
+	}
+	r.relay(w, req, resp, m, model, start, first, firstErr, st)
+	return true, nil
+}
+
+// watch calls drained when the member stops being healthy before answered is
+// closed.
+func (r *Router) watch(ctx context.Context, m *member, answered <-chan struct{}, drained func()) {
+	t := time.NewTicker(max(10*time.Millisecond, r.s.heartbeat/2))
+	defer t.Stop()
+	for {
+		select {
+		case <-answered:
+			return
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if !m.evaluate(time.Now(), r.s).healthy {
+				select {
+				case <-answered:
+				default:
+					drained()
+				}
+				return
+			}
+		}
+	}
+}
+
+// readFirst reads until the body yields bytes or ends.
+func readFirst(body io.Reader) ([]byte, error) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := body.Read(buf)
+		if n > 0 || err != nil {
+			return buf[:n], err
+		}
+	}
 }
 
 func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
@@ -403,24 +516,25 @@ func cheapest(cands []Candidate) int {
 }
 
 // upstream builds the request to one member.
-func (r *Router) upstream(req *http.Request, m *member, rid string, body []byte) (*http.Request, error) {
+func (r *Router) upstream(ctx context.Context, req *http.Request, m *member, rid string, body []byte) (*http.Request, error) {
 	u, err := url.Parse(strings.TrimSuffix(m.cfg.URL, "/") + req.URL.Path)
 	if err != nil {
 		return nil, fmt.Errorf("member %s URL: %w", m.cfg.Name, err)
 	}
 	u.RawQuery = req.URL.RawQuery
-	out, err := http.NewRequestWithContext(req.Context(), http.MethodPost, u.String(), bytes.NewReader(body))
+	out, err := http.NewRequestWithContext(ctx, http.MethodPost, u.String(), bytes.NewReader(body))
 	if err != nil {
 		return nil, err
 	}
 	for k, vs := range req.Header {
-		switch http.CanonicalHeaderKey(k) {
-		case "Connection", "Keep-Alive", "Proxy-Connection", "Te", "Trailer", "Transfer-Encoding", "Upgrade", "Authorization", "Api-Key":
-			// Hop-by-hop, and the client's credentials, which are this router's
-			// business, not the member's.
-			continue
+		if forwardable(k) {
+			out.Header[k] = vs
 		}
-		out.Header[k] = vs
+	}
+	for _, v := range req.Header.Values("Connection") {
+		for _, name := range strings.Split(v, ",") {
+			out.Header.Del(strings.TrimSpace(name))
+		}
 	}
 	out.Header.Set("X-Request-Id", rid)
 	if ip, _, err := net.SplitHostPort(req.RemoteAddr); err == nil {
@@ -432,16 +546,35 @@ func (r *Router) upstream(req *http.Request, m *member, rid string, body []byte)
 	return out, nil
 }
 
-// relay streams a member's answer to the client and returns the tokens used:
-// the usage the member reported, else one token per streamed event (0 for a
-// body without usage).
-func (r *Router) relay(w http.ResponseWriter, req *http.Request, resp *http.Response, m *member, model string, start time.Time) int64 {
+// forwardable says whether a client's header goes on to the member: not the
+// hop-by-hop ones, not the client's credentials (this router's business, not
+// the member's), and none of kvgate's or the Endpoint Picker protocol's
+// control headers but the model name — a client neither steers tier 1 nor
+// reads its internals.
+func forwardable(name string) bool {
+	k := http.CanonicalHeaderKey(name)
+	switch k {
+	case "Connection", "Keep-Alive", "Proxy-Connection", "Proxy-Authorization", "Proxy-Authenticate", "Te", "Trailer",
+		"Transfer-Encoding", "Upgrade", "Authorization", "Api-Key":
+		return false
+	case "X-Gateway-Model-Name":
+		return true
+	}
+	return !strings.HasPrefix(k, "X-Kvgate-") && !strings.HasPrefix(k, "X-Gateway-")
+}
+
+// relay streams a member's answer — its first bytes already read — to the
+// client, and records in st the tokens used: the usage the member reported,
+// else the prompt estimate plus one token per streamed event.
+func (r *Router) relay(w http.ResponseWriter, req *http.Request, resp *http.Response, m *member, model string, start time.Time, first []byte, firstErr error, st *settlement) {
 	defer func() { _ = resp.Body.Close() }()
 	h := w.Header()
 	for k, vs := range resp.Header {
-		switch k {
-		case "Connection", "Keep-Alive", "Transfer-Encoding", "Content-Length":
+		switch {
+		case k == "Connection", k == "Keep-Alive", k == "Transfer-Encoding", k == "Content-Length":
 			continue
+		case strings.HasPrefix(k, "X-Kvgate-"):
+			continue // tier 1's internals (endpoint, scores) stay inside
 		}
 		h[k] = vs
 	}
@@ -450,24 +583,31 @@ func (r *Router) relay(w http.ResponseWriter, req *http.Request, resp *http.Resp
 	}
 	h.Set("X-Kvgate-Member", m.cfg.Name)
 	w.WriteHeader(resp.StatusCode)
+	st.served = true
 	sse := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
 	usage := gateway.NewUsageReader(sse)
 	rc := http.NewResponseController(w)
-	buf := make([]byte, 32<<10)
-	first, events := true, int64(0)
 	code := strconv.Itoa(resp.StatusCode)
+	settle := func() {
+		prompt, completion, ok := usage.Usage()
+		if !ok {
+			prompt, completion = st.prompt, usage.Events()
+		}
+		st.used = prompt + completion
+		r.m.Tokens.WithLabelValues(m.cfg.Name, "prompt").Add(float64(prompt))
+		r.m.Tokens.WithLabelValues(m.cfg.Name, "completion").Add(float64(completion))
+		r.m.Cost.WithLabelValues(m.cfg.Name).Add(float64(st.used) * m.price / 1e6)
+		r.m.Duration.WithLabelValues(m.cfg.Name).Observe(time.Since(start).Seconds())
+	}
+	if len(first) > 0 {
+		r.m.TTFT.WithLabelValues(m.cfg.Name).Observe(time.Since(start).Seconds())
+	}
+	buf := make([]byte, 32<<10)
+	chunk, err := first, firstErr
 	for {
-		n, err := resp.Body.Read(buf)
-		if n > 0 {
-			if first {
-				first = false
-				r.m.TTFT.WithLabelValues(m.cfg.Name).Observe(time.Since(start).Seconds())
-			}
-			usage.Feed(buf[:n])
-			if sse {
-				events += int64(bytes.Count(buf[:n], []byte("\ndata: "))) + int64(btoi(bytes.HasPrefix(buf[:n], []byte("data: "))))
-			}
-			if _, werr := w.Write(buf[:n]); werr != nil {
+		if len(chunk) > 0 {
+			usage.Feed(chunk)
+			if _, werr := w.Write(chunk); werr != nil {
 				code = "499"
 				break
 			}
@@ -482,37 +622,25 @@ func (r *Router) relay(w http.ResponseWriter, req *http.Request, resp *http.Resp
 				code = "499" // the client went away; the member's request went with it
 			case sse:
 				code = "stream_error"
-				ev, _ := json.Marshal(openai.ErrorBody{Error: openai.ErrorDetail{Message: "the member failed mid-response: " + err.Error(), Type: openai.TypeServer, Code: http.StatusBadGateway}})
+				ev, _ := json.Marshal(openai.ErrorBody{Error: openai.ErrorDetail{Message: "the member failed mid-response", Type: openai.TypeServer, Code: http.StatusBadGateway}})
 				_, _ = fmt.Fprintf(w, "data: %s\n\n", ev)
 				_ = rc.Flush()
 			default:
 				// Headers are out and the body is not a stream of events: cut the
 				// connection so the client cannot take a truncated body for a
-				// whole one.
+				// whole one. The deferred settlement still runs.
 				r.m.Requests.WithLabelValues(m.cfg.Name, model, "stream_error").Inc()
+				settle()
 				panic(http.ErrAbortHandler)
 			}
 			break
 		}
+		var n int
+		n, err = resp.Body.Read(buf)
+		chunk = buf[:n]
 	}
 	r.m.Requests.WithLabelValues(m.cfg.Name, model, code).Inc()
-	r.m.Duration.WithLabelValues(m.cfg.Name).Observe(time.Since(start).Seconds())
-	prompt, completion, ok := usage.Usage()
-	if !ok {
-		completion = events
-	}
-	used := prompt + completion
-	r.m.Tokens.WithLabelValues(m.cfg.Name, "prompt").Add(float64(prompt))
-	r.m.Tokens.WithLabelValues(m.cfg.Name, "completion").Add(float64(completion))
-	r.m.Cost.WithLabelValues(m.cfg.Name).Add(float64(used) * m.price / 1e6)
-	return used
-}
-
-func btoi(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
+	settle()
 }
 
 func (r *Router) refuse(w http.ResponseWriter, model string, code int, typ, msg string) {

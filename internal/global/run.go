@@ -113,7 +113,9 @@ func Dependencies(ctx context.Context, cfg *Config, o *Options) (func(), error) 
 		client := redis.NewClient(&redis.Options{Addr: rl.Redis, DialTimeout: time.Second, ReadTimeout: 2 * time.Second,
 			WriteTimeout: 2 * time.Second, MaxRetries: -1})
 		closers = append(closers, func() { _ = client.Close() })
-		ro := ratelimit.Options{FailMode: mode, Logger: o.Logger, Metrics: ratelimit.NewMetrics(o.Metrics.Registry)}
+		// 200 ms, not the limiter's 50: under load a slow answer is not an
+		// outage, and in fail-closed mode an outage refuses everyone.
+		ro := ratelimit.Options{FailMode: mode, Logger: o.Logger, Metrics: ratelimit.NewMetrics(o.Metrics.Registry), Timeout: 200 * time.Millisecond}
 		if rl.Timeout != nil {
 			ro.Timeout = rl.Timeout.Duration
 		}

@@ -1,0 +1,231 @@
+package global
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/kvgate/kvgate/internal/gateway"
+	"github.com/kvgate/kvgate/internal/simserver"
+)
+
+// fakeMember is a member whose API the test writes; its heartbeat reports one
+// ready endpoint for llama until down is set.
+type fakeMember struct {
+	api, admin *httptest.Server
+	down       atomic.Bool
+}
+
+func startFake(t testing.TB, api http.HandlerFunc) *fakeMember {
+	t.Helper()
+	f := &fakeMember{api: httptest.NewServer(api)}
+	f.admin = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		if f.down.Load() {
+			http.Error(w, "down", http.StatusServiceUnavailable)
+			return
+		}
+		_ = json.NewEncoder(w).Encode(gateway.Summary{Time: time.Now(), Models: []gateway.ModelSummary{{Model: llama, ReadyEndpoints: 1, Endpoints: 1}}})
+	}))
+	t.Cleanup(func() {
+		f.api.CloseClientConnections()
+		f.api.Close()
+		f.admin.Close()
+	})
+	return f
+}
+
+func (f *fakeMember) member(name string, price float64) Member {
+	return Member{Name: name, URL: f.api.URL, AdminURL: f.admin.URL, PricePerMillionTokens: &price}
+}
+
+// recordingLimiter admits everything and records how each request settled.
+type recordingLimiter struct {
+	mu         sync.Mutex
+	reconciled []int64
+	cancelled  int
+}
+
+func (l *recordingLimiter) Admit(context.Context, string, string, int64) (Admission, error) {
+	return Admission{Allowed: true, Headers: http.Header{},
+		Reconcile: func(_ context.Context, used int64) {
+			l.mu.Lock()
+			l.reconciled = append(l.reconciled, used)
+			l.mu.Unlock()
+		},
+		Cancel: func(context.Context) { l.mu.Lock(); l.cancelled++; l.mu.Unlock() },
+	}, nil
+}
+
+func (l *recordingLimiter) settled() ([]int64, int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]int64(nil), l.reconciled...), l.cancelled
+}
+
+// TestBadInput: malformed and hostile requests get an OpenAI error with the
+// right status and never reach a member.
+func TestBadInput(t *testing.T) {
+	var reached atomic.Int64
+	f := startFake(t, func(w http.ResponseWriter, _ *http.Request) { reached.Add(1) })
+	cfg := routerConfig(fastRouting(), f.member("only", 1))
+	small := int64(1 << 10)
+	cfg.Spec.Routing.MaxBodyBytes = &small
+	_, base := startRouter(t, cfg, Options{})
+	for _, tc := range []struct {
+		name, method, path, body string
+		header                   []string
+		status                   int
+		msg                      string
+	}{
+		{"bad JSON", "POST", "/v1/chat/completions", `{"model":`, nil, 400, "malformed JSON"},
+		{"not an object", "POST", "/v1/chat/completions", `[1]`, nil, 400, "malformed JSON"},
+		{"model not a string", "POST", "/v1/chat/completions", `{"model":7}`, nil, 400, "'model' must be a string"},
+		{"no model", "POST", "/v1/chat/completions", `{"messages":[]}`, nil, 400, "no model"},
+		{"header and body disagree", "POST", "/v1/chat/completions", `{"model":"sql-lora"}`, []string{"X-Gateway-Model-Name", llama}, 400, "differ"},
+		{"max_tokens of the wrong type", "POST", "/v1/chat/completions", `{"model":"m","max_tokens":"lots"}`, nil, 400, "malformed JSON"},
+		{"too large", "POST", "/v1/chat/completions", `{"model":"` + strings.Repeat("x", 2000) + `"}`, nil, 413, "exceeds 1024 bytes"},
+		{"unknown model", "POST", "/v1/chat/completions", `{"model":"gpt-9"}`, nil, 404, "no member serves"},
+		{"wrong method", "GET", "/v1/chat/completions", ``, nil, 405, "not allowed"},
+		{"unknown path", "POST", "/v1/nothing", `{}`, nil, 404, "no route"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			req, _ := http.NewRequest(tc.method, base+tc.path, strings.NewReader(tc.body))
+			for i := 0; i+1 < len(tc.header); i += 2 {
+				req.Header.Set(tc.header[i], tc.header[i+1])
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = resp.Body.Close() }()
+			var e struct {
+				Error struct {
+					Message string
+					Code    int
+				}
+			}
+			if err := json.NewDecoder(resp.Body).Decode(&e); err != nil || resp.StatusCode != tc.status || e.Error.Code != tc.status || !strings.Contains(e.Error.Message, tc.msg) {
+				t.Fatalf("%d %+v (%v), want %d mentioning %q", resp.StatusCode, e, err, tc.status, tc.msg)
+			}
+		})
+	}
+	if n := reached.Load(); n != 0 {
+		t.Errorf("%d bad requests reached the member", n)
+	}
+}
+
+// TestHungMember: a member that stops answering — its heartbeat goes, and the
+// request it holds never gets a first byte — is given up on for the next one
+// as soon as it is drained, not after the transport's timeout.
+func TestHungMember(t *testing.T) {
+	release := make(chan struct{})
+	var hung *fakeMember
+	hung = startFake(t, func(w http.ResponseWriter, r *http.Request) {
+		hung.down.Store(true) // the cluster dies with the request in hand
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	})
+	defer close(release)
+	good := startTier1(t, 1, simserver.Options{})
+	lim := &recordingLimiter{}
+	_, base := startRouter(t, routerConfig(fastRouting(), hung.member("hung", 1), good.member("good", 3)), Options{Limiter: lim})
+	start := time.Now()
+	var member string
+	resp, body := send(t, base, "", chatBody(""))
+	member = resp.Header.Get("X-Kvgate-Member")
+	if resp.StatusCode != 200 || member != "good" {
+		t.Fatalf("status %d from %q: %s", resp.StatusCode, member, body)
+	}
+	if took := time.Since(start); took > 3*time.Second {
+		t.Errorf("failed over after %v; the heartbeat timeout is 600 ms", took)
+	}
+	if rec, cancelled := lim.settled(); len(rec) != 1 || cancelled != 0 {
+		t.Errorf("settlements %v, cancels %d: want one reconcile", rec, cancelled)
+	}
+}
+
+// TestRefusalsAndSettlement: a member's 429 (tier 1 saturated) and 5xx send
+// the request to the next member without ejecting on the 429; a request no
+// member served gives its reservation back; a JSON body that breaks mid-way
+// cuts the client's connection and still settles.
+func TestRefusalsAndSettlement(t *testing.T) {
+	busy := startFake(t, func(w http.ResponseWriter, _ *http.Request) {
+		http.Error(w, `{"error":{}}`, http.StatusTooManyRequests)
+	})
+	broken := startFake(t, func(w http.ResponseWriter, _ *http.Request) { http.Error(w, "boom", http.StatusBadGateway) })
+	cut := startFake(t, func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Content-Length", "1000")
+		_, _ = w.Write([]byte(`{"id":"x","choices":[`))
+		w.(http.Flusher).Flush() // the first bytes go out, then the member dies
+		panic(http.ErrAbortHandler)
+	})
+	good := startTier1(t, 1, simserver.Options{})
+	t.Run("429 then 502 then served", func(t *testing.T) {
+		lim := &recordingLimiter{}
+		r, base := startRouter(t, routerConfig(fastRouting(), busy.member("busy", 1), broken.member("broken", 2), good.member("good", 3)), Options{Limiter: lim})
+		resp, body := send(t, base, "", chatBody(""))
+		if resp.StatusCode != 200 || resp.Header.Get("X-Kvgate-Member") != "good" {
+			t.Fatalf("%d from %q: %s", resp.StatusCode, resp.Header.Get("X-Kvgate-Member"), body)
+		}
+		if rec, c := lim.settled(); len(rec) != 1 || rec[0] <= 0 || c != 0 {
+			t.Errorf("settled %v, cancels %d", rec, c)
+		}
+		if r.metric(t, "kvgate_global_member_healthy", "member", "busy") != 1 {
+			t.Error("a 429 ejected the member")
+		}
+		if r.metric(t, "kvgate_global_failovers_total") != 2 {
+			t.Errorf("failovers %v, want 2", r.metric(t, "kvgate_global_failovers_total"))
+		}
+	})
+	t.Run("no member served", func(t *testing.T) {
+		lim := &recordingLimiter{}
+		_, base := startRouter(t, routerConfig(fastRouting(), busy.member("busy", 1), broken.member("broken", 2)), Options{Limiter: lim})
+		resp, body := send(t, base, "", chatBody(""))
+		if resp.StatusCode != 502 || strings.Contains(string(body), "127.0.0.1") {
+			t.Errorf("the last member's answer is relayed (%d), without internal addresses: %s", resp.StatusCode, body)
+		}
+		if rec, c := lim.settled(); len(rec)+c != 1 {
+			t.Errorf("settled %v, cancels %d: want exactly one settlement", rec, c)
+		}
+	})
+	t.Run("body cut mid-way", func(t *testing.T) {
+		lim := &recordingLimiter{}
+		_, base := startRouter(t, routerConfig(fastRouting(), cut.member("cut", 1)), Options{Limiter: lim})
+		req, _ := http.NewRequest("POST", base+"/v1/chat/completions", strings.NewReader(chatBody("")))
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			_, err = readAll(resp)
+		}
+		if err == nil {
+			t.Fatalf("a truncated JSON body reached the client as a whole one (status %d)", resp.StatusCode)
+		}
+		eventually(t, "the request settled", func() bool { rec, c := lim.settled(); return len(rec) == 1 && c == 0 })
+	})
+}
+
+func readAll(resp *http.Response) ([]byte, error) {
+	defer func() { _ = resp.Body.Close() }()
+	var b strings.Builder
+	buf := make([]byte, 4096)
+	for {
+		n, err := resp.Body.Read(buf)
+		b.Write(buf[:n])
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				return []byte(b.String()), nil
+			}
+			return []byte(b.String()), err
+		}
+	}
+}
