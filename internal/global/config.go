@@ -107,9 +107,11 @@ type Routing struct {
 	// (default 0.25).
 	MaxErrorRate *float64 `json:"maxErrorRate,omitempty"`
 	// RegionHeader names the client's region (default x-kvgate-region);
-	// CrossRegionLatency is added to a member's predicted TTFT when it is in
-	// another region (default 50ms).
+	// without it, a request's region is Region, where this router runs (its
+	// clients are near it). CrossRegionLatency is added to a member's predicted
+	// TTFT when it is in another region (default 50ms).
 	RegionHeader       string           `json:"regionHeader,omitempty"`
+	Region             string           `json:"region,omitempty"`
 	CrossRegionLatency *metav1.Duration `json:"crossRegionLatency,omitempty"`
 	// MaxAttempts bounds how many members a request may try (default 3).
 	MaxAttempts *int32 `json:"maxAttempts,omitempty"`
@@ -147,7 +149,7 @@ func dur(d *metav1.Duration, def time.Duration) time.Duration {
 type settings struct {
 	heartbeat, heartbeatTimeout, rampUp, defaultSLO, crossRegion time.Duration
 	maxErrorRate                                                 float64
-	regionHeader                                                 string
+	regionHeader, region                                         string
 	maxAttempts                                                  int
 	maxBody                                                      int64
 	priceBlind                                                   bool
@@ -165,6 +167,7 @@ func (r Routing) settings() settings {
 		maxAttempts:      3,
 		maxBody:          32 << 20,
 		priceBlind:       r.PriceBlind,
+		region:           r.Region,
 	}
 	if r.MaxErrorRate != nil {
 		s.maxErrorRate = *r.MaxErrorRate

@@ -229,3 +229,31 @@ func readAll(resp *http.Response) ([]byte, error) {
 		}
 	}
 }
+
+// TestRegion: equal prices, the member in the client's region takes the
+// request: the region named by the header, else the router's own.
+func TestRegion(t *testing.T) {
+	east := startTier1(t, 1, simserver.Options{})
+	west := startTier1(t, 1, simserver.Options{})
+	me, mw := east.member("east", 1), west.member("west", 1)
+	me.Region, mw.Region = "us-east-1", "us-west-2"
+	routing := fastRouting()
+	routing.Region = "us-west-2"
+	_, base := startRouter(t, routerConfig(routing, me, mw), Options{})
+	for _, tc := range []struct{ header, want string }{{"us-east-1", "east"}, {"", "west"}} {
+		for range 5 {
+			req, _ := http.NewRequest("POST", base+"/v1/chat/completions", strings.NewReader(chatBody("")))
+			if tc.header != "" {
+				req.Header.Set("X-Kvgate-Region", tc.header)
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_ = resp.Body.Close()
+			if got := resp.Header.Get("X-Kvgate-Member"); got != tc.want {
+				t.Fatalf("region header %q: served by %q, want %q", tc.header, got, tc.want)
+			}
+		}
+	}
+}

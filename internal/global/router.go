@@ -10,6 +10,7 @@ package global
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -274,7 +275,7 @@ func (r *Router) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 			return
 		}
 	}
-	policy := Policy{SLO: r.sloFor(model, tenant), ClientRegion: req.Header.Get(r.s.regionHeader), CrossRegion: r.s.crossRegion,
+	policy := Policy{SLO: r.sloFor(model, tenant), ClientRegion: cmp.Or(req.Header.Get(r.s.regionHeader), r.s.region), CrossRegion: r.s.crossRegion,
 		MaxErrorRate: r.s.maxErrorRate, PriceBlind: r.s.priceBlind}
 	order := Rank(cands, policy, mrand.Float64)
 	if len(order) > r.s.maxAttempts {
