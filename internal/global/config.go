@@ -285,7 +285,7 @@ func (c *Config) Validate() error {
 			add("spec.routing.%s: must be ≥ 0", field)
 		}
 	}
-	if r.HeartbeatInterval != nil && r.HeartbeatTimeout != nil && r.HeartbeatTimeout.Duration < r.HeartbeatInterval.Duration {
+	if st := r.settings(); st.heartbeat > 0 && st.heartbeatTimeout > 0 && st.heartbeatTimeout < st.heartbeat {
 		add("spec.routing.heartbeatTimeout: must be at least heartbeatInterval, or every member flaps")
 	}
 	if r.MaxBodyBytes != nil && *r.MaxBodyBytes <= 0 {

@@ -22,6 +22,7 @@ func TestParse(t *testing.T) {
 		{"GPU-hour price without tokens", head + "  members:\n  - {name: a, url: 'http://a', adminURL: 'http://a', pricePerGPUHour: 2}\n", "tokensPerGPUHour"},
 		{"zero heartbeat", head + member + "  routing: {heartbeatInterval: 0s}\n", "heartbeatInterval: must be > 0"},
 		{"timeout under the interval", head + member + "  routing: {heartbeatInterval: 2s, heartbeatTimeout: 1s}\n", "at least heartbeatInterval"},
+		{"timeout under the default interval", head + member + "  routing: {heartbeatTimeout: 100ms}\n", "at least heartbeatInterval"},
 		{"tenant named *", head + member + "  tenants: [{name: '*'}]\n", "not \"*\""},
 		{"tenant limit without model", head + member + "  tenants: [{name: acme, limits: [{requestsPerMinute: 5}]}]\n", "limits[0].model"},
 		{"negative limit", head + member + "  tenants: [{name: acme, limits: [{model: '*', requestsPerMinute: -1}]}]\n", "must be ≥ 0"},

@@ -56,6 +56,9 @@ func startupGrace(s settings) time.Duration { return max(5*time.Second, 2*s.hear
 // view is a member's state at one instant.
 type view struct {
 	healthy bool
+	// reachable: its heartbeat is fresh and it is not ejected, though it may
+	// be draining (taking no new requests, finishing those it has).
+	reachable bool
 	ramp    float64
 	summary gateway.Summary
 	lastOK  time.Time
@@ -68,7 +71,8 @@ type view struct {
 func (m *member) evaluate(now time.Time, s settings) view {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	healthy := !m.lastOK.IsZero() && now.Sub(m.lastOK) <= s.heartbeatTimeout && !m.summary.Draining && !now.Before(m.ejectedUntil)
+	reachable := !m.lastOK.IsZero() && now.Sub(m.lastOK) <= s.heartbeatTimeout && !now.Before(m.ejectedUntil)
+	healthy := reachable && !m.summary.Draining
 	if healthy && !m.healthy {
 		// A member back from being unhealthy ramps up; so does one first seen
 		// after the router's start-up (it came up while others had the
@@ -85,7 +89,7 @@ func (m *member) evaluate(now time.Time, s settings) view {
 		// at once (its heartbeat says it is up) but not a stampede.
 		ramp = min(1, 0.1+0.9*float64(now.Sub(m.rampStart))/float64(s.rampUp))
 	}
-	return view{healthy: healthy, ramp: ramp, summary: m.summary, lastOK: m.lastOK, lastErr: m.lastErr, sent: m.sent.Load()}
+	return view{healthy: healthy, reachable: reachable, ramp: ramp, summary: m.summary, lastOK: m.lastOK, lastErr: m.lastErr, sent: m.sent.Load()}
 }
 
 // heartbeat records one summary read.

@@ -379,7 +379,7 @@ func (r *Router) forward(w http.ResponseWriter, req *http.Request, rid, model st
 		if k > 0 {
 			r.m.Failovers.WithLabelValues(members[order[k-1]].cfg.Name, m.cfg.Name).Inc()
 		}
-		if c := cheapest(cands); k == 0 && cands[i].Price > cands[c].Price {
+		if c := cheapest(cands); k == 0 && !r.s.priceBlind && cands[i].Price > cands[c].Price {
 			r.m.Spills.WithLabelValues(model, cands[c].Name, m.cfg.Name).Inc()
 		}
 		last := k == len(order)-1
@@ -469,8 +469,8 @@ func (r *Router) attempt(w http.ResponseWriter, req *http.Request, rid, model st
 	return true, nil
 }
 
-// watch calls drained when the member stops being healthy before answered is
-// closed.
+// watch calls drained when the member is lost (heartbeat gone, or ejected)
+// before answered is closed.
 func (r *Router) watch(ctx context.Context, m *member, answered <-chan struct{}, drained func()) {
 	t := time.NewTicker(max(10*time.Millisecond, r.s.heartbeat/2))
 	defer t.Stop()
@@ -481,7 +481,9 @@ func (r *Router) watch(ctx context.Context, m *member, answered <-chan struct{},
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			if !m.evaluate(time.Now(), r.s).healthy {
+			// A draining member finishes what it holds; only a lost one is
+			// given up on.
+			if !m.evaluate(time.Now(), r.s).reachable {
 				select {
 				case <-answered:
 				default:
@@ -591,7 +593,11 @@ func (r *Router) relay(w http.ResponseWriter, req *http.Request, resp *http.Resp
 	code := strconv.Itoa(resp.StatusCode)
 	settle := func() {
 		prompt, completion, ok := usage.Usage()
-		if !ok {
+		switch {
+		case ok:
+		case resp.StatusCode >= 400:
+			prompt, completion = 0, 0 // an error answer generated nothing
+		default:
 			prompt, completion = st.prompt, usage.Events()
 		}
 		st.used = prompt + completion

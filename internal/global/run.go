@@ -36,7 +36,9 @@ func Run(ctx context.Context, o ServerOptions) error {
 		log = slog.Default()
 	}
 	o.Router.Logger = log
-	hbCtx, stop := context.WithCancel(ctx)
+	// Heartbeats outlive ctx: while the API drains, requests waiting for a
+	// member still need to know which members are alive.
+	hbCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
 	defer stop()
 	closeDeps, err := Dependencies(hbCtx, o.Config, &o.Router)
 	if err != nil {
