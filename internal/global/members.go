@@ -59,11 +59,11 @@ type view struct {
 	// reachable: its heartbeat is fresh and it is not ejected, though it may
 	// be draining (taking no new requests, finishing those it has).
 	reachable bool
-	ramp    float64
-	summary gateway.Summary
-	lastOK  time.Time
-	lastErr string
-	sent    int64
+	ramp      float64
+	summary   gateway.Summary
+	lastOK    time.Time
+	lastErr   string
+	sent      int64
 }
 
 // evaluate recomputes the member's health at now, starting a ramp when it
