@@ -92,6 +92,10 @@ func BenchmarkOverhead(b *testing.B) {
 					}
 				})
 			}
+			var before []bucket
+			if s.gw != nil {
+				before = buckets(b, s, "kvgate_extproc_body_end_delay_seconds")
+			}
 			b.ResetTimer()
 			for range b.N {
 				next <- struct{}{}
@@ -112,6 +116,13 @@ func BenchmarkOverhead(b *testing.B) {
 			b.ReportMetric(q(toPick, 0.5), "pick-p50-ms")
 			b.ReportMetric(q(toPick, 0.99), "pick-p99-ms")
 			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "req/s")
+			if s.gw != nil {
+				// The picker's own share, from its histogram: the body's end from
+				// its arrival to its return, at the bucket's upper bound.
+				d := diff(buckets(b, s, "kvgate_extproc_body_end_delay_seconds"), before)
+				b.ReportMetric(quantile(d, 0.5)*1000, "held-p50-ms")
+				b.ReportMetric(quantile(d, 0.99)*1000, "held-p99-ms")
+			}
 		})
 	}
 }
@@ -195,4 +206,51 @@ func (s *testServer) exchange(chunks [][]byte, events int, gap time.Duration) (a
 		return 0, 0, fmt.Errorf("stream end: %w", err)
 	}
 	return added, toPick, nil
+}
+
+type bucket struct {
+	upper float64
+	count uint64
+}
+
+// buckets reads a histogram's cumulative buckets from the picker's registry.
+func buckets(b *testing.B, s *testServer, name string) []bucket {
+	fams, err := s.gw.Metrics().Registry.Gather()
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, f := range fams {
+		if f.GetName() == name && len(f.GetMetric()) > 0 {
+			var out []bucket
+			for _, bk := range f.GetMetric()[0].GetHistogram().GetBucket() {
+				out = append(out, bucket{bk.GetUpperBound(), bk.GetCumulativeCount()})
+			}
+			return out
+		}
+	}
+	return nil
+}
+
+func diff(after, before []bucket) []bucket {
+	out := slices.Clone(after)
+	for i := range out {
+		if i < len(before) {
+			out[i].count -= before[i].count
+		}
+	}
+	return out
+}
+
+// quantile is the upper bound of the bucket holding the q-quantile.
+func quantile(bs []bucket, q float64) float64 {
+	if len(bs) == 0 || bs[len(bs)-1].count == 0 {
+		return 0
+	}
+	rank := uint64(q * float64(bs[len(bs)-1].count))
+	for _, bk := range bs {
+		if bk.count >= rank {
+			return bk.upper
+		}
+	}
+	return bs[len(bs)-1].upper
 }

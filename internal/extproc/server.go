@@ -159,6 +159,7 @@ type exchange struct {
 	answered bool // the request headers response went out
 	reqEOS   bool // the request body's end of stream was seen
 	reqBytes int64
+	eosAt    time.Time // when the body's last chunk arrived, until it is sent back
 	held     *bytes.Buffer
 	stash    *extprocv3.ProcessingRequest // a message read ahead by the body scan
 	route    *gateway.Route
@@ -265,6 +266,9 @@ func (x *exchange) handle(msg *extprocv3.ProcessingRequest) error {
 	case *extprocv3.ProcessingRequest_RequestHeaders:
 		return x.requestHeaders(msg, v.RequestHeaders)
 	case *extprocv3.ProcessingRequest_RequestBody:
+		if v.RequestBody.GetEndOfStream() && !x.reqEOS {
+			x.eosAt = time.Now()
+		}
 		return x.requestBody(v.RequestBody)
 	case *extprocv3.ProcessingRequest_RequestTrailers:
 		return x.requestTrailers()
@@ -353,7 +357,21 @@ func (x *exchange) echoRequest(p []byte, eos bool) error {
 		return err
 	}
 	x.reqEOS = eos
-	return sendBody(x.send, p, eos, true)
+	if err := sendBody(x.send, p, eos, true); err != nil {
+		return err
+	}
+	x.bodySent()
+	return nil
+}
+
+// bodySent records, once the body's end went back to the proxy, how long the
+// processor held it.
+func (x *exchange) bodySent() {
+	if !x.reqEOS || x.eosAt.IsZero() {
+		return
+	}
+	x.s.m.BodyEndDelay.Observe(time.Since(x.eosAt).Seconds())
+	x.eosAt = time.Time{}
 }
 
 func (x *exchange) requestTrailers() error {
@@ -436,6 +454,9 @@ func (x *exchange) release(r *chunkReader) error {
 		r.cur = nil
 	}
 	x.reqEOS = r.eos
+	if !r.trailers {
+		x.bodySent()
+	}
 	return nil
 }
 
@@ -628,6 +649,9 @@ func (r *chunkReader) Read(p []byte) (int, error) {
 		switch v := msg.Request.(type) {
 		case *extprocv3.ProcessingRequest_RequestBody:
 			r.cur, r.eos = v.RequestBody.GetBody(), v.RequestBody.GetEndOfStream()
+			if r.eos {
+				r.x.eosAt = time.Now()
+			}
 			r.x.reqBytes += int64(len(r.cur))
 			if err := r.x.checkSize(); err != nil {
 				r.err = err

@@ -97,6 +97,7 @@ type ExtProc struct {
 	Streams      *prometheus.CounterVec // outcome
 	DuplicateEOS *prometheus.CounterVec // direction
 	HeldBytes    prometheus.Histogram
+	BodyEndDelay prometheus.Histogram
 	BBR          *prometheus.CounterVec // result
 }
 
@@ -116,11 +117,16 @@ func NewExtProc(reg prometheus.Registerer) *ExtProc {
 			Help:    "Request body bytes held before the pick: what had to be read to find the model and the prompt's head. Everything after streams through unheld.",
 			Buckets: prometheus.ExponentialBuckets(256, 4, 10),
 		}),
+		BodyEndDelay: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "kvgate_extproc_body_end_delay_seconds",
+			Help:    "Time from the request body's last chunk reaching the processor to the processor sending it back: what it adds to the request path (a decision that needed the whole body included).",
+			Buckets: prometheus.ExponentialBuckets(10e-6, 2, 18),
+		}),
 		BBR: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvgate_bbr_requests_total",
 			Help: "Requests seen by the body-based router (`kvgate epp --bbr`) by result: model (model header set), adapter (an adapter, base model header set too), no_model (no model in the body; passed through unchanged), unreadable (a body that is not a JSON object, or a model name with control characters or over 512 bytes; passed through unchanged).",
 		}, []string{"result"}),
 	}
-	reg.MustRegister(m.Streams, m.DuplicateEOS, m.HeldBytes, m.BBR)
+	reg.MustRegister(m.Streams, m.DuplicateEOS, m.HeldBytes, m.BodyEndDelay, m.BBR)
 	return m
 }
