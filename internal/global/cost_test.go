@@ -93,7 +93,7 @@ func TestCostShaping(t *testing.T) {
 		// in the second's TTFT windows.
 		cheap := startTier1(t, 1, simserver.Options{Engine: sim.Config{GPU: "a10g", ModelSize: "8b", MaxNumSeqs: 2}})
 		dear := startTier1(t, 2, simserver.Options{Engine: sim.Config{GPU: "h100", ModelSize: "8b", MaxNumSeqs: 2}})
-		routing := fastRouting()
+		routing := steadyRouting()
 		routing.DefaultTTFTSLO = d(slo)
 		routing.PriceBlind = blind
 		dearMember := dear.member("dear", 4)

@@ -99,9 +99,18 @@ func (m *tier1) member(name string, price float64) Member {
 
 func d(x time.Duration) *metav1.Duration { return &metav1.Duration{Duration: x} }
 
-// fastRouting is a configuration that notices changes quickly, for tests.
+// fastRouting is a configuration that notices changes quickly, for tests of
+// failure detection.
 func fastRouting() Routing {
 	return Routing{HeartbeatInterval: d(100 * time.Millisecond), HeartbeatTimeout: d(600 * time.Millisecond), RampUp: d(3 * time.Second)}
+}
+
+// steadyRouting reads summaries as often but forgives a heartbeat that a
+// loaded test machine delays: for tests that are not about failure detection.
+func steadyRouting() Routing {
+	r := fastRouting()
+	r.HeartbeatTimeout = d(5 * time.Second)
+	return r
 }
 
 func routerConfig(routing Routing, members ...Member) *Config {

@@ -75,7 +75,7 @@ func (l *recordingLimiter) settled() ([]int64, int) {
 func TestBadInput(t *testing.T) {
 	var reached atomic.Int64
 	f := startFake(t, func(w http.ResponseWriter, _ *http.Request) { reached.Add(1) })
-	cfg := routerConfig(fastRouting(), f.member("only", 1))
+	cfg := routerConfig(steadyRouting(), f.member("only", 1))
 	small := int64(1 << 10)
 	cfg.Spec.Routing.MaxBodyBytes = &small
 	_, base := startRouter(t, cfg, Options{})
@@ -173,7 +173,7 @@ func TestRefusalsAndSettlement(t *testing.T) {
 	good := startTier1(t, 1, simserver.Options{})
 	t.Run("429 then 502 then served", func(t *testing.T) {
 		lim := &recordingLimiter{}
-		r, base := startRouter(t, routerConfig(fastRouting(), busy.member("busy", 1), broken.member("broken", 2), good.member("good", 3)), Options{Limiter: lim})
+		r, base := startRouter(t, routerConfig(steadyRouting(), busy.member("busy", 1), broken.member("broken", 2), good.member("good", 3)), Options{Limiter: lim})
 		resp, body := send(t, base, "", chatBody(""))
 		if resp.StatusCode != 200 || resp.Header.Get("X-Kvgate-Member") != "good" {
 			t.Fatalf("%d from %q: %s", resp.StatusCode, resp.Header.Get("X-Kvgate-Member"), body)
@@ -190,7 +190,7 @@ func TestRefusalsAndSettlement(t *testing.T) {
 	})
 	t.Run("no member served", func(t *testing.T) {
 		lim := &recordingLimiter{}
-		_, base := startRouter(t, routerConfig(fastRouting(), busy.member("busy", 1), broken.member("broken", 2)), Options{Limiter: lim})
+		_, base := startRouter(t, routerConfig(steadyRouting(), busy.member("busy", 1), broken.member("broken", 2)), Options{Limiter: lim})
 		resp, body := send(t, base, "", chatBody(""))
 		if resp.StatusCode != 502 || strings.Contains(string(body), "127.0.0.1") {
 			t.Errorf("the last member's answer is relayed (%d), without internal addresses: %s", resp.StatusCode, body)
@@ -201,7 +201,7 @@ func TestRefusalsAndSettlement(t *testing.T) {
 	})
 	t.Run("body cut mid-way", func(t *testing.T) {
 		lim := &recordingLimiter{}
-		_, base := startRouter(t, routerConfig(fastRouting(), cut.member("cut", 1)), Options{Limiter: lim})
+		_, base := startRouter(t, routerConfig(steadyRouting(), cut.member("cut", 1)), Options{Limiter: lim})
 		req, _ := http.NewRequest("POST", base+"/v1/chat/completions", strings.NewReader(chatBody("")))
 		resp, err := http.DefaultClient.Do(req)
 		if err == nil {
@@ -237,7 +237,7 @@ func TestRegion(t *testing.T) {
 	west := startTier1(t, 1, simserver.Options{})
 	me, mw := east.member("east", 1), west.member("west", 1)
 	me.Region, mw.Region = "us-east-1", "us-west-2"
-	routing := fastRouting()
+	routing := steadyRouting()
 	routing.Region = "us-west-2"
 	_, base := startRouter(t, routerConfig(routing, me, mw), Options{})
 	for _, tc := range []struct{ header, want string }{{"us-east-1", "east"}, {"", "west"}} {
