@@ -1,0 +1,72 @@
+package global
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvgate/kvgate/internal/auth"
+	"github.com/kvgate/kvgate/internal/simserver"
+)
+
+// TestRun: the router as `kvgate global` runs it — listeners, heartbeats,
+// authentication built from the configuration, metrics and readiness on the
+// admin listener, and a drain that returns once its context ends.
+func TestRun(t *testing.T) {
+	m := startTier1(t, 1, simserver.Options{})
+	cfg := routerConfig(steadyRouting(), m.member("only", 1))
+	cfg.Spec.Auth = &auth.Config{APIKeys: []auth.APIKey{{Tenant: "acme", Hash: auth.HashKey("sk-acme")}}}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ready := make(chan [2]string, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- Run(ctx, ServerOptions{Config: cfg, Listen: "127.0.0.1:0", AdminListen: "127.0.0.1:0", DrainTimeout: 5 * time.Second,
+			Router: Options{Logger: quiet}, Ready: ready})
+	}()
+	var addrs [2]string
+	select {
+	case addrs = <-ready:
+	case err := <-done:
+		t.Fatal(err)
+	}
+	api, admin := "http://"+addrs[0], "http://"+addrs[1]
+	get := func(url string) (int, string) {
+		resp, err := http.Get(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = resp.Body.Close() }()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	eventually(t, "ready once the member's heartbeat came", func() bool { code, _ := get(admin + "/readyz"); return code == 200 })
+	if resp, body := send(t, api, "", chatBody("")); resp.StatusCode != 401 {
+		t.Fatalf("without a key: %d %s", resp.StatusCode, body)
+	}
+	if resp, body := send(t, api, "sk-acme", chatBody("")); resp.StatusCode != 200 || resp.Header.Get("X-Kvgate-Member") != "only" {
+		t.Fatalf("with a key: %d %s", resp.StatusCode, body)
+	}
+	if _, body := get(admin + "/metrics"); !strings.Contains(body, `kvgate_global_requests_total{code="200",member="only"`) ||
+		!strings.Contains(body, `kvgate_auth_requests_total{method="api_key",result="ok"} 1`) {
+		t.Errorf("metrics lack the request or the authentication:\n%.3000s", body)
+	}
+	if _, body := get(admin + "/debug/members"); !strings.Contains(body, `"Healthy": true`) {
+		t.Errorf("/debug/members: %.500s", body)
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not return after its context ended")
+	}
+}
