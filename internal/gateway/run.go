@@ -3,10 +3,8 @@ package gateway
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -15,6 +13,7 @@ import (
 	"github.com/fsnotify/fsnotify"
 
 	"github.com/kvgate/kvgate/internal/config"
+	"github.com/kvgate/kvgate/internal/serving"
 )
 
 // ServerOptions configure Run.
@@ -39,13 +38,7 @@ type ServerOptions struct {
 }
 
 // Frontend is a data plane Run serves on its API listener.
-type Frontend interface {
-	// Serve accepts connections on ln until Shutdown; it returns nil or
-	// http.ErrServerClosed once shut down.
-	Serve(ln net.Listener) error
-	// Shutdown stops accepting and waits for requests in flight until ctx ends.
-	Shutdown(ctx context.Context) error
-}
+type Frontend = serving.Server
 
 // Addrs are the bound listener addresses; Health is the gRPC health listener of
 // a frontend that has one.
@@ -77,19 +70,13 @@ func Run(ctx context.Context, o ServerOptions) error {
 		g.m.Reloads.WithLabelValues("success").Inc()
 		schedulers = len(cfg.Spec.Schedulers)
 	}
-	apiLn, err := net.Listen("tcp", o.Listen)
+	apiLn, adminLn, err := serving.Listen(o.Listen, o.AdminListen)
 	if err != nil {
-		return fmt.Errorf("API listener: %w", err)
-	}
-	adminLn, err := net.Listen("tcp", o.AdminListen)
-	if err != nil {
-		_ = apiLn.Close()
-		return fmt.Errorf("admin listener: %w", err)
+		return err
 	}
 	watchCtx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
-	var api Frontend = &http.Server{Handler: g, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10,
-		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
+	var api Frontend = serving.NewAPI(g, log)
 	if o.Frontend != nil {
 		if api, err = o.Frontend(watchCtx, g); err != nil {
 			_ = apiLn.Close()
@@ -97,25 +84,11 @@ func Run(ctx context.Context, o ServerOptions) error {
 			return err
 		}
 	}
-	admin := &http.Server{Handler: g.AdminHandler(), ReadHeaderTimeout: 10 * time.Second}
-	errc := make(chan error, 3)
-	go func() {
-		err := api.Serve(apiLn)
-		if err == nil {
-			err = http.ErrServerClosed
-		}
-		errc <- err
-	}()
-	go func() { errc <- admin.Serve(adminLn) }()
 	addrs := Addrs{API: apiLn.Addr().String(), Admin: adminLn.Addr().String()}
 	if h, ok := api.(interface{ HealthAddr() string }); ok {
 		addrs.Health = h.HealthAddr()
 	}
-	log.Info("kvgate serving", "api", addrs.API, "admin", addrs.Admin, "health", addrs.Health, "config", o.ConfigPath, "schedulers", schedulers)
-	if o.Ready != nil {
-		o.Ready <- addrs
-	}
-
+	errc := make(chan error, 1)
 	if o.Source != nil {
 		go func() {
 			if err := o.Source(watchCtx, g); err != nil && watchCtx.Err() == nil {
@@ -125,25 +98,13 @@ func Run(ctx context.Context, o ServerOptions) error {
 	} else {
 		go g.watch(watchCtx, o.ConfigPath, initial, o.Reload, log)
 	}
-
-	select {
-	case <-ctx.Done():
-	case err := <-errc:
-		if !errors.Is(err, http.ErrServerClosed) {
-			return err
-		}
+	log.Info("kvgate serving", "api", addrs.API, "admin", addrs.Admin, "health", addrs.Health, "config", o.ConfigPath, "schedulers", schedulers)
+	if o.Ready != nil {
+		o.Ready <- addrs
 	}
 	// Drain: fail readiness, stop accepting, let in-flight requests finish.
-	g.Drain()
-	log.Info("draining", "timeout", o.DrainTimeout)
-	shutdown, cancel := context.WithTimeout(context.Background(), o.DrainTimeout)
-	defer cancel()
-	err = api.Shutdown(shutdown)
-	_ = admin.Close()
-	if err != nil {
-		return fmt.Errorf("drain: %w", err)
-	}
-	return nil
+	return serving.Serve(ctx, api, apiLn, &http.Server{Handler: g.AdminHandler(), ReadHeaderTimeout: 10 * time.Second}, adminLn, errc,
+		func() { g.Drain(); log.Info("draining", "timeout", o.DrainTimeout) }, o.DrainTimeout)
 }
 
 // watch reloads the configuration on SIGHUP and when its file changes. Kubernetes

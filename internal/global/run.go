@@ -4,10 +4,8 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
 	"time"
 
@@ -16,6 +14,7 @@ import (
 
 	"github.com/kvgate/kvgate/internal/auth"
 	"github.com/kvgate/kvgate/internal/ratelimit"
+	"github.com/kvgate/kvgate/internal/serving"
 )
 
 // ServerOptions configure Run.
@@ -47,41 +46,16 @@ func Run(ctx context.Context, o ServerOptions) error {
 	defer closeDeps()
 	r := New(o.Config, o.Router)
 	r.Start(hbCtx)
-	apiLn, err := net.Listen("tcp", o.Listen)
+	apiLn, adminLn, err := serving.Listen(o.Listen, o.AdminListen)
 	if err != nil {
-		return fmt.Errorf("API listener: %w", err)
+		return err
 	}
-	adminLn, err := net.Listen("tcp", o.AdminListen)
-	if err != nil {
-		_ = apiLn.Close()
-		return fmt.Errorf("admin listener: %w", err)
-	}
-	api := &http.Server{Handler: r, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10,
-		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
-	admin := &http.Server{Handler: r.AdminHandler(), ReadHeaderTimeout: 10 * time.Second}
-	errc := make(chan error, 2)
-	go func() { errc <- api.Serve(apiLn) }()
-	go func() { errc <- admin.Serve(adminLn) }()
 	log.Info("kvgate global serving", "api", apiLn.Addr().String(), "admin", adminLn.Addr().String(), "members", len(o.Config.Spec.Members))
 	if o.Ready != nil {
 		o.Ready <- [2]string{apiLn.Addr().String(), adminLn.Addr().String()}
 	}
-	select {
-	case <-ctx.Done():
-	case err := <-errc:
-		if !errors.Is(err, http.ErrServerClosed) {
-			return err
-		}
-	}
-	r.Drain()
-	shutdown, cancel := context.WithTimeout(context.Background(), o.DrainTimeout)
-	defer cancel()
-	err = api.Shutdown(shutdown)
-	_ = admin.Close()
-	if err != nil {
-		return fmt.Errorf("drain: %w", err)
-	}
-	return nil
+	return serving.Serve(ctx, serving.NewAPI(r, log), apiLn, &http.Server{Handler: r.AdminHandler(), ReadHeaderTimeout: 10 * time.Second}, adminLn,
+		nil, r.Drain, o.DrainTimeout)
 }
 
 // Dependencies builds what the configuration asks for beyond the router: the
