@@ -199,6 +199,19 @@ func TestRefusalsAndSettlement(t *testing.T) {
 			t.Errorf("settled %v, cancels %d: want exactly one settlement", rec, c)
 		}
 	})
+	t.Run("an error answer costs no tokens", func(t *testing.T) {
+		bad := startFake(t, func(w http.ResponseWriter, _ *http.Request) {
+			http.Error(w, `{"error":{"message":"bad","code":400}}`, http.StatusBadRequest)
+		})
+		lim := &recordingLimiter{}
+		_, base := startRouter(t, routerConfig(steadyRouting(), bad.member("bad", 1)), Options{Limiter: lim})
+		if resp, _ := send(t, base, "", chatBody("")); resp.StatusCode != 400 {
+			t.Fatalf("status %d, want the member's 400 relayed", resp.StatusCode)
+		}
+		if rec, c := lim.settled(); len(rec) != 1 || rec[0] != 0 || c != 0 {
+			t.Errorf("settled %v, cancels %d: want one reconcile at 0 tokens", rec, c)
+		}
+	})
 	t.Run("body cut mid-way", func(t *testing.T) {
 		lim := &recordingLimiter{}
 		_, base := startRouter(t, routerConfig(steadyRouting(), cut.member("cut", 1)), Options{Limiter: lim})
@@ -255,5 +268,47 @@ func TestRegion(t *testing.T) {
 				t.Fatalf("region header %q: served by %q, want %q", tc.header, got, tc.want)
 			}
 		}
+	}
+}
+
+// TestHeaders: the client's credentials, hop-by-hop headers and kvgate's and
+// the picker protocol's control headers do not reach the member (the model
+// name does); tier 1's internals do not reach the client.
+func TestHeaders(t *testing.T) {
+	var got http.Header
+	var mu sync.Mutex
+	f := startFake(t, func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		got = r.Header.Clone()
+		mu.Unlock()
+		w.Header().Set("X-Kvgate-Endpoint", "10.0.0.7:8000")
+		w.Header().Set("X-Kvgate-Scores", "10.0.0.7:8000 0.9")
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"choices":[]}`))
+	})
+	_, base := startRouter(t, routerConfig(steadyRouting(), f.member("only", 1)), Options{})
+	req, _ := http.NewRequest("POST", base+"/v1/chat/completions", strings.NewReader(chatBody("")))
+	for k, v := range map[string]string{"Authorization": "Bearer sk-secret", "Api-Key": "sk-secret", "Proxy-Authorization": "x",
+		"X-Kvgate-Explain": "1", "X-Gateway-Destination-Endpoint": "10.0.0.9:8000", "X-Gateway-Model-Name": llama,
+		"Connection": "X-Hop", "X-Hop": "1", "X-Custom": "kept"} {
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = resp.Body.Close()
+	mu.Lock()
+	defer mu.Unlock()
+	for _, h := range []string{"Authorization", "Api-Key", "Proxy-Authorization", "X-Kvgate-Explain", "X-Gateway-Destination-Endpoint", "X-Hop"} {
+		if v := got.Get(h); v != "" {
+			t.Errorf("%s reached the member: %q", h, v)
+		}
+	}
+	if got.Get("X-Gateway-Model-Name") != llama || got.Get("X-Custom") != "kept" || got.Get("X-Request-Id") == "" || got.Get("X-Forwarded-For") == "" {
+		t.Errorf("headers the member should get: %v", got)
+	}
+	if resp.Header.Get("X-Kvgate-Endpoint") != "" || resp.Header.Get("X-Kvgate-Scores") != "" || resp.Header.Get("X-Kvgate-Member") != "only" {
+		t.Errorf("response headers: %v", resp.Header)
 	}
 }

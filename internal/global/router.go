@@ -379,8 +379,10 @@ func (r *Router) forward(w http.ResponseWriter, req *http.Request, rid, model st
 		if k > 0 {
 			r.m.Failovers.WithLabelValues(members[order[k-1]].cfg.Name, m.cfg.Name).Inc()
 		}
-		if c := cheapest(cands); k == 0 && !r.s.priceBlind && cands[i].Price > cands[c].Price {
-			r.m.Spills.WithLabelValues(model, cands[c].Name, m.cfg.Name).Inc()
+		if k == 0 && !r.s.priceBlind {
+			if c := cheapest(cands); cands[i].Price > cands[c].Price {
+				r.m.Spills.WithLabelValues(model, cands[c].Name, m.cfg.Name).Inc()
+			}
 		}
 		last := k == len(order)-1
 		done, err := r.attempt(w, req, rid, model, body, m, start, last, st)
