@@ -17,6 +17,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -186,6 +187,14 @@ func BenchmarkAddedLatencyStdlibProxy(b *testing.B) {
 	benchAddedLatency(b, sim.addr, startHelper(b, stdlibProxyEnv+"="+sim.addr))
 }
 
+// BenchmarkAddedLatencyTCPRelay puts a bare TCP relay (a goroutine copying each
+// way, no HTTP at all) in kvgate's place: what one more process hop costs here
+// before any proxy does any work.
+func BenchmarkAddedLatencyTCPRelay(b *testing.B) {
+	sim, _ := benchPair(b)
+	benchAddedLatency(b, sim.addr, startHelper(b, tcpRelayEnv+"="+sim.addr))
+}
+
 func benchAddedLatency(b *testing.B, direct, proxy string) {
 	body := []byte(`{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":2,"ignore_eos":true,"stream":true}`)
 	const rate, seconds = 1000, 10
@@ -204,6 +213,10 @@ const stdlibProxyEnv = "KVGATE_BENCH_STDLIB_PROXY"
 // limit.
 const staticUpstreamEnv = "KVGATE_BENCH_STATIC_UPSTREAM"
 
+// tcpRelayEnv makes the test binary relay every connection it accepts to the
+// address it holds, byte for byte (see TestMain).
+const tcpRelayEnv = "KVGATE_BENCH_TCP_RELAY"
+
 func TestMain(m *testing.M) {
 	if os.Getenv(staticUpstreamEnv) != "" {
 		body := []byte(`{"id":"cmpl-1","object":"text_completion","model":"m","choices":[{"index":0,"text":" hi","finish_reason":"length"}],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}`)
@@ -218,6 +231,29 @@ func TestMain(m *testing.M) {
 			_, _ = w.Write(body)
 		}))
 		os.Exit(0)
+	}
+	if upstream := os.Getenv(tcpRelayEnv); upstream != "" {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			os.Exit(1)
+		}
+		fmt.Println(ln.Addr().String())
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				os.Exit(1)
+			}
+			go func() {
+				u, err := net.Dial("tcp", upstream)
+				if err != nil {
+					_ = c.Close()
+					return
+				}
+				go func() { _, _ = io.Copy(u, c); _ = u.Close() }()
+				_, _ = io.Copy(c, u)
+				_ = c.Close()
+			}()
+		}
 	}
 	if upstream := os.Getenv(stdlibProxyEnv); upstream != "" {
 		p := httputil.NewSingleHostReverseProxy(&url.URL{Scheme: "http", Host: upstream})
@@ -472,4 +508,101 @@ func rss(b *testing.B, pid int) int64 {
 		b.Fatal(err)
 	}
 	return v
+}
+
+// freePort returns a loopback address nothing listens on, for a proxy that
+// cannot report the port it bound.
+func freePort(b *testing.B) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer func() { _ = ln.Close() }()
+	return ln.Addr().String()
+}
+
+// startPeer runs another proxy (found on PATH, or the benchmark is skipped) with
+// the configuration conf renders for its listen address and the simulated
+// server, and returns the address it serves on.
+func startPeer(b *testing.B, sim, name, confName string, conf func(addr, dir string) string, args func(conf, dir string) []string) string {
+	path, err := exec.LookPath(name)
+	if err != nil {
+		b.Skipf("%s is not installed (apt-get install %s)", name, name)
+	}
+	addr, dir := freePort(b), b.TempDir()
+	file := filepath.Join(dir, confName)
+	if err := os.WriteFile(file, []byte(conf(addr, dir)), 0o600); err != nil {
+		b.Fatal(err)
+	}
+	cmd := exec.Command(path, args(file, dir)...)
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	// SIGTERM, not a kill: nginx's master takes its workers down with it only
+	// when it is asked to stop.
+	b.Cleanup(func() { _ = cmd.Process.Signal(syscall.SIGTERM); _ = cmd.Wait() })
+	for range 250 {
+		if c, err := net.Dial("tcp", addr); err == nil {
+			_ = c.Close()
+			return addr
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	b.Fatalf("%s did not start listening on %s", name, addr)
+	return ""
+}
+
+// BenchmarkAddedLatencyHAProxy puts HAProxy (HTTP mode, keep-alive to the server)
+// in kvgate's place: what a mature C proxy adds on the same machine.
+func BenchmarkAddedLatencyHAProxy(b *testing.B) {
+	sim, _ := benchPair(b)
+	addr := startPeer(b, sim.addr, "haproxy", "haproxy.cfg", func(addr, _ string) string {
+		return fmt.Sprintf(`global
+  maxconn 8000
+defaults
+  mode http
+  timeout connect 5s
+  timeout client 60s
+  timeout server 60s
+frontend f
+  bind %s
+  default_backend s
+backend s
+  http-reuse always
+  server sim %s
+`, addr, sim.addr)
+	}, func(conf, _ string) []string { return []string{"-f", conf, "-db"} })
+	benchAddedLatency(b, sim.addr, addr)
+}
+
+// BenchmarkAddedLatencyNginx puts nginx (two workers, unbuffered both ways,
+// keep-alive to the server) in kvgate's place.
+func BenchmarkAddedLatencyNginx(b *testing.B) {
+	sim, _ := benchPair(b)
+	addr := startPeer(b, sim.addr, "nginx", "nginx.conf", func(addr, dir string) string {
+		return fmt.Sprintf(`daemon off;
+worker_processes 2;
+pid %[1]s/nginx.pid;
+error_log stderr warn;
+events { worker_connections 8000; }
+http {
+  access_log off;
+  client_body_temp_path %[1]s;
+  proxy_temp_path %[1]s;
+  upstream sim { server %[2]s; keepalive 1024; }
+  server {
+    listen %[3]s;
+    location / {
+      proxy_pass http://sim;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_buffering off;
+      proxy_request_buffering off;
+    }
+  }
+}
+`, dir, sim.addr, addr)
+	}, func(conf, dir string) []string { return []string{"-c", conf, "-p", dir} })
+	benchAddedLatency(b, sim.addr, addr)
 }

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"bytes"
 	"errors"
 	"io"
 	"sync"
@@ -12,8 +13,13 @@ import (
 // Once more than that has streamed, the body can no longer be replayed and the
 // request is not retried.
 type replayBody struct {
-	mu       sync.Mutex
-	head     []byte
+	mu   sync.Mutex
+	head []byte
+	// whole is the complete body when it was read entirely while looking for the
+	// model. Attempts send it from memory, which the transport writes in the same
+	// segment as the request's headers; any other body makes it flush the headers
+	// first, and the model server wakes twice.
+	whole    []byte
 	rest     io.Reader
 	recorded []byte
 	limit    int64
@@ -40,6 +46,9 @@ func (b *replayBody) next() (io.ReadCloser, bool) {
 	defer b.mu.Unlock()
 	if b.current != nil {
 		b.current.detached = true
+	}
+	if b.whole != nil {
+		return io.NopCloser(bytes.NewReader(b.whole)), true
 	}
 	if b.overflow || b.clientErr != nil {
 		return nil, false

@@ -53,6 +53,11 @@ var headPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
 
 // hashPool holds prompt block-hash slices.
 var hashPool = sync.Pool{New: func() any { s := make([]uint64, 0, prefix.DefaultMaxBlocks); return &s }}
+
+// maxWholeBody bounds the bodies kept whole for sending (see replayBody.whole):
+// past a few kilobytes the transport's buffer splits the writes anyway.
+const maxWholeBody = 64 << 10
+
 var copyPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
 
 // ServeHTTP implements the OpenAI data plane.
@@ -151,8 +156,13 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 
 	rb := newReplayBody(head.Bytes(), body, rt.gw.RetryBuffer())
-	if r.ContentLength == 0 && head.Len() == 0 {
+	switch {
+	case r.ContentLength == 0 && head.Len() == 0:
 		rb.rest = nil
+	case r.ContentLength == int64(head.Len()) && head.Len() <= maxWholeBody:
+		// A copy: the head buffer goes back to the pool when this handler returns,
+		// and the transport may still hold the body then.
+		rb.whole = bytes.Clone(head.Bytes())
 	}
 	// Runs before the head buffer goes back to the pool: a transport still holding
 	// the last attempt's reader must not read it afterwards.
@@ -505,7 +515,10 @@ func (g *Gateway) relay(ctx context.Context, w http.ResponseWriter, resp *http.R
 				clientGone = true
 				break
 			}
-			if sse {
+			// With the end of the body read in the same call, the data goes out
+			// with the response's last chunk when the handler returns: one write,
+			// and the client wakes once.
+			if sse && err == nil {
 				if ferr := rc.Flush(); ferr != nil {
 					clientGone = true
 					break
