@@ -1,6 +1,9 @@
 package main
 
 import (
+	"os"
+	"os/signal"
+	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -23,7 +26,11 @@ member's admin listener) as its heartbeat, sends each request to the cheapest he
 predicted time to first token stays inside the SLO (spilling to dearer members as it would not),
 fails over to the next member when one fails before streaming, ramps returning members up
 gradually, authenticates API keys or JWTs, and enforces per-tenant and per-model limits shared by
-all replicas through Redis. Metrics, health and /debug/members are on --admin-listen.`,
+all replicas through Redis. Metrics, health, /debug/members and /debug/config are on
+--admin-listen. The configuration reloads on SIGHUP and when its file changes: members keep their
+health across a reload unless their URLs change, requests under way finish under the configuration
+they started with, and a file that fails validation is reported while the previous one keeps
+serving.`,
 		Example: `  kvgate global --config deploy/examples/global.yaml`,
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -31,8 +38,12 @@ all replicas through Redis. Metrics, health and /debug/members are on --admin-li
 			if err != nil {
 				return err
 			}
-			o.Config = cfg
+			o.Config, o.ConfigPath = cfg, path
 			o.Router.Logger = newLoggerFormat(logLevel, logFormat)
+			hup := make(chan os.Signal, 1)
+			signal.Notify(hup, syscall.SIGHUP)
+			defer signal.Stop(hup)
+			o.Reload = hup
 			return global.Run(cmd.Context(), o)
 		},
 	}

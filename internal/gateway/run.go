@@ -1,18 +1,15 @@
 package gateway
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
 	"net/http"
 	"os"
-	"path/filepath"
 	"time"
 
-	"github.com/fsnotify/fsnotify"
-
 	"github.com/kvgate/kvgate/internal/config"
+	"github.com/kvgate/kvgate/internal/reload"
 	"github.com/kvgate/kvgate/internal/serving"
 )
 
@@ -96,7 +93,7 @@ func Run(ctx context.Context, o ServerOptions) error {
 			}
 		}()
 	} else {
-		go g.watch(watchCtx, o.ConfigPath, initial, o.Reload, log)
+		go reload.Watch(watchCtx, o.ConfigPath, initial, o.Reload, log, func(data []byte, err error) { g.reload(o.ConfigPath, data, err, log) })
 	}
 	log.Info("kvgate serving", "api", addrs.API, "admin", addrs.Admin, "health", addrs.Health, "config", o.ConfigPath, "schedulers", schedulers)
 	if o.Ready != nil {
@@ -107,53 +104,8 @@ func Run(ctx context.Context, o ServerOptions) error {
 		func() { g.Drain(); log.Info("draining", "timeout", o.DrainTimeout) }, o.DrainTimeout)
 }
 
-// watch reloads the configuration on SIGHUP and when its file changes. Kubernetes
-// ConfigMaps swap a symlink in the file's folder, so the folder is watched.
-func (g *Gateway) watch(ctx context.Context, path string, last []byte, hup <-chan os.Signal, log *slog.Logger) {
-
-	var events <-chan fsnotify.Event
-	var watchErrs <-chan error
-	if w, err := fsnotify.NewWatcher(); err != nil {
-		log.Warn("cannot watch the configuration file; reload with SIGHUP", "err", err)
-	} else {
-		defer func() { _ = w.Close() }()
-		if err := w.Add(filepath.Dir(path)); err != nil {
-			log.Warn("cannot watch the configuration file; reload with SIGHUP", "err", err)
-		} else {
-			events, watchErrs = w.Events, w.Errors
-		}
-	}
-	// One comparison once the watch is in place catches a change made between the
-	// first read and now.
-	debounce := time.After(0)
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-hup:
-			last = g.reload(path, nil, log)
-		case ev := <-events:
-			if filepath.Clean(ev.Name) == filepath.Clean(path) || filepath.Base(ev.Name) == "..data" {
-				debounce = time.After(100 * time.Millisecond)
-			}
-		case <-debounce:
-			last = g.reload(path, last, log)
-		case err := <-watchErrs:
-			// Read so that the watcher never blocks; a missed event (an inotify
-			// overflow) is made up for by reading the file again.
-			log.Warn("watching the configuration file", "err", err)
-			debounce = time.After(100 * time.Millisecond)
-		}
-	}
-}
-
-// reload reads the file and applies it if it changed from prev (nil: always).
-// It returns the bytes read.
-func (g *Gateway) reload(path string, prev []byte, log *slog.Logger) []byte {
-	data, err := os.ReadFile(path)
-	if err == nil && prev != nil && bytes.Equal(data, prev) {
-		return prev
-	}
+// reload applies a configuration file's new contents (or the error reading it).
+func (g *Gateway) reload(path string, data []byte, err error, log *slog.Logger) {
 	cfg, perr := config.Parse(path, data)
 	if err != nil {
 		perr = err
@@ -165,9 +117,8 @@ func (g *Gateway) reload(path string, prev []byte, log *slog.Logger) []byte {
 		g.RecordRejected(perr)
 		g.m.Reloads.WithLabelValues("failure").Inc()
 		log.Error("configuration rejected; the previous one keeps serving", "err", perr)
-		return data
+		return
 	}
 	g.m.Reloads.WithLabelValues("success").Inc()
 	log.Info("configuration reloaded", "schedulers", len(cfg.Spec.Schedulers))
-	return data
 }

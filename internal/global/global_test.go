@@ -135,8 +135,9 @@ func startRouter(t testing.TB, cfg *Config, opts Options) (*Router, string) {
 	t.Cleanup(srv.Close)
 	eventually(t, "every member healthy", func() bool {
 		now := time.Now()
-		for _, m := range r.members {
-			v := m.evaluate(now, r.s)
+		g := r.gen.Load()
+		for _, m := range g.members {
+			v := m.evaluate(now, g.s)
 			if l, ok := modelLoad(v.summary, llama); !v.healthy || !ok || l.ReadyEndpoints == 0 {
 				return false
 			}

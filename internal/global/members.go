@@ -19,9 +19,11 @@ import (
 // member is one tier-1 gateway as the router knows it: its configuration, its
 // last load summary and its health.
 type member struct {
-	cfg           Member
-	price, weight float64
-	inFlight      atomic.Int64
+	// cfg is the configuration the member was created with: its name and URLs,
+	// which identify it. What a reload may change is in policy.
+	cfg      Member
+	policy   atomic.Pointer[memberPolicy]
+	inFlight atomic.Int64
 	// sent counts requests sent since the last heartbeat: the load the next
 	// summary will show, which the chooser counts meanwhile.
 	sent atomic.Int64
@@ -43,10 +45,27 @@ type member struct {
 	// max_num_seqs).
 	runHigh map[string]float64
 	born    time.Time // when the router started following it
+
+	// The heartbeat goroutine's cancel and settings; the router's, under its
+	// lock.
+	stopPoll     func()
+	pollSettings settings
+}
+
+// memberPolicy is what the configuration says of a member beyond its identity.
+type memberPolicy struct {
+	region        string
+	price, weight float64
 }
 
 func newMember(c Member) *member {
-	return &member{cfg: c, price: c.Price(), weight: c.CapacityWeight(), runHigh: map[string]float64{}, born: time.Now()}
+	m := &member{cfg: c, runHigh: map[string]float64{}, born: time.Now(), stopPoll: func() {}}
+	m.setPolicy(c)
+	return m
+}
+
+func (m *member) setPolicy(c Member) {
+	m.policy.Store(&memberPolicy{region: c.Region, price: c.Price(), weight: c.CapacityWeight()})
 }
 
 // startupGrace is how long after the router starts a member first seen healthy

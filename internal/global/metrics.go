@@ -18,6 +18,8 @@ type Metrics struct {
 	Spills        *prometheus.CounterVec   // model, from (the cheapest), to
 	MemberHealthy *prometheus.GaugeVec     // member
 	MemberRamp    *prometheus.GaugeVec     // member
+	Reloads       *prometheus.CounterVec   // result
+	ConfigOK      prometheus.Gauge
 }
 
 var latency = []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320}
@@ -50,8 +52,12 @@ func NewMetrics() *Metrics {
 			Help: "1 when the member's heartbeat is fresh, it is not draining and not ejected after failed requests."}, []string{"member"}),
 		MemberRamp: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kvgate_global_member_ramp",
 			Help: "The share of its full traffic a returning member may take, rising from 0.1 to 1 over routing.rampUp."}, []string{"member"}),
+		Reloads: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvgate_global_config_reloads_total",
+			Help: "Attempts to load a changed configuration file, by result (success, failure: the previous configuration keeps serving)."}, []string{"result"}),
+		ConfigOK: prometheus.NewGauge(prometheus.GaugeOpts{Name: "kvgate_global_config_last_reload_successful",
+			Help: "1 when the last attempt to load the configuration file succeeded."}),
 	}
-	m.Registry.MustRegister(m.Requests, m.Duration, m.TTFT, m.Tokens, m.Cost, m.Failovers, m.Spills, m.MemberHealthy, m.MemberRamp,
+	m.Registry.MustRegister(m.Requests, m.Duration, m.TTFT, m.Tokens, m.Cost, m.Failovers, m.Spills, m.MemberHealthy, m.MemberRamp, m.Reloads, m.ConfigOK,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

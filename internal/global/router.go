@@ -27,6 +27,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvgate/kvgate/internal/auth"
@@ -69,22 +70,79 @@ type Options struct {
 
 // Router is the global router's data plane.
 type Router struct {
-	cfg     *Config
-	s       settings
-	members []*member
-	opts    Options
-	log     *slog.Logger
-	m       *Metrics
-	slo     map[string]time.Duration // by model
-	tslo    map[string]time.Duration // by tenant
-	client  *http.Client             // heartbeats
-	maxTok  int64
+	opts   Options
+	log    *slog.Logger
+	m      *Metrics
+	client *http.Client // heartbeats
+	gen    atomic.Pointer[generation]
 
-	draining bool
 	mu       sync.Mutex
+	draining bool
+	pollCtx  context.Context // set by Start: heartbeats of later members run under it
+	// The configuration in force and the outcome of the last load, for
+	// /debug/config.
+	active   *Config
+	loadedAt time.Time
+	loadErr  error
 }
 
-// New returns a router over cfg's members; Start runs their heartbeats.
+// generation is one configuration in force: its settings, members and SLOs,
+// and the authenticator and limiter built for it. A request keeps the
+// generation it started with to its end.
+type generation struct {
+	s       settings
+	members []*member
+	slo     map[string]time.Duration // by model
+	tslo    map[string]time.Duration // by tenant
+	maxTok  int64
+	auth    *auth.Authenticator
+	limiter Limiter
+
+	// active counts the requests using the generation; once it is replaced
+	// (retired) and the last one ends, onRetire releases what only it used.
+	active   atomic.Int64
+	retired  atomic.Bool
+	onRetire func()
+	once     sync.Once
+}
+
+// acquire returns the generation in force, counted as in use until release.
+func (r *Router) acquire() *generation {
+	for {
+		g := r.gen.Load()
+		g.active.Add(1)
+		if !g.retired.Load() {
+			return g
+		}
+		// Replaced between the load and the count: its dependencies may be
+		// closing; take the new one.
+		g.release()
+	}
+}
+
+func (g *generation) release() {
+	if g.active.Add(-1) == 0 && g.retired.Load() {
+		g.close()
+	}
+}
+
+func (g *generation) retire() {
+	g.retired.Store(true)
+	if g.active.Load() == 0 {
+		g.close()
+	}
+}
+
+func (g *generation) close() {
+	g.once.Do(func() {
+		if g.onRetire != nil {
+			g.onRetire()
+		}
+	})
+}
+
+// New returns a router over cfg's members, with opts.Auth and opts.Limiter;
+// Start runs their heartbeats, Apply puts a new configuration in force.
 func New(cfg *Config, opts Options) *Router {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
@@ -99,39 +157,95 @@ func New(cfg *Config, opts Options) *Router {
 			ResponseHeaderTimeout: 5 * time.Minute, DisableCompression: true,
 		}
 	}
-	r := &Router{cfg: cfg, s: cfg.Spec.Routing.settings(), opts: opts, log: opts.Logger, m: opts.Metrics,
-		slo: map[string]time.Duration{}, tslo: map[string]time.Duration{},
-		client: &http.Client{Transport: &http.Transport{DialContext: (&net.Dialer{Timeout: time.Second}).DialContext, MaxIdleConnsPerHost: 4}},
-		maxTok: 1024}
-	for _, mc := range cfg.Spec.Members {
-		r.members = append(r.members, newMember(mc))
-	}
+	r := &Router{opts: opts, log: opts.Logger, m: opts.Metrics,
+		client: &http.Client{Transport: &http.Transport{DialContext: (&net.Dialer{Timeout: time.Second}).DialContext, MaxIdleConnsPerHost: 4}}}
+	r.Apply(cfg, opts.Auth, opts.Limiter, nil)
+	return r
+}
+
+// Apply puts cfg in force with the authenticator and limiter built for it (nil:
+// none). Requests under way finish under the configuration they started with;
+// when the last of them ends, onRetire (if set) runs, to release what only that
+// configuration used. A member keeps its state — health, ramp, learned
+// capacity — as long as its name and URLs stay; one whose URLs changed starts
+// afresh, as a new member would.
+func (r *Router) Apply(cfg *Config, a *auth.Authenticator, l Limiter, onRetire func()) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	g := &generation{s: cfg.Spec.Routing.settings(), slo: map[string]time.Duration{}, tslo: map[string]time.Duration{},
+		maxTok: 1024, auth: a, limiter: l}
 	for _, mp := range cfg.Spec.Models {
 		if mp.TTFTSLO != nil {
-			r.slo[mp.Name] = mp.TTFTSLO.Duration
+			g.slo[mp.Name] = mp.TTFTSLO.Duration
 		}
 	}
 	for _, t := range cfg.Spec.Tenants {
 		if t.TTFTSLO != nil {
-			r.tslo[t.Name] = t.TTFTSLO.Duration
+			g.tslo[t.Name] = t.TTFTSLO.Duration
 		}
 	}
 	if rl := cfg.Spec.RateLimit; rl != nil && rl.DefaultMaxTokens != nil {
-		r.maxTok = *rl.DefaultMaxTokens
+		g.maxTok = *rl.DefaultMaxTokens
 	}
-	return r
+	old := r.gen.Load()
+	prev := map[string]*member{}
+	if old != nil {
+		for _, m := range old.members {
+			prev[m.cfg.Name] = m
+		}
+	}
+	for _, mc := range cfg.Spec.Members {
+		m := prev[mc.Name]
+		if m != nil && m.cfg.URL == mc.URL && m.cfg.AdminURL == mc.AdminURL {
+			delete(prev, mc.Name)
+			m.setPolicy(mc)
+			if r.pollCtx != nil && m.pollSettings != g.s {
+				m.stopPoll()
+				r.startPoll(m, g.s)
+			}
+		} else {
+			m = newMember(mc)
+			if r.pollCtx != nil {
+				r.startPoll(m, g.s)
+			}
+		}
+		g.members = append(g.members, m)
+	}
+	for name, m := range prev {
+		m.stopPoll()
+		r.m.MemberHealthy.DeleteLabelValues(name)
+		r.m.MemberRamp.DeleteLabelValues(name)
+	}
+	r.gen.Store(g)
+	if old != nil {
+		old.onRetire = onRetire
+		old.retire()
+	}
 }
 
-// Start runs the members' heartbeats until ctx ends.
+// Start runs the members' heartbeats until ctx ends, those of members a later
+// configuration adds too.
 func (r *Router) Start(ctx context.Context) {
-	for _, m := range r.members {
-		go m.poll(ctx, r.client, r.s, r.log, func() { r.observe(m) })
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.pollCtx = ctx
+	g := r.gen.Load()
+	for _, m := range g.members {
+		r.startPoll(m, g.s)
 	}
+}
+
+// startPoll runs m's heartbeats with s until the member leaves the
+// configuration or the router stops. Called with r.mu held.
+func (r *Router) startPoll(m *member, s settings) {
+	ctx, cancel := context.WithCancel(r.pollCtx)
+	m.stopPoll, m.pollSettings = cancel, s
+	go m.poll(ctx, r.client, s, r.log, func() { r.observe(m) })
 }
 
 // observe refreshes a member's gauges.
 func (r *Router) observe(m *member) {
-	v := m.evaluate(time.Now(), r.s)
+	v := m.evaluate(time.Now(), r.gen.Load().s)
 	r.m.MemberHealthy.WithLabelValues(m.cfg.Name).Set(b2f(v.healthy))
 	r.m.MemberRamp.WithLabelValues(m.cfg.Name).Set(v.ramp)
 }
@@ -163,9 +277,11 @@ func (r *Router) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		rid = hex.EncodeToString(b[:])
 	}
 	w.Header().Set("X-Request-Id", rid)
+	g := r.acquire()
+	defer g.release()
 	tenant := ""
-	if r.opts.Auth != nil {
-		id, err := r.opts.Auth.Authenticate(req)
+	if g.auth != nil {
+		id, err := g.auth.Authenticate(req)
 		if err != nil {
 			r.m.Requests.WithLabelValues("", "", "401").Inc()
 			auth.WriteError(w, err)
@@ -175,7 +291,7 @@ func (r *Router) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	}
 	switch {
 	case req.URL.Path == "/v1/models" && req.Method == http.MethodGet:
-		r.serveModels(w)
+		r.serveModels(w, g)
 		return
 	case !proxied[req.URL.Path]:
 		r.refuse(w, "", http.StatusNotFound, openai.TypeNotFound, fmt.Sprintf("no route for %s %s", req.Method, req.URL.Path))
@@ -185,7 +301,7 @@ func (r *Router) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		r.refuse(w, "", http.StatusMethodNotAllowed, openai.TypeInvalidRequest, "method "+req.Method+" not allowed; use POST")
 		return
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, req.Body, r.s.maxBody))
+	body, err := io.ReadAll(http.MaxBytesReader(w, req.Body, g.s.maxBody))
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
@@ -229,7 +345,7 @@ func (r *Router) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	// server honours the one its API reads), else the configured default;
 	// embeddings generate nothing.
 	prompt := int64(len(body)) / 4
-	completion := r.maxTok
+	completion := g.maxTok
 	if req.URL.Path == "/v1/embeddings" {
 		completion = 0
 	} else if v := maxOf(fields.MaxTokens, fields.MaxCompletionTokens, fields.MaxOutputTokens); v > 0 {
@@ -237,9 +353,9 @@ func (r *Router) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	}
 	estimate := prompt + completion
 
-	cands, members := r.candidates(model)
+	cands, members := g.candidates(model)
 	if len(cands) == 0 {
-		if !r.known(model) {
+		if !g.known(model) {
 			// The model label stays empty: a client must not mint metric series.
 			r.refuse(w, "", http.StatusNotFound, openai.TypeNotFound, fmt.Sprintf("no member serves model %q", model))
 			return
@@ -249,8 +365,8 @@ func (r *Router) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		return
 	}
 	var adm Admission
-	if r.opts.Limiter != nil {
-		adm, err = r.opts.Limiter.Admit(req.Context(), tenant, model, estimate)
+	if g.limiter != nil {
+		adm, err = g.limiter.Admit(req.Context(), tenant, model, estimate)
 		if err != nil {
 			w.Header().Set("Retry-After", "1")
 			if req.Context().Err() != nil {
@@ -275,11 +391,11 @@ func (r *Router) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 			return
 		}
 	}
-	policy := Policy{SLO: r.sloFor(model, tenant), ClientRegion: cmp.Or(req.Header.Get(r.s.regionHeader), r.s.region), CrossRegion: r.s.crossRegion,
-		MaxErrorRate: r.s.maxErrorRate, PriceBlind: r.s.priceBlind}
+	policy := Policy{SLO: g.sloFor(model, tenant), ClientRegion: cmp.Or(req.Header.Get(g.s.regionHeader), g.s.region), CrossRegion: g.s.crossRegion,
+		MaxErrorRate: g.s.maxErrorRate, PriceBlind: g.s.priceBlind}
 	order := Rank(cands, policy, mrand.Float64)
-	if len(order) > r.s.maxAttempts {
-		order = order[:r.s.maxAttempts]
+	if len(order) > g.s.maxAttempts {
+		order = order[:g.s.maxAttempts]
 	}
 	st := &settlement{prompt: prompt}
 	// Settled once the request is done — deferred, so that a relay that aborts
@@ -296,7 +412,7 @@ func (r *Router) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 			adm.Cancel(ctx)
 		}
 	}()
-	r.forward(w, req, rid, model, body, order, members, cands, start, st)
+	r.forward(w, req, g, rid, model, body, order, members, cands, start, st)
 }
 
 // maxCompletion caps a request's completion limit in the token estimate, so
@@ -321,12 +437,12 @@ type settlement struct {
 }
 
 // candidates lists the healthy members serving model with ready endpoints.
-func (r *Router) candidates(model string) ([]Candidate, []*member) {
+func (g *generation) candidates(model string) ([]Candidate, []*member) {
 	now := time.Now()
 	var cands []Candidate
 	var ms []*member
-	for _, m := range r.members {
-		v := m.evaluate(now, r.s)
+	for _, m := range g.members {
+		v := m.evaluate(now, g.s)
 		if !v.healthy {
 			continue
 		}
@@ -334,7 +450,8 @@ func (r *Router) candidates(model string) ([]Candidate, []*member) {
 		if !ok || load.ReadyEndpoints == 0 {
 			continue
 		}
-		cands = append(cands, Candidate{Name: m.cfg.Name, Region: m.cfg.Region, Price: m.price, Weight: m.weight, Ramp: v.ramp,
+		pol := m.policy.Load()
+		cands = append(cands, Candidate{Name: m.cfg.Name, Region: pol.region, Price: pol.price, Weight: pol.weight, Ramp: v.ramp,
 			TTFTP50: seconds(load.TTFTP50Seconds), TTFTP95: seconds(load.TTFTP95Seconds), Samples: load.TTFTSamples,
 			WaitingPerEndpoint: load.Waiting / float64(load.ReadyEndpoints), SentPerEndpoint: float64(v.sent) / float64(load.ReadyEndpoints),
 			RunningPerEndpoint: load.Running / float64(load.ReadyEndpoints), MeanDuration: seconds(load.MeanDurationSeconds),
@@ -347,24 +464,24 @@ func (r *Router) candidates(model string) ([]Candidate, []*member) {
 }
 
 // known says whether any member's last summary lists the model.
-func (r *Router) known(model string) bool {
+func (g *generation) known(model string) bool {
 	now := time.Now()
-	for _, m := range r.members {
-		if _, ok := modelLoad(m.evaluate(now, r.s).summary, model); ok {
+	for _, m := range g.members {
+		if _, ok := modelLoad(m.evaluate(now, g.s).summary, model); ok {
 			return true
 		}
 	}
 	return false
 }
 
-func (r *Router) sloFor(model, tenant string) time.Duration {
-	if d, ok := r.tslo[tenant]; ok {
+func (g *generation) sloFor(model, tenant string) time.Duration {
+	if d, ok := g.tslo[tenant]; ok {
 		return d
 	}
-	if d, ok := r.slo[model]; ok {
+	if d, ok := g.slo[model]; ok {
 		return d
 	}
-	return r.s.defaultSLO
+	return g.s.defaultSLO
 }
 
 // forward tries the ranked members in turn until one answers and relays its
@@ -372,20 +489,20 @@ func (r *Router) sloFor(model, tenant string) time.Duration {
 // the next one tried — when it cannot be reached, answers 5xx or 429 (tier 1
 // refusing: every endpoint busy), or fails or is drained before the first byte
 // of its answer; never once a byte went to the client.
-func (r *Router) forward(w http.ResponseWriter, req *http.Request, rid, model string, body []byte, order []int, members []*member, cands []Candidate, start time.Time, st *settlement) {
+func (r *Router) forward(w http.ResponseWriter, req *http.Request, g *generation, rid, model string, body []byte, order []int, members []*member, cands []Candidate, start time.Time, st *settlement) {
 	var lastErr error
 	for k, i := range order {
 		m := members[i]
 		if k > 0 {
 			r.m.Failovers.WithLabelValues(members[order[k-1]].cfg.Name, m.cfg.Name).Inc()
 		}
-		if k == 0 && !r.s.priceBlind {
+		if k == 0 && !g.s.priceBlind {
 			if c := cheapest(cands); cands[i].Price > cands[c].Price {
 				r.m.Spills.WithLabelValues(model, cands[c].Name, m.cfg.Name).Inc()
 			}
 		}
 		last := k == len(order)-1
-		done, err := r.attempt(w, req, rid, model, body, m, start, last, st)
+		done, err := r.attempt(w, req, g.s, rid, model, body, m, start, last, st)
 		if done {
 			return
 		}
@@ -404,7 +521,7 @@ func (r *Router) forward(w http.ResponseWriter, req *http.Request, rid, model st
 // attempt sends the request to one member. It reports done once the member's
 // answer (or the client's departure) settled the request, or the error that
 // makes the next member worth trying.
-func (r *Router) attempt(w http.ResponseWriter, req *http.Request, rid, model string, body []byte, m *member, start time.Time, last bool, st *settlement) (bool, error) {
+func (r *Router) attempt(w http.ResponseWriter, req *http.Request, s settings, rid, model string, body []byte, m *member, start time.Time, last bool, st *settlement) (bool, error) {
 	ctx, cancel := context.WithCancel(req.Context())
 	defer cancel()
 	out, err := r.upstream(ctx, req, m, rid, body)
@@ -418,7 +535,7 @@ func (r *Router) attempt(w http.ResponseWriter, req *http.Request, rid, model st
 	// cluster) is given up on, as one that refused the connection.
 	answered := make(chan struct{})
 	drained := make(chan struct{})
-	go r.watch(ctx, m, answered, func() { close(drained); cancel() })
+	go watch(ctx, m, s, answered, func() { close(drained); cancel() })
 	resp, err := r.opts.Transport.RoundTrip(out)
 	var first []byte
 	var firstErr error
@@ -444,7 +561,7 @@ func (r *Router) attempt(w http.ResponseWriter, req *http.Request, rid, model st
 		if req.Context().Err() != nil {
 			return false, err
 		}
-		m.failed(time.Now(), true, r.s)
+		m.failed(time.Now(), true, s)
 		r.observe(m)
 		r.log.Warn("member failed before answering; trying the next", "request_id", rid, "member", m.cfg.Name, "err", err)
 		return false, fmt.Errorf("member %s: %w", m.cfg.Name, err)
@@ -453,7 +570,7 @@ func (r *Router) attempt(w http.ResponseWriter, req *http.Request, rid, model st
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 		_ = resp.Body.Close()
 		if resp.StatusCode >= 500 {
-			m.failed(time.Now(), false, r.s)
+			m.failed(time.Now(), false, s)
 			r.observe(m)
 		}
 		r.log.Warn("member refused or failed; trying the next", "request_id", rid, "member", m.cfg.Name, "status", resp.StatusCode)
@@ -462,7 +579,7 @@ func (r *Router) attempt(w http.ResponseWriter, req *http.Request, rid, model st
 	if resp.StatusCode >= 500 {
 		// The last attempt's server error is relayed, and still counts against
 		// the member.
-		m.failed(time.Now(), false, r.s)
+		m.failed(time.Now(), false, s)
 		r.observe(m)
 	} else {
 		m.succeeded()
@@ -473,8 +590,8 @@ func (r *Router) attempt(w http.ResponseWriter, req *http.Request, rid, model st
 
 // watch calls drained when the member is lost (heartbeat gone, or ejected)
 // before answered is closed.
-func (r *Router) watch(ctx context.Context, m *member, answered <-chan struct{}, drained func()) {
-	t := time.NewTicker(max(10*time.Millisecond, r.s.heartbeat/2))
+func watch(ctx context.Context, m *member, s settings, answered <-chan struct{}, drained func()) {
+	t := time.NewTicker(max(10*time.Millisecond, s.heartbeat/2))
 	defer t.Stop()
 	for {
 		select {
@@ -485,7 +602,7 @@ func (r *Router) watch(ctx context.Context, m *member, answered <-chan struct{},
 		case <-t.C:
 			// A draining member finishes what it holds; only a lost one is
 			// given up on.
-			if !m.evaluate(time.Now(), r.s).reachable {
+			if !m.evaluate(time.Now(), s).reachable {
 				select {
 				case <-answered:
 				default:
@@ -605,7 +722,7 @@ func (r *Router) relay(w http.ResponseWriter, req *http.Request, resp *http.Resp
 		st.used = prompt + completion
 		r.m.Tokens.WithLabelValues(m.cfg.Name, "prompt").Add(float64(prompt))
 		r.m.Tokens.WithLabelValues(m.cfg.Name, "completion").Add(float64(completion))
-		r.m.Cost.WithLabelValues(m.cfg.Name).Add(float64(st.used) * m.price / 1e6)
+		r.m.Cost.WithLabelValues(m.cfg.Name).Add(float64(st.used) * m.policy.Load().price / 1e6)
 		r.m.Duration.WithLabelValues(m.cfg.Name).Observe(time.Since(start).Seconds())
 	}
 	if len(first) > 0 {
@@ -658,12 +775,12 @@ func (r *Router) refuse(w http.ResponseWriter, model string, code int, typ, msg 
 }
 
 // serveModels lists the models the healthy members serve.
-func (r *Router) serveModels(w http.ResponseWriter) {
+func (r *Router) serveModels(w http.ResponseWriter, g *generation) {
 	seen := map[string]bool{}
 	var data []openai.Model
 	now := time.Now()
-	for _, m := range r.members {
-		v := m.evaluate(now, r.s)
+	for _, m := range g.members {
+		v := m.evaluate(now, g.s)
 		if !v.healthy {
 			continue
 		}

@@ -7,19 +7,27 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"os"
+	"reflect"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
+	"sigs.k8s.io/yaml"
 
 	"github.com/kvgate/kvgate/internal/auth"
 	"github.com/kvgate/kvgate/internal/ratelimit"
+	"github.com/kvgate/kvgate/internal/reload"
 	"github.com/kvgate/kvgate/internal/serving"
 )
 
 // ServerOptions configure Run.
 type ServerOptions struct {
-	Config       *Config
+	Config *Config
+	// ConfigPath, when set, is the file Config came from: it is read again
+	// when it changes and on every value from Reload.
+	ConfigPath   string
+	Reload       <-chan os.Signal
 	Listen       string // OpenAI API (default :8080)
 	AdminListen  string // metrics, health, /debug/members (default :9090)
 	DrainTimeout time.Duration
@@ -39,16 +47,29 @@ func Run(ctx context.Context, o ServerOptions) error {
 	// member still need to know which members are alive.
 	hbCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
 	defer stop()
-	closeDeps, err := Dependencies(hbCtx, o.Config, &o.Router)
-	if err != nil {
+	d := newDeps(hbCtx, &o.Router)
+	defer d.close()
+	var err error
+	if o.Router.Auth, o.Router.Limiter, _, err = d.build(o.Config); err != nil {
 		return err
 	}
-	defer closeDeps()
 	r := New(o.Config, o.Router)
 	r.Start(hbCtx)
+	r.recordLoad(o.Config, nil)
 	apiLn, adminLn, err := serving.Listen(o.Listen, o.AdminListen)
 	if err != nil {
 		return err
+	}
+	if o.ConfigPath != "" {
+		initial, err := os.ReadFile(o.ConfigPath)
+		if err != nil {
+			initial = nil // compared against the next read; nil means reload
+		}
+		watchCtx, stopWatch := context.WithCancel(ctx)
+		defer stopWatch()
+		go reload.Watch(watchCtx, o.ConfigPath, initial, o.Reload, log, func(data []byte, err error) {
+			r.reload(o.ConfigPath, data, err, d)
+		})
 	}
 	log.Info("kvgate global serving", "api", apiLn.Addr().String(), "admin", adminLn.Addr().String(), "members", len(o.Config.Spec.Members))
 	if o.Ready != nil {
@@ -58,47 +79,154 @@ func Run(ctx context.Context, o ServerOptions) error {
 		nil, r.Drain, o.DrainTimeout)
 }
 
-// Dependencies builds what the configuration asks for beyond the router: the
-// authenticator (spec.auth) and the shared rate limiter (spec.rateLimit), with
-// their metrics on the router's registry. The returned function releases them.
-func Dependencies(ctx context.Context, cfg *Config, o *Options) (func(), error) {
+// reload applies a configuration file's new contents; a file that does not
+// parse or validate, or whose authenticator or limiter cannot be built, leaves
+// the previous configuration serving.
+func (r *Router) reload(path string, data []byte, readErr error, d *deps) {
+	cfg, err := Parse(path, data)
+	if readErr != nil {
+		err = readErr
+	}
+	var a *auth.Authenticator
+	var l Limiter
+	var retire func()
+	if err == nil {
+		a, l, retire, err = d.build(cfg)
+	}
+	if err != nil {
+		r.m.Reloads.WithLabelValues("failure").Inc()
+		r.recordLoad(nil, err)
+		r.log.Error("configuration rejected; the previous one keeps serving", "err", err)
+		return
+	}
+	r.Apply(cfg, a, l, retire)
+	r.m.Reloads.WithLabelValues("success").Inc()
+	r.recordLoad(cfg, nil)
+	r.log.Info("configuration reloaded", "members", len(cfg.Spec.Members))
+}
+
+// recordLoad notes the outcome of loading a configuration for /debug/config.
+func (r *Router) recordLoad(cfg *Config, err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.loadedAt, r.loadErr = time.Now(), err
+	if cfg != nil {
+		r.active = cfg
+	}
+	r.m.ConfigOK.Set(b2f(err == nil))
+}
+
+// deps builds a configuration's authenticator (spec.auth) and shared limiter
+// (spec.rateLimit), reusing the previous build's where that part of the
+// configuration did not change, so that a reload keeps the JWKS cache, the
+// Redis connections and the local fallback buckets.
+type deps struct {
+	ctx context.Context
+	log *slog.Logger
+	m   *Metrics
+	rlm *ratelimit.Metrics // registered once, shared by every limiter built
+
+	authSpec *auth.Config
+	au       *auth.Authenticator
+	rlSpec   *RateLimit
+	rl       *ratelimit.Limiter
+	rlClose  func()
+}
+
+func newDeps(ctx context.Context, o *Options) *deps {
 	if o.Metrics == nil {
 		o.Metrics = NewMetrics()
 	}
-	var closers []func()
-	closeAll := func() {
-		for _, c := range closers {
-			c()
+	return &deps{ctx: ctx, log: cmp.Or(o.Logger, slog.Default()), m: o.Metrics}
+}
+
+// build returns cfg's authenticator and limiter (nil when not configured) and
+// a function that releases what the previous build made and this one no longer
+// uses, to call once no request uses it. On error nothing changes.
+func (d *deps) build(cfg *Config) (*auth.Authenticator, Limiter, func(), error) {
+	var retire []func()
+	au, authSpec := d.au, d.authSpec
+	if a := cfg.Spec.Auth; !reflect.DeepEqual(a, d.authSpec) {
+		au, authSpec = nil, a
+		if a != nil && (len(a.APIKeys) > 0 || a.JWT != nil) {
+			var err error
+			if au, err = auth.New(d.ctx, *a, auth.Options{Logger: d.log, Registerer: d.m.Registry}); err != nil {
+				return nil, nil, nil, fmt.Errorf("auth: %w", err)
+			}
+		}
+		if d.au != nil {
+			retire = append(retire, d.au.Close)
 		}
 	}
-	if a := cfg.Spec.Auth; a != nil && (len(a.APIKeys) > 0 || a.JWT != nil) {
-		au, err := auth.New(ctx, *a, auth.Options{Logger: o.Logger, Registerer: o.Metrics.Registry})
-		if err != nil {
-			return closeAll, fmt.Errorf("auth: %w", err)
+	rl, rlSpec, rlClose := d.rl, d.rlSpec, d.rlClose
+	if c := cfg.Spec.RateLimit; !reflect.DeepEqual(c, d.rlSpec) {
+		rl, rlSpec, rlClose = nil, c, nil
+		if c != nil {
+			var err error
+			if rl, rlClose, err = d.limiter(c); err != nil {
+				if au != d.au && au != nil {
+					au.Close()
+				}
+				return nil, nil, nil, err
+			}
 		}
-		closers = append(closers, au.Close)
-		o.Auth = au
+		if d.rlClose != nil {
+			retire = append(retire, d.rlClose)
+		}
 	}
-	if rl := cfg.Spec.RateLimit; rl != nil {
-		mode, err := ratelimit.ParseFailMode(cmp.Or(rl.FailMode, "open"))
-		if err != nil {
-			return closeAll, err
-		}
-		// The limiter bounds each call itself (rateLimit.timeout); the client's
-		// own timeouts only keep a dead connection from lingering.
-		client := redis.NewClient(&redis.Options{Addr: rl.Redis, DialTimeout: time.Second, ReadTimeout: 2 * time.Second,
-			WriteTimeout: 2 * time.Second, MaxRetries: -1})
-		closers = append(closers, func() { _ = client.Close() })
-		// 200 ms, not the limiter's 50: under load a slow answer is not an
-		// outage, and in fail-closed mode an outage refuses everyone.
-		ro := ratelimit.Options{FailMode: mode, Logger: o.Logger, Metrics: ratelimit.NewMetrics(o.Metrics.Registry), Timeout: 200 * time.Millisecond}
-		if rl.Timeout != nil {
-			ro.Timeout = rl.Timeout.Duration
-		}
-		l := ratelimit.New(client, ro)
-		o.Limiter = newSharedLimiter(l, cfg.Spec)
+	d.au, d.authSpec, d.rl, d.rlSpec, d.rlClose = au, authSpec, rl, rlSpec, rlClose
+	var l Limiter
+	if rl != nil {
+		// Rebuilt every time: the limits live in spec.tenants and spec.models.
+		l = newSharedLimiter(rl, cfg.Spec)
 	}
-	return closeAll, nil
+	return au, l, func() {
+		for _, f := range retire {
+			f()
+		}
+	}, nil
+}
+
+// limiter connects a shared limiter to the configured Redis.
+func (d *deps) limiter(c *RateLimit) (*ratelimit.Limiter, func(), error) {
+	mode, err := ratelimit.ParseFailMode(cmp.Or(c.FailMode, "open"))
+	if err != nil {
+		return nil, nil, err
+	}
+	if d.rlm == nil {
+		d.rlm = ratelimit.NewMetrics(d.m.Registry)
+	}
+	// The limiter bounds each call itself (rateLimit.timeout); the client's own
+	// timeouts only keep a dead connection from lingering.
+	client := redis.NewClient(&redis.Options{Addr: c.Redis, DialTimeout: time.Second, ReadTimeout: 2 * time.Second,
+		WriteTimeout: 2 * time.Second, MaxRetries: -1})
+	// 200 ms, not the limiter's 50: under load a slow answer is not an outage,
+	// and in fail-closed mode an outage refuses everyone.
+	ro := ratelimit.Options{FailMode: mode, Logger: d.log, Metrics: d.rlm, Timeout: 200 * time.Millisecond}
+	if c.Timeout != nil {
+		ro.Timeout = c.Timeout.Duration
+	}
+	return ratelimit.New(client, ro), func() { _ = client.Close() }, nil
+}
+
+// close releases what the last build made.
+func (d *deps) close() {
+	if d.au != nil {
+		d.au.Close()
+	}
+	if d.rlClose != nil {
+		d.rlClose()
+	}
+}
+
+// Dependencies builds what the configuration asks for beyond the router — the
+// authenticator and the shared rate limiter, with their metrics on the
+// router's registry — into o. The returned function releases them.
+func Dependencies(ctx context.Context, cfg *Config, o *Options) (func(), error) {
+	d := newDeps(ctx, o)
+	var err error
+	o.Auth, o.Limiter, _, err = d.build(cfg)
+	return d.close, err
 }
 
 // AdminHandler serves /metrics, /healthz, /readyz (ready while a member is
@@ -115,20 +243,39 @@ func (r *Router) AdminHandler() http.Handler {
 			http.Error(w, "draining", http.StatusServiceUnavailable)
 			return
 		}
-		if r.opts.Auth != nil {
-			if err := r.opts.Auth.Ready(); err != nil {
+		g := r.gen.Load()
+		if g.auth != nil {
+			if err := g.auth.Ready(); err != nil {
 				http.Error(w, "authentication not ready: "+err.Error(), http.StatusServiceUnavailable)
 				return
 			}
 		}
 		now := time.Now()
-		for _, m := range r.members {
-			if m.evaluate(now, r.s).healthy {
+		for _, m := range g.members {
+			if m.evaluate(now, g.s).healthy {
 				_, _ = w.Write([]byte("ok\n"))
 				return
 			}
 		}
 		http.Error(w, "no healthy member", http.StatusServiceUnavailable)
+	})
+	mux.HandleFunc("GET /debug/config", func(w http.ResponseWriter, _ *http.Request) {
+		r.mu.Lock()
+		cfg, when, lerr := r.active, r.loadedAt, r.loadErr
+		r.mu.Unlock()
+		out := map[string]any{"lastReload": when.UTC().Format(time.RFC3339Nano), "lastReloadAccepted": lerr == nil}
+		if lerr != nil {
+			out["lastReloadError"] = lerr.Error()
+		}
+		if cfg != nil {
+			if y, err := yaml.Marshal(cfg); err == nil {
+				out["active"] = string(y)
+			}
+		}
+		w.Header().Set("Content-Type", "application/json")
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(out)
 	})
 	mux.HandleFunc("GET /debug/members", func(w http.ResponseWriter, _ *http.Request) {
 		type out struct {
@@ -143,9 +290,11 @@ func (r *Router) AdminHandler() http.Handler {
 		}
 		var list []out
 		now := time.Now()
-		for _, m := range r.members {
-			v := m.evaluate(now, r.s)
-			list = append(list, out{Name: m.cfg.Name, Region: m.cfg.Region, URL: m.cfg.URL, Price: m.price, Weight: m.weight, Healthy: v.healthy,
+		g := r.gen.Load()
+		for _, m := range g.members {
+			v := m.evaluate(now, g.s)
+			pol := m.policy.Load()
+			list = append(list, out{Name: m.cfg.Name, Region: pol.region, URL: m.cfg.URL, Price: pol.price, Weight: pol.weight, Healthy: v.healthy,
 				Ramp: v.ramp, InFlight: m.inFlight.Load(), LastHeartbeat: v.lastOK, LastError: v.lastErr, Summary: v.summary})
 		}
 		w.Header().Set("Content-Type", "application/json")

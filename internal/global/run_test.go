@@ -24,19 +24,7 @@ func TestRun(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	ready := make(chan [2]string, 1)
-	done := make(chan error, 1)
-	go func() {
-		done <- Run(ctx, ServerOptions{Config: cfg, Listen: "127.0.0.1:0", AdminListen: "127.0.0.1:0", DrainTimeout: 5 * time.Second,
-			Router: Options{Logger: quiet}, Ready: ready})
-	}()
-	var addrs [2]string
-	select {
-	case addrs = <-ready:
-	case err := <-done:
-		t.Fatal(err)
-	}
-	api, admin := "http://"+addrs[0], "http://"+addrs[1]
+	api, admin, done := runRouter(t, ctx, ServerOptions{Config: cfg})
 	get := func(url string) (int, string) {
 		resp, err := http.Get(url)
 		if err != nil {
@@ -69,4 +57,22 @@ func TestRun(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("Run did not return after its context ended")
 	}
+}
+
+// runRouter runs the router as the command does, on loopback listeners, and
+// returns its API and admin URLs and the channel Run's result arrives on.
+func runRouter(t *testing.T, ctx context.Context, o ServerOptions) (api, admin string, done <-chan error) {
+	t.Helper()
+	o.Listen, o.AdminListen, o.DrainTimeout, o.Router.Logger = "127.0.0.1:0", "127.0.0.1:0", 5*time.Second, quiet
+	ready := make(chan [2]string, 1)
+	result := make(chan error, 1)
+	o.Ready = ready
+	go func() { result <- Run(ctx, o) }()
+	select {
+	case addrs := <-ready:
+		return "http://" + addrs[0], "http://" + addrs[1], result
+	case err := <-result:
+		t.Fatal(err)
+	}
+	return "", "", nil
 }

@@ -1,0 +1,288 @@
+package global
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"sigs.k8s.io/yaml"
+
+	"github.com/kvgate/kvgate/internal/auth"
+	"github.com/kvgate/kvgate/internal/simserver"
+)
+
+// TestReload: `kvgate global` reloads its file when it changes and on SIGHUP —
+// a new member, a new price, rotated API keys — without failing a stream under
+// way; a file that does not validate is reported on /debug/config while the
+// previous configuration keeps serving.
+func TestReload(t *testing.T) {
+	a, b := startTier1(t, 1, simserver.Options{}), startTier1(t, 1, simserver.Options{})
+	path := filepath.Join(t.TempDir(), "global.yaml")
+	write := func(cfg *Config) {
+		t.Helper()
+		y, err := yaml.Marshal(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Written aside and renamed, as editors and ConfigMaps do: the watcher
+		// never reads half a file.
+		tmp := path + ".tmp"
+		if err := os.WriteFile(tmp, y, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmp, path); err != nil {
+			t.Fatal(err)
+		}
+	}
+	keys := func(k string) *auth.Config {
+		return &auth.Config{APIKeys: []auth.APIKey{{Tenant: "acme", Hash: auth.HashKey(k)}}}
+	}
+	first := routerConfig(steadyRouting(), a.member("a", 1))
+	first.Spec.Auth = keys("sk-old")
+	write(first)
+	cfg, err := Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	hup := make(chan os.Signal, 1)
+	api, admin, done := runRouter(t, ctx, ServerOptions{Config: cfg, ConfigPath: path, Reload: hup})
+	debugConfig := func() (accepted bool, errText, active string) {
+		resp, err := http.Get(admin + "/debug/config")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = resp.Body.Close() }()
+		var out struct {
+			Accepted bool   `json:"lastReloadAccepted"`
+			Err      string `json:"lastReloadError"`
+			Active   string `json:"active"`
+		}
+		if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+			t.Fatal(err)
+		}
+		return out.Accepted, out.Err, out.Active
+	}
+	eventually(t, "the member healthy", func() bool { resp, _ := send(t, api, "sk-old", chatBody("")); return resp.StatusCode == 200 })
+
+	// A stream that runs through both reloads below.
+	var streamed atomic.Int64
+	streamDone := make(chan error, 1)
+	go func() {
+		req, _ := http.NewRequest("POST", api+"/v1/chat/completions",
+			strings.NewReader(`{"model":"`+llama+`","messages":[{"role":"user","content":"hi"}],"max_tokens":600,"ignore_eos":true,"stream":true}`))
+		req.Header.Set("Authorization", "Bearer sk-old")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			streamDone <- err
+			return
+		}
+		defer func() { _ = resp.Body.Close() }()
+		body, err := io.ReadAll(resp.Body)
+		streamed.Store(int64(strings.Count(string(body), "data: ")))
+		if err == nil && (resp.StatusCode != 200 || !strings.Contains(string(body), "data: [DONE]")) {
+			err = &streamError{resp.StatusCode, string(body)}
+		}
+		streamDone <- err
+	}()
+
+	// The file changes: b joins cheaper than a, a's price rises, the key rotates.
+	second := routerConfig(steadyRouting(), a.member("a", 5), b.member("b", 1))
+	second.Spec.Auth = keys("sk-new")
+	write(second)
+	eventually(t, "the new configuration in force", func() bool {
+		ok, _, active := debugConfig()
+		return ok && strings.Contains(active, auth.HashKey("sk-new")) && strings.Contains(active, b.adminAddr)
+	})
+	select {
+	case err := <-streamDone:
+		t.Fatalf("the stream ended (%v) before the reload: it must run through it", err)
+	default:
+	}
+	if resp, body := send(t, api, "sk-old", chatBody("")); resp.StatusCode != 401 {
+		t.Fatalf("the rotated-out key: %d %s", resp.StatusCode, body)
+	}
+	eventually(t, "the cheaper new member taking requests", func() bool {
+		resp, _ := send(t, api, "sk-new", chatBody(""))
+		return resp.StatusCode == 200 && resp.Header.Get("X-Kvgate-Member") == "b"
+	})
+
+	// An invalid file: rejected, reported, and the previous configuration serves.
+	if err := os.WriteFile(path, []byte("apiVersion: "+APIVersion+"\nkind: "+Kind+"\nspec:\n  members: []\n  bogus: 1\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the invalid file reported", func() bool { ok, e, _ := debugConfig(); return !ok && strings.Contains(e, "bogus") })
+	if resp, body := send(t, api, "sk-new", chatBody("")); resp.StatusCode != 200 {
+		t.Fatalf("after an invalid file the previous configuration must serve: %d %s", resp.StatusCode, body)
+	}
+
+	// SIGHUP reads the file again even when unchanged: back to a valid one.
+	write(second)
+	eventually(t, "the valid file accepted again", func() bool { ok, _, _ := debugConfig(); return ok })
+	before := metricText(t, admin, `kvgate_global_config_reloads_total{result="success"}`)
+	hup <- os.Interrupt
+	eventually(t, "a reload on SIGHUP", func() bool {
+		return metricText(t, admin, `kvgate_global_config_reloads_total{result="success"}`) != before
+	})
+
+	select {
+	case err := <-streamDone:
+		if err != nil {
+			t.Fatalf("the stream under way across the reloads: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the stream under way did not finish")
+	}
+	if n := streamed.Load(); n < 600 {
+		t.Fatalf("the stream under way carried %d events, want all 600 tokens and [DONE]", n)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
+type streamError struct {
+	code int
+	body string
+}
+
+func (e *streamError) Error() string { return http.StatusText(e.code) + ": " + e.body }
+
+// metricText returns the line of the admin listener's /metrics that starts
+// with series.
+func metricText(t testing.TB, admin, series string) string {
+	t.Helper()
+	resp, err := http.Get(admin + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	b, _ := io.ReadAll(resp.Body)
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(l, series) {
+			return l
+		}
+	}
+	return ""
+}
+
+// TestApplyKeepsMembers: a reload keeps a member's state (and its heartbeats)
+// while its name and URLs stay, even when its price changes; a member whose
+// URLs change starts afresh; a removed member's heartbeats stop.
+func TestApplyKeepsMembers(t *testing.T) {
+	a, b := startTier1(t, 1, simserver.Options{}), startTier1(t, 1, simserver.Options{})
+	r, _ := startRouter(t, routerConfig(steadyRouting(), a.member("a", 1), b.member("b", 2)), Options{})
+	old := r.gen.Load()
+	ma, mb := old.members[0], old.members[1]
+
+	moved := b.member("b", 2)
+	moved.AdminURL = "http://" + a.adminAddr // same name, other URL: another cluster
+	r.Apply(routerConfig(steadyRouting(), a.member("a", 3), moved), nil, nil, nil)
+	g := r.gen.Load()
+	if g.members[0] != ma || g.members[0].policy.Load().price != 3 {
+		t.Fatalf("a: kept %v, price %v; want the same member at the new price 3", g.members[0] == ma, g.members[0].policy.Load().price)
+	}
+	if !g.members[0].evaluate(time.Now(), g.s).healthy {
+		t.Fatal("a lost its health over a price change")
+	}
+	if g.members[1] == mb {
+		t.Fatal("b with new URLs kept the old member's state")
+	}
+	if !old.retired.Load() {
+		t.Fatal("the previous configuration was not retired")
+	}
+
+	// b's old heartbeats stop: its last heartbeat time no longer advances.
+	r.Apply(routerConfig(steadyRouting(), a.member("a", 3)), nil, nil, nil)
+	time.Sleep(300 * time.Millisecond) // let a heartbeat under way land
+	last := mb.evaluate(time.Now(), g.s).lastOK
+	time.Sleep(500 * time.Millisecond) // five heartbeat intervals
+	if now := mb.evaluate(time.Now(), g.s).lastOK; !now.Equal(last) {
+		t.Fatalf("a removed member still polled: last heartbeat %v then %v", last, now)
+	}
+	if got := len(r.gen.Load().members); got != 1 {
+		t.Fatalf("%d members after removing b, want 1", got)
+	}
+}
+
+// TestGenerationRetire: the dependencies of a replaced configuration are
+// released once its last request ends, not before.
+func TestGenerationRetire(t *testing.T) {
+	r := New(routerConfig(steadyRouting(), Member{Name: "a", URL: "http://127.0.0.1:1", AdminURL: "http://127.0.0.1:1"}), Options{Logger: quiet})
+	g := r.acquire()
+	var released atomic.Int32
+	r.Apply(routerConfig(steadyRouting(), Member{Name: "a", URL: "http://127.0.0.1:1", AdminURL: "http://127.0.0.1:1"}), nil, nil, func() { released.Add(1) })
+	if released.Load() != 0 {
+		t.Fatal("released while a request still used the configuration")
+	}
+	if r.acquire() == g {
+		t.Fatal("a new request got the replaced configuration")
+	}
+	g.release()
+	if released.Load() != 1 {
+		t.Fatalf("released %d times after the last request, want 1", released.Load())
+	}
+}
+
+// TestDepsReuse: a reload rebuilds the authenticator or the Redis limiter only
+// when its part of the configuration changed, and releases the replaced one.
+func TestDepsReuse(t *testing.T) {
+	dp := newDeps(context.Background(), &Options{Logger: quiet})
+	defer dp.close()
+	cfg := func(key string, timeout time.Duration) *Config {
+		c := routerConfig(steadyRouting(), Member{Name: "a", URL: "http://127.0.0.1:1", AdminURL: "http://127.0.0.1:1"})
+		c.Spec.Auth = &auth.Config{APIKeys: []auth.APIKey{{Tenant: "acme", Hash: auth.HashKey(key)}}}
+		// Redis is dialled lazily: no server is needed to build the limiter.
+		c.Spec.RateLimit = &RateLimit{Redis: "127.0.0.1:1", Timeout: d(timeout)}
+		c.Spec.Tenants = []Tenant{{Name: "acme", Limits: []TenantLimit{{Model: "*", Limits: Limits{RequestsPerMinute: 5}}}}}
+		return c
+	}
+	a1, l1, _, err := dp.build(cfg("k1", time.Second))
+	if err != nil || a1 == nil || l1 == nil {
+		t.Fatalf("first build: %v %v %v", a1, l1, err)
+	}
+	rl1 := dp.rl
+	a2, _, retire, err := dp.build(cfg("k1", time.Second))
+	if err != nil || a2 != a1 || dp.rl != rl1 {
+		t.Fatalf("unchanged configuration rebuilt: auth kept %v, limiter kept %v, %v", a2 == a1, dp.rl == rl1, err)
+	}
+	retire() // nothing to release: must not close what is in use
+	if resp := authenticate(a2, "k1"); resp != "" {
+		t.Fatalf("the kept authenticator no longer works: %s", resp)
+	}
+	a3, _, retire, err := dp.build(cfg("k2", 2*time.Second))
+	if err != nil || a3 == a1 || dp.rl == rl1 {
+		t.Fatalf("changed configuration not rebuilt: auth new %v, limiter new %v, %v", a3 != a1, dp.rl != rl1, err)
+	}
+	if authenticate(a3, "k1") == "" || authenticate(a3, "k2") != "" {
+		t.Fatal("the rebuilt authenticator does not hold the new key only")
+	}
+	retire()
+	bad := cfg("k3", time.Second)
+	bad.Spec.RateLimit.FailMode = "sideways"
+	if _, _, _, err := dp.build(bad); err == nil {
+		t.Fatal("an invalid fail mode built")
+	}
+	if dp.au != a3 {
+		t.Fatal("a failed build replaced the authenticator in use")
+	}
+}
+
+// authenticate returns "" when key is accepted, else the error.
+func authenticate(a *auth.Authenticator, key string) string {
+	req, _ := http.NewRequest("POST", "http://x/v1/chat/completions", nil)
+	req.Header.Set("Authorization", "Bearer "+key)
+	if _, err := a.Authenticate(req); err != nil {
+		return err.Error()
+	}
+	return ""
+}
