@@ -115,6 +115,12 @@ type Routing struct {
 	CrossRegionLatency *metav1.Duration `json:"crossRegionLatency,omitempty"`
 	// MaxAttempts bounds how many members a request may try (default 3).
 	MaxAttempts *int32 `json:"maxAttempts,omitempty"`
+	// FirstByteTimeout bounds the wait for the first byte of a member's answer
+	// (its headers and the first bytes of its body) while the member stays
+	// healthy; past it the member is given up on for that request and the next
+	// one tried (default 60s; 0: no bound). A member whose heartbeat stops is
+	// given up on sooner.
+	FirstByteTimeout *metav1.Duration `json:"firstByteTimeout,omitempty"`
 	// MaxBodyBytes bounds a request body, which is held whole so that it can be
 	// sent to another member (default 32 MiB).
 	MaxBodyBytes *int64 `json:"maxBodyBytes,omitempty"`
@@ -148,6 +154,7 @@ func dur(d *metav1.Duration, def time.Duration) time.Duration {
 // settings are the routing knobs with their defaults applied.
 type settings struct {
 	heartbeat, heartbeatTimeout, rampUp, defaultSLO, crossRegion time.Duration
+	firstByteTimeout                                             time.Duration
 	maxErrorRate                                                 float64
 	regionHeader, region                                         string
 	maxAttempts                                                  int
@@ -162,6 +169,7 @@ func (r Routing) settings() settings {
 		rampUp:           dur(r.RampUp, 30*time.Second),
 		defaultSLO:       dur(r.DefaultTTFTSLO, 2*time.Second),
 		crossRegion:      dur(r.CrossRegionLatency, 50*time.Millisecond),
+		firstByteTimeout: dur(r.FirstByteTimeout, time.Minute),
 		maxErrorRate:     0.25,
 		regionHeader:     "X-Kvgate-Region",
 		maxAttempts:      3,
@@ -280,7 +288,7 @@ func (c *Config) Validate() error {
 			add("spec.routing.%s: must be > 0", field)
 		}
 	}
-	for field, d := range map[string]*metav1.Duration{"rampUp": r.RampUp, "crossRegionLatency": r.CrossRegionLatency} {
+	for field, d := range map[string]*metav1.Duration{"rampUp": r.RampUp, "crossRegionLatency": r.CrossRegionLatency, "firstByteTimeout": r.FirstByteTimeout} {
 		if d != nil && d.Duration < 0 {
 			add("spec.routing.%s: must be ≥ 0", field)
 		}

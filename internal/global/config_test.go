@@ -23,6 +23,8 @@ func TestParse(t *testing.T) {
 		{"zero heartbeat", head + member + "  routing: {heartbeatInterval: 0s}\n", "heartbeatInterval: must be > 0"},
 		{"timeout under the interval", head + member + "  routing: {heartbeatInterval: 2s, heartbeatTimeout: 1s}\n", "at least heartbeatInterval"},
 		{"timeout under the default interval", head + member + "  routing: {heartbeatTimeout: 100ms}\n", "at least heartbeatInterval"},
+		{"negative first-byte timeout", head + member + "  routing: {firstByteTimeout: -1s}\n", "firstByteTimeout: must be ≥ 0"},
+		{"first-byte timeout off", head + member + "  routing: {firstByteTimeout: 0s}\n", ""},
 		{"tenant named *", head + member + "  tenants: [{name: '*'}]\n", "not \"*\""},
 		{"tenant limit without model", head + member + "  tenants: [{name: acme, limits: [{requestsPerMinute: 5}]}]\n", "limits[0].model"},
 		{"negative limit", head + member + "  tenants: [{name: acme, limits: [{model: '*', requestsPerMinute: -1}]}]\n", "must be ≥ 0"},

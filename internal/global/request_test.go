@@ -154,6 +154,66 @@ func TestHungMember(t *testing.T) {
 	}
 }
 
+// TestSlowMember: a member whose heartbeat stays healthy but which does not
+// answer — no headers at all, or headers and then no body — is given up on after
+// routing.firstByteTimeout and the request served by the next member, without
+// ejecting the slow one for a single timeout; with no other member the client
+// gets a 504 OpenAI error, its reservation given back.
+func TestSlowMember(t *testing.T) {
+	release := make(chan struct{})
+	defer close(release)
+	hang := func(w http.ResponseWriter, r *http.Request, headers bool) {
+		if headers {
+			w.Header().Set("Content-Type", "text/event-stream")
+			w.WriteHeader(http.StatusOK)
+			w.(http.Flusher).Flush()
+		}
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}
+	silent := startFake(t, func(w http.ResponseWriter, r *http.Request) { hang(w, r, false) })
+	headersOnly := startFake(t, func(w http.ResponseWriter, r *http.Request) { hang(w, r, true) })
+	good := startTier1(t, 1, simserver.Options{})
+	routing := steadyRouting()
+	routing.FirstByteTimeout = d(300 * time.Millisecond)
+	for _, tc := range []struct {
+		name string
+		slow *fakeMember
+	}{{"no headers", silent}, {"headers, no body", headersOnly}} {
+		t.Run(tc.name, func(t *testing.T) {
+			lim := &recordingLimiter{}
+			r, base := startRouter(t, routerConfig(routing, tc.slow.member("slow", 1), good.member("good", 3)), Options{Limiter: lim})
+			start := time.Now()
+			resp, body := send(t, base, "", chatBody(""))
+			if resp.StatusCode != 200 || resp.Header.Get("X-Kvgate-Member") != "good" {
+				t.Fatalf("%d from %q: %s", resp.StatusCode, resp.Header.Get("X-Kvgate-Member"), body)
+			}
+			if took := time.Since(start); took < 300*time.Millisecond || took > 5*time.Second {
+				t.Errorf("served after %v; the first-byte timeout is 300 ms", took)
+			}
+			if r.metric(t, "kvgate_global_member_healthy", "member", "slow") != 1 {
+				t.Error("one timeout ejected the slow member")
+			}
+			if rec, c := lim.settled(); len(rec) != 1 || c != 0 {
+				t.Errorf("settled %v, cancels %d: want one reconcile", rec, c)
+			}
+
+			lim = &recordingLimiter{}
+			_, base = startRouter(t, routerConfig(routing, tc.slow.member("slow", 1)), Options{Limiter: lim})
+			resp, body = send(t, base, "", chatBody(""))
+			var e struct{ Error struct{ Code int } }
+			if resp.StatusCode != http.StatusGatewayTimeout || json.Unmarshal(body, &e) != nil || e.Error.Code != http.StatusGatewayTimeout {
+				t.Fatalf("the only member silent: %d %s, want a 504 OpenAI error", resp.StatusCode, body)
+			}
+			if rec, c := lim.settled(); len(rec) != 0 || c != 1 {
+				t.Errorf("settled %v, cancels %d: want the reservation given back", rec, c)
+			}
+		})
+	}
+}
+
 // TestRefusalsAndSettlement: a member's 429 (tier 1 saturated) and 5xx send
 // the request to the next member without ejecting on the 429; a request no
 // member served gives its reservation back; a JSON body that breaks mid-way

@@ -515,6 +515,10 @@ func (r *Router) forward(w http.ResponseWriter, req *http.Request, g *generation
 	if lastErr != nil {
 		r.log.Warn("no member could serve the request", "request_id", rid, "model", model, "err", lastErr)
 	}
+	if errors.Is(lastErr, errFirstByteTimeout) {
+		r.refuse(w, model, http.StatusGatewayTimeout, openai.TypeServer, "no member answered in time; retry later")
+		return
+	}
 	r.refuse(w, model, http.StatusBadGateway, openai.TypeServer, "no member could serve the request; retry later")
 }
 
@@ -531,11 +535,13 @@ func (r *Router) attempt(w http.ResponseWriter, req *http.Request, s settings, r
 	m.inFlight.Add(1)
 	defer m.inFlight.Add(-1)
 	m.sent.Add(1)
-	// A member drained while this request waits for its first byte (a hung
-	// cluster) is given up on, as one that refused the connection.
+	// A member lost while this request waits for its first byte (a hung
+	// cluster), or one that takes longer than routing.firstByteTimeout, is
+	// given up on.
 	answered := make(chan struct{})
-	drained := make(chan struct{})
-	go watch(ctx, m, s, answered, func() { close(drained); cancel() })
+	gaveUp := make(chan struct{})
+	var reason error
+	go watch(ctx, m, s, answered, func(why error) { reason = why; close(gaveUp); cancel() })
 	resp, err := r.opts.Transport.RoundTrip(out)
 	var first []byte
 	var firstErr error
@@ -550,18 +556,20 @@ func (r *Router) attempt(w http.ResponseWriter, req *http.Request, s settings, r
 	}
 	close(answered)
 	select {
-	case <-drained:
+	case <-gaveUp:
 		if err == nil {
 			_ = resp.Body.Close()
 		}
-		err = fmt.Errorf("member %s drained before answering", m.cfg.Name)
+		err = reason
 	default:
 	}
 	if err != nil {
 		if req.Context().Err() != nil {
 			return false, err
 		}
-		m.failed(time.Now(), true, s)
+		// A slow member is not a dead one: a timeout counts toward ejection
+		// as a server error does; anything else ejects at once.
+		m.failed(time.Now(), !errors.Is(err, errFirstByteTimeout), s)
 		r.observe(m)
 		r.log.Warn("member failed before answering; trying the next", "request_id", rid, "member", m.cfg.Name, "err", err)
 		return false, fmt.Errorf("member %s: %w", m.cfg.Name, err)
@@ -588,26 +596,44 @@ func (r *Router) attempt(w http.ResponseWriter, req *http.Request, s settings, r
 	return true, nil
 }
 
-// watch calls drained when the member is lost (heartbeat gone, or ejected)
-// before answered is closed.
-func watch(ctx context.Context, m *member, s settings, answered <-chan struct{}, drained func()) {
+// Reasons a request gives up on its member before the first byte.
+var (
+	errMemberLost       = errors.New("lost (heartbeat gone, or ejected) before answering")
+	errFirstByteTimeout = errors.New("no answer within routing.firstByteTimeout")
+)
+
+// watch calls giveUp when the member is lost (heartbeat gone, or ejected) or
+// the first-byte timeout passes before answered is closed.
+func watch(ctx context.Context, m *member, s settings, answered <-chan struct{}, giveUp func(error)) {
 	t := time.NewTicker(max(10*time.Millisecond, s.heartbeat/2))
 	defer t.Stop()
+	var timeout <-chan time.Time
+	if s.firstByteTimeout > 0 {
+		tm := time.NewTimer(s.firstByteTimeout)
+		defer tm.Stop()
+		timeout = tm.C
+	}
+	give := func(why error) {
+		select {
+		case <-answered:
+		default:
+			giveUp(why)
+		}
+	}
 	for {
 		select {
 		case <-answered:
 			return
 		case <-ctx.Done():
 			return
+		case <-timeout:
+			give(errFirstByteTimeout)
+			return
 		case <-t.C:
 			// A draining member finishes what it holds; only a lost one is
 			// given up on.
 			if !m.evaluate(time.Now(), s).reachable {
-				select {
-				case <-answered:
-				default:
-					drained()
-				}
+				give(errMemberLost)
 				return
 			}
 		}
