@@ -34,11 +34,7 @@ serving.`,
 		Example: `  kvgate global --config deploy/examples/global.yaml`,
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			cfg, err := global.Load(path)
-			if err != nil {
-				return err
-			}
-			o.Config, o.ConfigPath = cfg, path
+			o.ConfigPath = path
 			o.Router.Logger = newLoggerFormat(logLevel, logFormat)
 			hup := make(chan os.Signal, 1)
 			signal.Notify(hup, syscall.SIGHUP)

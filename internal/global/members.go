@@ -46,10 +46,11 @@ type member struct {
 	runHigh map[string]float64
 	born    time.Time // when the router started following it
 
-	// The heartbeat goroutine's cancel and settings; the router's, under its
-	// lock.
+	// The heartbeat goroutine's cancel and settings, and whether a reload
+	// removed the member: the router's, under its lock.
 	stopPoll     func()
 	pollSettings settings
+	removed      bool
 }
 
 // memberPolicy is what the configuration says of a member beyond its identity.

@@ -57,6 +57,10 @@ func NewMetrics() *Metrics {
 		ConfigOK: prometheus.NewGauge(prometheus.GaugeOpts{Name: "kvgate_global_config_last_reload_successful",
 			Help: "1 when the last attempt to load the configuration file succeeded."}),
 	}
+	// Both results exist from the start, so that the first failure is an
+	// increase.
+	m.Reloads.WithLabelValues("success")
+	m.Reloads.WithLabelValues("failure")
 	m.Registry.MustRegister(m.Requests, m.Duration, m.TTFT, m.Tokens, m.Cost, m.Failovers, m.Spills, m.MemberHealthy, m.MemberRamp, m.Reloads, m.ConfigOK,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m

@@ -7,7 +7,9 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -76,11 +78,13 @@ func TestReload(t *testing.T) {
 	// A stream that runs through both reloads below.
 	var streamed atomic.Int64
 	streamDone := make(chan error, 1)
+	streaming := make(chan struct{})
 	go func() {
 		req, _ := http.NewRequest("POST", api+"/v1/chat/completions",
 			strings.NewReader(`{"model":"`+llama+`","messages":[{"role":"user","content":"hi"}],"max_tokens":600,"ignore_eos":true,"stream":true}`))
 		req.Header.Set("Authorization", "Bearer sk-old")
 		resp, err := http.DefaultClient.Do(req)
+		close(streaming)
 		if err != nil {
 			streamDone <- err
 			return
@@ -94,6 +98,7 @@ func TestReload(t *testing.T) {
 		streamDone <- err
 	}()
 
+	<-streaming // admitted under the old key before it rotates
 	// The file changes: b joins cheaper than a, a's price rises, the key rotates.
 	second := routerConfig(steadyRouting(), a.member("a", 5), b.member("b", 1))
 	second.Spec.Auth = keys("sk-new")
@@ -201,35 +206,114 @@ func TestApplyKeepsMembers(t *testing.T) {
 		t.Fatal("the previous configuration was not retired")
 	}
 
-	// b's old heartbeats stop: its last heartbeat time no longer advances.
+	// The b that replaced it is removed: its heartbeats stop (no request
+	// holds the configuration it was in), its series go and stay gone.
+	nb := g.members[1]
+	eventually(t, "the new b healthy", func() bool { return r.metric(t, "kvgate_global_member_healthy", "member", "b") == 1 })
 	r.Apply(routerConfig(steadyRouting(), a.member("a", 3)), nil, nil, nil)
-	time.Sleep(300 * time.Millisecond) // let a heartbeat under way land
-	last := mb.evaluate(time.Now(), g.s).lastOK
-	time.Sleep(500 * time.Millisecond) // five heartbeat intervals
-	if now := mb.evaluate(time.Now(), g.s).lastOK; !now.Equal(last) {
-		t.Fatalf("a removed member still polled: last heartbeat %v then %v", last, now)
-	}
+	eventually(t, "the removed member's heartbeats stopped", func() bool {
+		last := nb.evaluate(time.Now(), g.s).lastOK
+		time.Sleep(300 * time.Millisecond) // three heartbeat intervals
+		return nb.evaluate(time.Now(), g.s).lastOK.Equal(last)
+	})
 	if got := len(r.gen.Load().members); got != 1 {
 		t.Fatalf("%d members after removing b, want 1", got)
 	}
+	r.observe(nb) // as a late failure of a request to it would
+	for _, name := range []string{"kvgate_global_member_healthy", "kvgate_global_member_ramp"} {
+		if r.hasSeries(t, name, "member", "b") {
+			t.Errorf("the removed member's %s series came back", name)
+		}
+	}
 }
 
-// TestGenerationRetire: the dependencies of a replaced configuration are
-// released once its last request ends, not before.
-func TestGenerationRetire(t *testing.T) {
-	r := New(routerConfig(steadyRouting(), Member{Name: "a", URL: "http://127.0.0.1:1", AdminURL: "http://127.0.0.1:1"}), Options{Logger: quiet})
-	g := r.acquire()
-	var released atomic.Int32
-	r.Apply(routerConfig(steadyRouting(), Member{Name: "a", URL: "http://127.0.0.1:1", AdminURL: "http://127.0.0.1:1"}), nil, nil, func() { released.Add(1) })
-	if released.Load() != 0 {
-		t.Fatal("released while a request still used the configuration")
+// hasSeries says whether the router's registry has a series of the metric
+// with the label set to value.
+func (r *Router) hasSeries(t testing.TB, metric, label, value string) bool {
+	t.Helper()
+	fams, err := r.m.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
 	}
-	if r.acquire() == g {
+	for _, f := range fams {
+		if f.GetName() != metric {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == label && l.GetValue() == value {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
+// TestRemovedMemberFinishes: a request waiting for a member's first byte when a
+// reload removes the member is answered by it, not given up on.
+func TestRemovedMemberFinishes(t *testing.T) {
+	slow := startFake(t, func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-time.After(1500 * time.Millisecond): // past the heartbeat timeout
+		case <-r.Context().Done():
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"id":"x","object":"chat.completion","choices":[],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}`))
+	})
+	other := startTier1(t, 1, simserver.Options{})
+	r, base := startRouter(t, routerConfig(fastRouting(), slow.member("slow", 1), other.member("other", 5)), Options{})
+	type result struct {
+		code   int
+		member string
+	}
+	done := make(chan result, 1)
+	go func() {
+		resp, _ := send(t, base, "", chatBody(""))
+		done <- result{resp.StatusCode, resp.Header.Get("X-Kvgate-Member")}
+	}()
+	time.Sleep(200 * time.Millisecond)
+	r.Apply(routerConfig(fastRouting(), other.member("other", 5)), nil, nil, nil)
+	res := <-done
+	if res.code != 200 || res.member != "slow" {
+		t.Fatalf("the request under way: %d from %q, want 200 from the removed member", res.code, res.member)
+	}
+	if n := r.metric(t, "kvgate_global_failovers_total"); n != 0 {
+		t.Fatalf("%v failovers: the removed member was given up on", n)
+	}
+}
+
+// TestGenerationRetire: what a replaced configuration used is released once
+// its last request ended and every older configuration's too — a dependency
+// may be shared by several generations — and not before.
+func TestGenerationRetire(t *testing.T) {
+	cfg := func() *Config {
+		return routerConfig(steadyRouting(), Member{Name: "a", URL: "http://127.0.0.1:1", AdminURL: "http://127.0.0.1:1"})
+	}
+	r := New(cfg(), Options{Logger: quiet})
+	g1 := r.acquire() // a long stream under the first configuration
+	var released []string
+	var mu sync.Mutex
+	rel := func(name string) func() {
+		return func() { mu.Lock(); released = append(released, name); mu.Unlock() }
+	}
+	got := func() []string { mu.Lock(); defer mu.Unlock(); return slices.Clone(released) }
+	r.Apply(cfg(), nil, nil, rel("after 1")) // retires generation 1
+	g2 := r.acquire()
+	if g2 == g1 {
 		t.Fatal("a new request got the replaced configuration")
 	}
-	g.release()
-	if released.Load() != 1 {
-		t.Fatalf("released %d times after the last request, want 1", released.Load())
+	g2.release()                             // generation 2 idle at once
+	r.Apply(cfg(), nil, nil, rel("after 2")) // retires generation 2, which shares with 1
+	time.Sleep(50 * time.Millisecond)
+	if l := got(); len(l) != 0 {
+		t.Fatalf("released %v while a request of the first configuration still runs", l)
+	}
+	g1.release()
+	eventually(t, "both released", func() bool { return len(got()) == 2 })
+	if l := got(); l[0] != "after 1" || l[1] != "after 2" {
+		t.Fatalf("released in the order %v, want oldest first", l)
 	}
 }
 
@@ -246,34 +330,56 @@ func TestDepsReuse(t *testing.T) {
 		c.Spec.Tenants = []Tenant{{Name: "acme", Limits: []TenantLimit{{Model: "*", Limits: Limits{RequestsPerMinute: 5}}}}}
 		return c
 	}
-	a1, l1, _, err := dp.build(cfg("k1", time.Second))
+	a1, l1, _, err := dp.build(cfg("k1", time.Second), false)
 	if err != nil || a1 == nil || l1 == nil {
 		t.Fatalf("first build: %v %v %v", a1, l1, err)
 	}
 	rl1 := dp.rl
-	a2, _, retire, err := dp.build(cfg("k1", time.Second))
+	closed := 0
+	closeRedis := dp.rlClose
+	dp.rlClose = func() { closed++; closeRedis() }
+	// defaultMaxTokens is read per request: no reason to reconnect to Redis.
+	same := cfg("k1", time.Second)
+	same.Spec.RateLimit.DefaultMaxTokens = new(int64(64))
+	a2, _, retire, err := dp.build(same, true)
 	if err != nil || a2 != a1 || dp.rl != rl1 {
 		t.Fatalf("unchanged configuration rebuilt: auth kept %v, limiter kept %v, %v", a2 == a1, dp.rl == rl1, err)
 	}
-	retire() // nothing to release: must not close what is in use
+	retire()
+	if closed != 0 {
+		t.Fatal("a reload that kept the Redis client closed it")
+	}
 	if resp := authenticate(a2, "k1"); resp != "" {
 		t.Fatalf("the kept authenticator no longer works: %s", resp)
 	}
-	a3, _, retire, err := dp.build(cfg("k2", 2*time.Second))
+	a3, _, retire, err := dp.build(cfg("k2", 2*time.Second), true)
 	if err != nil || a3 == a1 || dp.rl == rl1 {
 		t.Fatalf("changed configuration not rebuilt: auth new %v, limiter new %v, %v", a3 != a1, dp.rl != rl1, err)
 	}
 	if authenticate(a3, "k1") == "" || authenticate(a3, "k2") != "" {
 		t.Fatal("the rebuilt authenticator does not hold the new key only")
 	}
+	if closed != 0 {
+		t.Fatal("the replaced Redis client closed before the old configuration retired")
+	}
 	retire()
+	if closed != 1 {
+		t.Fatalf("the replaced Redis client closed %d times on retirement, want 1", closed)
+	}
 	bad := cfg("k3", time.Second)
 	bad.Spec.RateLimit.FailMode = "sideways"
-	if _, _, _, err := dp.build(bad); err == nil {
+	if _, _, _, err := dp.build(bad, true); err == nil {
 		t.Fatal("an invalid fail mode built")
 	}
 	if dp.au != a3 {
 		t.Fatal("a failed build replaced the authenticator in use")
+	}
+	// A JWT issuer unreachable at reload time: the reload is refused rather
+	// than every token failing until it comes back.
+	jwt := cfg("k2", 2*time.Second)
+	jwt.Spec.Auth.JWT = &auth.JWTConfig{JWKSURL: "http://127.0.0.1:1/jwks.json", FetchTimeout: d(200 * time.Millisecond)}
+	if _, _, _, err := dp.build(jwt, true); err == nil || dp.au != a3 {
+		t.Fatalf("a reload whose JWKS cannot be loaded: err %v, authenticator replaced %v", err, dp.au != a3)
 	}
 }
 

@@ -98,12 +98,21 @@ type generation struct {
 	auth    *auth.Authenticator
 	limiter Limiter
 
-	// active counts the requests using the generation; once it is replaced
-	// (retired) and the last one ends, onRetire releases what only it used.
-	active   atomic.Int64
-	retired  atomic.Bool
-	onRetire func()
-	once     sync.Once
+	// active counts the requests using the generation; idle is closed when it
+	// has been replaced (retired) and the last of them ended.
+	active  atomic.Int64
+	retired atomic.Bool
+	idle    chan struct{}
+	once    sync.Once
+	// prev is the generation this one replaced, until everything older than
+	// this one is idle; done is closed then, after cleanup ran.
+	prev    *generation
+	done    chan struct{}
+	cleanup func()
+}
+
+func newGeneration() *generation {
+	return &generation{idle: make(chan struct{}), done: make(chan struct{})}
 }
 
 // acquire returns the generation in force, counted as in use until release.
@@ -114,31 +123,38 @@ func (r *Router) acquire() *generation {
 		if !g.retired.Load() {
 			return g
 		}
-		// Replaced between the load and the count: its dependencies may be
-		// closing; take the new one.
+		// Replaced between the load and the count: take the new one.
 		g.release()
 	}
 }
 
 func (g *generation) release() {
 	if g.active.Add(-1) == 0 && g.retired.Load() {
-		g.close()
+		g.once.Do(func() { close(g.idle) })
 	}
 }
 
-func (g *generation) retire() {
+// retire marks g replaced and runs cleanup — releasing what g and older
+// generations used and the new one does not — once g and every older
+// generation are idle: a dependency or a member's heartbeat may be shared by
+// several generations still finishing requests.
+func (g *generation) retire(cleanup func()) {
+	g.cleanup = cleanup
 	g.retired.Store(true)
 	if g.active.Load() == 0 {
-		g.close()
+		g.once.Do(func() { close(g.idle) })
 	}
-}
-
-func (g *generation) close() {
-	g.once.Do(func() {
-		if g.onRetire != nil {
-			g.onRetire()
+	go func() {
+		<-g.idle
+		if g.prev != nil {
+			<-g.prev.done
+			g.prev = nil // older generations can go
 		}
-	})
+		if g.cleanup != nil {
+			g.cleanup()
+		}
+		close(g.done)
+	}()
 }
 
 // New returns a router over cfg's members, with opts.Auth and opts.Limiter;
@@ -165,15 +181,15 @@ func New(cfg *Config, opts Options) *Router {
 
 // Apply puts cfg in force with the authenticator and limiter built for it (nil:
 // none). Requests under way finish under the configuration they started with;
-// when the last of them ends, onRetire (if set) runs, to release what only that
-// configuration used. A member keeps its state — health, ramp, learned
-// capacity — as long as its name and URLs stay; one whose URLs changed starts
-// afresh, as a new member would.
-func (r *Router) Apply(cfg *Config, a *auth.Authenticator, l Limiter, onRetire func()) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	g := &generation{s: cfg.Spec.Routing.settings(), slo: map[string]time.Duration{}, tslo: map[string]time.Duration{},
-		maxTok: 1024, auth: a, limiter: l}
+// once they and those of older configurations have ended, release (if set)
+// runs, to free what the replaced configuration used and cfg does not. A
+// member keeps its state — health, ramp, learned capacity, heartbeats — as
+// long as its name and URLs stay; one whose URLs changed starts afresh, as a
+// new member would. A removed member's heartbeats go on until the requests
+// that may still wait on it have ended.
+func (r *Router) Apply(cfg *Config, a *auth.Authenticator, l Limiter, release func()) {
+	g := newGeneration()
+	g.s, g.slo, g.tslo, g.maxTok, g.auth, g.limiter = cfg.Spec.Routing.settings(), map[string]time.Duration{}, map[string]time.Duration{}, 1024, a, l
 	for _, mp := range cfg.Spec.Models {
 		if mp.TTFTSLO != nil {
 			g.slo[mp.Name] = mp.TTFTSLO.Duration
@@ -187,6 +203,8 @@ func (r *Router) Apply(cfg *Config, a *auth.Authenticator, l Limiter, onRetire f
 	if rl := cfg.Spec.RateLimit; rl != nil && rl.DefaultMaxTokens != nil {
 		g.maxTok = *rl.DefaultMaxTokens
 	}
+
+	r.mu.Lock()
 	old := r.gen.Load()
 	prev := map[string]*member{}
 	if old != nil {
@@ -194,33 +212,60 @@ func (r *Router) Apply(cfg *Config, a *auth.Authenticator, l Limiter, onRetire f
 			prev[m.cfg.Name] = m
 		}
 	}
+	var gone []*member
 	for _, mc := range cfg.Spec.Members {
 		m := prev[mc.Name]
 		if m != nil && m.cfg.URL == mc.URL && m.cfg.AdminURL == mc.AdminURL {
 			delete(prev, mc.Name)
 			m.setPolicy(mc)
-			if r.pollCtx != nil && m.pollSettings != g.s {
+			if r.pollCtx != nil && !sameHeartbeat(m.pollSettings, g.s) {
 				m.stopPoll()
 				r.startPoll(m, g.s)
 			}
-		} else {
-			m = newMember(mc)
-			if r.pollCtx != nil {
-				r.startPoll(m, g.s)
-			}
+			g.members = append(g.members, m)
+			continue
+		}
+		if m != nil {
+			// Same name, another cluster: the old one's series go with it.
+			delete(prev, mc.Name)
+			m.removed = true
+			gone = append(gone, m)
+			r.m.MemberHealthy.DeleteLabelValues(mc.Name)
+			r.m.MemberRamp.DeleteLabelValues(mc.Name)
+		}
+		m = newMember(mc)
+		if r.pollCtx != nil {
+			r.startPoll(m, g.s)
 		}
 		g.members = append(g.members, m)
 	}
 	for name, m := range prev {
-		m.stopPoll()
+		m.removed = true
+		gone = append(gone, m)
 		r.m.MemberHealthy.DeleteLabelValues(name)
 		r.m.MemberRamp.DeleteLabelValues(name)
 	}
+	g.prev = old
 	r.gen.Store(g)
+	r.mu.Unlock()
+
 	if old != nil {
-		old.onRetire = onRetire
-		old.retire()
+		old.retire(func() {
+			r.mu.Lock()
+			for _, m := range gone {
+				m.stopPoll()
+			}
+			r.mu.Unlock()
+			if release != nil {
+				release()
+			}
+		})
 	}
+}
+
+// sameHeartbeat says whether a member's heartbeats can go on unchanged.
+func sameHeartbeat(a, b settings) bool {
+	return a.heartbeat == b.heartbeat && a.heartbeatTimeout == b.heartbeatTimeout
 }
 
 // Start runs the members' heartbeats until ctx ends, those of members a later
@@ -228,6 +273,9 @@ func (r *Router) Apply(cfg *Config, a *auth.Authenticator, l Limiter, onRetire f
 func (r *Router) Start(ctx context.Context) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if r.pollCtx != nil {
+		return // started already
+	}
 	r.pollCtx = ctx
 	g := r.gen.Load()
 	for _, m := range g.members {
@@ -243,9 +291,19 @@ func (r *Router) startPoll(m *member, s settings) {
 	go m.poll(ctx, r.client, s, r.log, func() { r.observe(m) })
 }
 
-// observe refreshes a member's gauges.
+// health returns the settings members' health is judged by: those in force,
+// whatever configuration a request started under.
+func (r *Router) health() settings { return r.gen.Load().s }
+
+// observe refreshes a member's gauges, unless a reload removed it (its
+// series are gone and must stay gone).
 func (r *Router) observe(m *member) {
-	v := m.evaluate(time.Now(), r.gen.Load().s)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if m.removed {
+		return
+	}
+	v := m.evaluate(time.Now(), r.health())
 	r.m.MemberHealthy.WithLabelValues(m.cfg.Name).Set(b2f(v.healthy))
 	r.m.MemberRamp.WithLabelValues(m.cfg.Name).Set(v.ramp)
 }
@@ -502,7 +560,7 @@ func (r *Router) forward(w http.ResponseWriter, req *http.Request, g *generation
 			}
 		}
 		last := k == len(order)-1
-		done, err := r.attempt(w, req, g.s, rid, model, body, m, start, last, st)
+		done, err := r.attempt(w, req, g.s, rid, model, body, m, cands[i].Price, start, last, st)
 		if done {
 			return
 		}
@@ -525,7 +583,10 @@ func (r *Router) forward(w http.ResponseWriter, req *http.Request, g *generation
 // attempt sends the request to one member. It reports done once the member's
 // answer (or the client's departure) settled the request, or the error that
 // makes the next member worth trying.
-func (r *Router) attempt(w http.ResponseWriter, req *http.Request, s settings, rid, model string, body []byte, m *member, start time.Time, last bool, st *settlement) (bool, error) {
+// s are the request's routing settings; the member's health is judged by the
+// configuration in force (r.health), as its heartbeats are. price is the
+// member's price when it was picked, at which the request is costed.
+func (r *Router) attempt(w http.ResponseWriter, req *http.Request, s settings, rid, model string, body []byte, m *member, price float64, start time.Time, last bool, st *settlement) (bool, error) {
 	ctx, cancel := context.WithCancel(req.Context())
 	defer cancel()
 	out, err := r.upstream(ctx, req, m, rid, body)
@@ -541,7 +602,7 @@ func (r *Router) attempt(w http.ResponseWriter, req *http.Request, s settings, r
 	answered := make(chan struct{})
 	gaveUp := make(chan struct{})
 	var reason error
-	go watch(ctx, m, s, answered, func(why error) { reason = why; close(gaveUp); cancel() })
+	go r.watch(ctx, m, s, answered, func(why error) { reason = why; close(gaveUp); cancel() })
 	resp, err := r.opts.Transport.RoundTrip(out)
 	var first []byte
 	var firstErr error
@@ -569,7 +630,7 @@ func (r *Router) attempt(w http.ResponseWriter, req *http.Request, s settings, r
 		}
 		// A slow member is not a dead one: a timeout counts toward ejection
 		// as a server error does; anything else ejects at once.
-		m.failed(time.Now(), !errors.Is(err, errFirstByteTimeout), s)
+		m.failed(time.Now(), !errors.Is(err, errFirstByteTimeout), r.health())
 		r.observe(m)
 		r.log.Warn("member failed before answering; trying the next", "request_id", rid, "member", m.cfg.Name, "err", err)
 		return false, fmt.Errorf("member %s: %w", m.cfg.Name, err)
@@ -578,7 +639,7 @@ func (r *Router) attempt(w http.ResponseWriter, req *http.Request, s settings, r
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 		_ = resp.Body.Close()
 		if resp.StatusCode >= 500 {
-			m.failed(time.Now(), false, s)
+			m.failed(time.Now(), false, r.health())
 			r.observe(m)
 		}
 		r.log.Warn("member refused or failed; trying the next", "request_id", rid, "member", m.cfg.Name, "status", resp.StatusCode)
@@ -587,12 +648,12 @@ func (r *Router) attempt(w http.ResponseWriter, req *http.Request, s settings, r
 	if resp.StatusCode >= 500 {
 		// The last attempt's server error is relayed, and still counts against
 		// the member.
-		m.failed(time.Now(), false, s)
+		m.failed(time.Now(), false, r.health())
 		r.observe(m)
 	} else {
 		m.succeeded()
 	}
-	r.relay(w, req, resp, m, model, start, first, firstErr, st)
+	r.relay(w, req, resp, m, price, model, start, first, firstErr, st)
 	return true, nil
 }
 
@@ -604,7 +665,7 @@ var (
 
 // watch calls giveUp when the member is lost (heartbeat gone, or ejected) or
 // the first-byte timeout passes before answered is closed.
-func watch(ctx context.Context, m *member, s settings, answered <-chan struct{}, giveUp func(error)) {
+func (r *Router) watch(ctx context.Context, m *member, s settings, answered <-chan struct{}, giveUp func(error)) {
 	t := time.NewTicker(max(10*time.Millisecond, s.heartbeat/2))
 	defer t.Stop()
 	var timeout <-chan time.Time
@@ -632,7 +693,7 @@ func watch(ctx context.Context, m *member, s settings, answered <-chan struct{},
 		case <-t.C:
 			// A draining member finishes what it holds; only a lost one is
 			// given up on.
-			if !m.evaluate(time.Now(), s).reachable {
+			if !m.evaluate(time.Now(), r.health()).reachable {
 				give(errMemberLost)
 				return
 			}
@@ -714,7 +775,7 @@ func forwardable(name string) bool {
 // relay streams a member's answer — its first bytes already read — to the
 // client, and records in st the tokens used: the usage the member reported,
 // else the prompt estimate plus one token per streamed event.
-func (r *Router) relay(w http.ResponseWriter, req *http.Request, resp *http.Response, m *member, model string, start time.Time, first []byte, firstErr error, st *settlement) {
+func (r *Router) relay(w http.ResponseWriter, req *http.Request, resp *http.Response, m *member, price float64, model string, start time.Time, first []byte, firstErr error, st *settlement) {
 	defer func() { _ = resp.Body.Close() }()
 	h := w.Header()
 	for k, vs := range resp.Header {
@@ -748,7 +809,7 @@ func (r *Router) relay(w http.ResponseWriter, req *http.Request, resp *http.Resp
 		st.used = prompt + completion
 		r.m.Tokens.WithLabelValues(m.cfg.Name, "prompt").Add(float64(prompt))
 		r.m.Tokens.WithLabelValues(m.cfg.Name, "completion").Add(float64(completion))
-		r.m.Cost.WithLabelValues(m.cfg.Name).Add(float64(st.used) * m.policy.Load().price / 1e6)
+		r.m.Cost.WithLabelValues(m.cfg.Name).Add(float64(st.used) * price / 1e6)
 		r.m.Duration.WithLabelValues(m.cfg.Name).Observe(time.Since(start).Seconds())
 	}
 	if len(first) > 0 {

@@ -23,10 +23,11 @@ import (
 
 // ServerOptions configure Run.
 type ServerOptions struct {
-	Config *Config
-	// ConfigPath, when set, is the file Config came from: it is read again
-	// when it changes and on every value from Reload.
-	ConfigPath   string
+	// ConfigPath is the configuration file: read at start (unless Config is
+	// set), and again when it changes and on every value from Reload.
+	ConfigPath string
+	// Config, when set, is served instead of reading ConfigPath at start.
+	Config       *Config
 	Reload       <-chan os.Signal
 	Listen       string // OpenAI API (default :8080)
 	AdminListen  string // metrics, health, /debug/members (default :9090)
@@ -47,10 +48,22 @@ func Run(ctx context.Context, o ServerOptions) error {
 	// member still need to know which members are alive.
 	hbCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
 	defer stop()
+	var initial []byte
+	if o.Config == nil {
+		var err error
+		if initial, err = os.ReadFile(o.ConfigPath); err != nil {
+			return err
+		}
+		if o.Config, err = Parse(o.ConfigPath, initial); err != nil {
+			return err
+		}
+	} else if o.ConfigPath != "" {
+		initial, _ = os.ReadFile(o.ConfigPath) // nil: the first check reloads
+	}
 	d := newDeps(hbCtx, &o.Router)
 	defer d.close()
 	var err error
-	if o.Router.Auth, o.Router.Limiter, _, err = d.build(o.Config); err != nil {
+	if o.Router.Auth, o.Router.Limiter, _, err = d.build(o.Config, false); err != nil {
 		return err
 	}
 	r := New(o.Config, o.Router)
@@ -61,15 +74,17 @@ func Run(ctx context.Context, o ServerOptions) error {
 		return err
 	}
 	if o.ConfigPath != "" {
-		initial, err := os.ReadFile(o.ConfigPath)
-		if err != nil {
-			initial = nil // compared against the next read; nil means reload
-		}
 		watchCtx, stopWatch := context.WithCancel(ctx)
-		defer stopWatch()
-		go reload.Watch(watchCtx, o.ConfigPath, initial, o.Reload, log, func(data []byte, err error) {
-			r.reload(o.ConfigPath, data, err, d)
-		})
+		watched := make(chan struct{})
+		go func() {
+			defer close(watched)
+			reload.Watch(watchCtx, o.ConfigPath, initial, o.Reload, log, func(data []byte, err error) {
+				r.reload(o.ConfigPath, data, err, d)
+			})
+		}()
+		// Before the dependencies close (deferred earlier, run later): a reload
+		// under way must not build after them.
+		defer func() { stopWatch(); <-watched }()
 	}
 	log.Info("kvgate global serving", "api", apiLn.Addr().String(), "admin", adminLn.Addr().String(), "members", len(o.Config.Spec.Members))
 	if o.Ready != nil {
@@ -91,7 +106,7 @@ func (r *Router) reload(path string, data []byte, readErr error, d *deps) {
 	var l Limiter
 	var retire func()
 	if err == nil {
-		a, l, retire, err = d.build(cfg)
+		a, l, retire, err = d.build(cfg, true)
 	}
 	if err != nil {
 		r.m.Reloads.WithLabelValues("failure").Inc()
@@ -142,8 +157,10 @@ func newDeps(ctx context.Context, o *Options) *deps {
 
 // build returns cfg's authenticator and limiter (nil when not configured) and
 // a function that releases what the previous build made and this one no longer
-// uses, to call once no request uses it. On error nothing changes.
-func (d *deps) build(cfg *Config) (*auth.Authenticator, Limiter, func(), error) {
+// uses, to call once no request uses it. On error nothing changes. On a
+// reload, a new JWT authenticator that could not load its JWKS is an error: the
+// one serving keeps its keys rather than every token failing.
+func (d *deps) build(cfg *Config, reload bool) (*auth.Authenticator, Limiter, func(), error) {
 	var retire []func()
 	au, authSpec := d.au, d.authSpec
 	if a := cfg.Spec.Auth; !reflect.DeepEqual(a, d.authSpec) {
@@ -153,13 +170,17 @@ func (d *deps) build(cfg *Config) (*auth.Authenticator, Limiter, func(), error) 
 			if au, err = auth.New(d.ctx, *a, auth.Options{Logger: d.log, Registerer: d.m.Registry}); err != nil {
 				return nil, nil, nil, fmt.Errorf("auth: %w", err)
 			}
+			if err := au.Ready(); reload && err != nil {
+				au.Close()
+				return nil, nil, nil, fmt.Errorf("auth: %w", err)
+			}
 		}
 		if d.au != nil {
 			retire = append(retire, d.au.Close)
 		}
 	}
 	rl, rlSpec, rlClose := d.rl, d.rlSpec, d.rlClose
-	if c := cfg.Spec.RateLimit; !reflect.DeepEqual(c, d.rlSpec) {
+	if c := cfg.Spec.RateLimit; !sameRedis(c, d.rlSpec) {
 		rl, rlSpec, rlClose = nil, c, nil
 		if c != nil {
 			var err error
@@ -185,6 +206,15 @@ func (d *deps) build(cfg *Config) (*auth.Authenticator, Limiter, func(), error) 
 			f()
 		}
 	}, nil
+}
+
+// sameRedis says whether a limiter built for b serves a: the same Redis, fail
+// mode and timeout (the rest of rateLimit is read per request).
+func sameRedis(a, b *RateLimit) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return a.Redis == b.Redis && a.FailMode == b.FailMode && reflect.DeepEqual(a.Timeout, b.Timeout)
 }
 
 // limiter connects a shared limiter to the configured Redis.
@@ -225,7 +255,7 @@ func (d *deps) close() {
 func Dependencies(ctx context.Context, cfg *Config, o *Options) (func(), error) {
 	d := newDeps(ctx, o)
 	var err error
-	o.Auth, o.Limiter, _, err = d.build(cfg)
+	o.Auth, o.Limiter, _, err = d.build(cfg, false)
 	return d.close, err
 }
 
