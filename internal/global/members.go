@@ -79,11 +79,13 @@ type view struct {
 	// reachable: its heartbeat is fresh and it is not ejected, though it may
 	// be draining (taking no new requests, finishing those it has).
 	reachable bool
-	ramp      float64
-	summary   gateway.Summary
-	lastOK    time.Time
-	lastErr   string
-	sent      int64
+	// fresh: its last good heartbeat is recent, whether or not it is ejected.
+	fresh   bool
+	ramp    float64
+	summary gateway.Summary
+	lastOK  time.Time
+	lastErr string
+	sent    int64
 }
 
 // evaluate recomputes the member's health at now, starting a ramp when it
@@ -91,7 +93,8 @@ type view struct {
 func (m *member) evaluate(now time.Time, s settings) view {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	reachable := !m.lastOK.IsZero() && now.Sub(m.lastOK) <= s.heartbeatTimeout && !now.Before(m.ejectedUntil)
+	fresh := !m.lastOK.IsZero() && now.Sub(m.lastOK) <= s.heartbeatTimeout
+	reachable := fresh && !now.Before(m.ejectedUntil)
 	healthy := reachable && !m.summary.Draining
 	if healthy && !m.healthy {
 		// A member back from being unhealthy ramps up; so does one first seen
@@ -109,7 +112,7 @@ func (m *member) evaluate(now time.Time, s settings) view {
 		// at once (its heartbeat says it is up) but not a stampede.
 		ramp = min(1, 0.1+0.9*float64(now.Sub(m.rampStart))/float64(s.rampUp))
 	}
-	return view{healthy: healthy, reachable: reachable, ramp: ramp, summary: m.summary, lastOK: m.lastOK, lastErr: m.lastErr, sent: m.sent.Load()}
+	return view{healthy: healthy, reachable: reachable, fresh: fresh, ramp: ramp, summary: m.summary, lastOK: m.lastOK, lastErr: m.lastErr, sent: m.sent.Load()}
 }
 
 // heartbeat records one summary read.

@@ -155,10 +155,11 @@ func TestHungMember(t *testing.T) {
 }
 
 // TestSlowMember: a member whose heartbeat stays healthy but which does not
-// answer — no headers at all, or headers and then no body — is given up on after
-// routing.firstByteTimeout and the request served by the next member, without
-// ejecting the slow one for a single timeout; with no other member the client
-// gets a 504 OpenAI error, its reservation given back.
+// start a stream — no headers at all, or headers and then no event — is given
+// up on after routing.firstByteTimeout and the request served by the next
+// member, without ejecting the slow one for a single timeout; with no other
+// member the client gets a 504 OpenAI error, its reservation given back. A
+// whole JSON answer, whose first byte comes with its last, is not bounded.
 func TestSlowMember(t *testing.T) {
 	release := make(chan struct{})
 	defer close(release)
@@ -178,6 +179,7 @@ func TestSlowMember(t *testing.T) {
 	good := startTier1(t, 1, simserver.Options{})
 	routing := steadyRouting()
 	routing.FirstByteTimeout = d(300 * time.Millisecond)
+	stream := chatBody(`,"stream":true`)
 	for _, tc := range []struct {
 		name string
 		slow *fakeMember
@@ -186,8 +188,8 @@ func TestSlowMember(t *testing.T) {
 			lim := &recordingLimiter{}
 			r, base := startRouter(t, routerConfig(routing, tc.slow.member("slow", 1), good.member("good", 3)), Options{Limiter: lim})
 			start := time.Now()
-			resp, body := send(t, base, "", chatBody(""))
-			if resp.StatusCode != 200 || resp.Header.Get("X-Kvgate-Member") != "good" {
+			resp, body := send(t, base, "", stream)
+			if resp.StatusCode != 200 || resp.Header.Get("X-Kvgate-Member") != "good" || !strings.Contains(string(body), "[DONE]") {
 				t.Fatalf("%d from %q: %s", resp.StatusCode, resp.Header.Get("X-Kvgate-Member"), body)
 			}
 			if took := time.Since(start); took < 300*time.Millisecond || took > 5*time.Second {
@@ -202,7 +204,7 @@ func TestSlowMember(t *testing.T) {
 
 			lim = &recordingLimiter{}
 			_, base = startRouter(t, routerConfig(routing, tc.slow.member("slow", 1)), Options{Limiter: lim})
-			resp, body = send(t, base, "", chatBody(""))
+			resp, body = send(t, base, "", stream)
 			var e struct{ Error struct{ Code int } }
 			if resp.StatusCode != http.StatusGatewayTimeout || json.Unmarshal(body, &e) != nil || e.Error.Code != http.StatusGatewayTimeout {
 				t.Fatalf("the only member silent: %d %s, want a 504 OpenAI error", resp.StatusCode, body)
@@ -211,6 +213,72 @@ func TestSlowMember(t *testing.T) {
 				t.Errorf("settled %v, cancels %d: want the reservation given back", rec, c)
 			}
 		})
+	}
+	t.Run("whole JSON answer slower than the timeout", func(t *testing.T) {
+		slowJSON := startFake(t, func(w http.ResponseWriter, _ *http.Request) {
+			time.Sleep(600 * time.Millisecond) // generating the whole answer
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = w.Write([]byte(`{"id":"x","object":"chat.completion","choices":[],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}`))
+		})
+		r, base := startRouter(t, routerConfig(routing, slowJSON.member("slow", 1), good.member("good", 3)), Options{})
+		resp, body := send(t, base, "", chatBody(""))
+		if resp.StatusCode != 200 || resp.Header.Get("X-Kvgate-Member") != "slow" {
+			t.Fatalf("%d from %q: %s", resp.StatusCode, resp.Header.Get("X-Kvgate-Member"), body)
+		}
+		if n := r.metric(t, "kvgate_global_failovers_total"); n != 0 {
+			t.Fatalf("%v failovers for a JSON answer that took its time", n)
+		}
+	})
+}
+
+// TestSlowMemberEjected: a member ejected after three streams timed out keeps
+// the requests it is about to answer — ejection stops new requests; only a lost
+// heartbeat gives up on those it holds.
+func TestSlowMemberEjected(t *testing.T) {
+	release := make(chan struct{})
+	defer close(release)
+	slow := startFake(t, func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		if strings.Contains(string(b), "hang") {
+			select {
+			case <-release:
+			case <-r.Context().Done():
+			}
+			return
+		}
+		time.Sleep(250 * time.Millisecond) // answers within the timeout, after the ejection
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = w.Write([]byte("data: {\"choices\":[]}\n\ndata: [DONE]\n\n"))
+	})
+	good := startTier1(t, 1, simserver.Options{})
+	routing := steadyRouting()
+	routing.FirstByteTimeout = d(300 * time.Millisecond)
+	routing.MaxAttempts = new(int32(1)) // a given-up request is not served elsewhere
+	r, base := startRouter(t, routerConfig(routing, slow.member("slow", 1), good.member("good", 3)), Options{})
+	var wg sync.WaitGroup
+	for range 3 {
+		wg.Go(func() { _, _ = send(t, base, "", chatBody(`,"stream":true,"user":"hang"`)) })
+	}
+	time.Sleep(100 * time.Millisecond) // the three are with the member
+	resp, body := send(t, base, "", chatBody(`,"stream":true`))
+	wg.Wait()
+	if resp.StatusCode != 200 || resp.Header.Get("X-Kvgate-Member") != "slow" {
+		t.Fatalf("the request the ejected member was answering: %d from %q: %s", resp.StatusCode, resp.Header.Get("X-Kvgate-Member"), body)
+	}
+	if r.metric(t, "kvgate_global_member_healthy", "member", "slow") != 0 {
+		t.Error("three timeouts in a row did not eject the member")
+	}
+}
+
+func TestVerdict(t *testing.T) {
+	why := errors.New("gave up")
+	v := &verdict{}
+	if err := v.answer(); err != nil || v.giveUp(why) {
+		t.Fatal("the answer came first, yet the watcher could give up")
+	}
+	v = &verdict{}
+	if !v.giveUp(why) || !errors.Is(v.answer(), why) {
+		t.Fatal("the watcher gave up first, yet the answer was taken")
 	}
 }
 

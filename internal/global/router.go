@@ -111,6 +111,11 @@ type generation struct {
 	cleanup func()
 }
 
+// retireTimeout bounds how long a replaced configuration's requests may hold
+// what it alone used (its Redis client, its authenticator, removed members'
+// heartbeats).
+const retireTimeout = 10 * time.Minute
+
 func newGeneration() *generation {
 	return &generation{idle: make(chan struct{}), done: make(chan struct{})}
 }
@@ -145,7 +150,15 @@ func (g *generation) retire(cleanup func()) {
 		g.once.Do(func() { close(g.idle) })
 	}
 	go func() {
-		<-g.idle
+		// A request that never ends (a client that stopped reading, a member
+		// that stopped mid-stream) must not hold every later reload's
+		// releases: after retireTimeout they go ahead, under it if need be.
+		t := time.NewTimer(retireTimeout)
+		select {
+		case <-g.idle:
+		case <-t.C:
+		}
+		t.Stop()
 		if g.prev != nil {
 			<-g.prev.done
 			g.prev = nil // older generations can go
@@ -374,6 +387,7 @@ func (r *Router) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		MaxTokens           *int64          `json:"max_tokens"`
 		MaxCompletionTokens *int64          `json:"max_completion_tokens"`
 		MaxOutputTokens     *int64          `json:"max_output_tokens"`
+		Stream              *bool           `json:"stream"`
 	}
 	if err := json.Unmarshal(body, &fields); err != nil {
 		r.refuse(w, "", http.StatusBadRequest, openai.TypeInvalidRequest, "malformed JSON body: "+err.Error())
@@ -455,7 +469,7 @@ func (r *Router) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	if len(order) > g.s.maxAttempts {
 		order = order[:g.s.maxAttempts]
 	}
-	st := &settlement{prompt: prompt}
+	st := &settlement{prompt: prompt, stream: fields.Stream != nil && *fields.Stream}
 	// Settled once the request is done — deferred, so that a relay that aborts
 	// the connection settles too — on a fresh context so that a client that
 	// went away still has its tokens counted. A request no member served gives
@@ -492,6 +506,9 @@ type settlement struct {
 	prompt int64 // the estimate, for a response without usage
 	used   int64
 	served bool // a member's answer reached the client
+	// stream: the client asked for a stream, whose first byte is the first
+	// token; a whole JSON answer's first byte comes with its last.
+	stream bool
 }
 
 // candidates lists the healthy members serving model with ready endpoints.
@@ -549,6 +566,7 @@ func (g *generation) sloFor(model, tenant string) time.Duration {
 // of its answer; never once a byte went to the client.
 func (r *Router) forward(w http.ResponseWriter, req *http.Request, g *generation, rid, model string, body []byte, order []int, members []*member, cands []Candidate, start time.Time, st *settlement) {
 	var lastErr error
+	timedOut := false
 	for k, i := range order {
 		m := members[i]
 		if k > 0 {
@@ -565,6 +583,7 @@ func (r *Router) forward(w http.ResponseWriter, req *http.Request, g *generation
 			return
 		}
 		lastErr = err
+		timedOut = timedOut || errors.Is(err, errFirstByteTimeout)
 		if req.Context().Err() != nil {
 			r.m.Requests.WithLabelValues(m.cfg.Name, model, "499").Inc()
 			return
@@ -573,7 +592,7 @@ func (r *Router) forward(w http.ResponseWriter, req *http.Request, g *generation
 	if lastErr != nil {
 		r.log.Warn("no member could serve the request", "request_id", rid, "model", model, "err", lastErr)
 	}
-	if errors.Is(lastErr, errFirstByteTimeout) {
+	if timedOut {
 		r.refuse(w, model, http.StatusGatewayTimeout, openai.TypeServer, "no member answered in time; retry later")
 		return
 	}
@@ -597,12 +616,19 @@ func (r *Router) attempt(w http.ResponseWriter, req *http.Request, s settings, r
 	defer m.inFlight.Add(-1)
 	m.sent.Add(1)
 	// A member lost while this request waits for its first byte (a hung
-	// cluster), or one that takes longer than routing.firstByteTimeout, is
-	// given up on.
+	// cluster), or a stream whose first token takes longer than
+	// routing.firstByteTimeout, is given up on.
+	v := &verdict{}
 	answered := make(chan struct{})
-	gaveUp := make(chan struct{})
-	var reason error
-	go r.watch(ctx, m, s, answered, func(why error) { reason = why; close(gaveUp); cancel() })
+	timeout := time.Duration(0)
+	if st.stream {
+		timeout = s.firstByteTimeout
+	}
+	go r.watch(ctx, m, s.heartbeat, timeout, answered, func(why error) {
+		if v.giveUp(why) {
+			cancel()
+		}
+	})
 	resp, err := r.opts.Transport.RoundTrip(out)
 	var first []byte
 	var firstErr error
@@ -615,15 +641,14 @@ func (r *Router) attempt(w http.ResponseWriter, req *http.Request, s settings, r
 			err = firstErr
 		}
 	}
-	close(answered)
-	select {
-	case <-gaveUp:
+	// Whichever came first holds: the answer, or the watcher giving up.
+	if why := v.answer(); why != nil {
 		if err == nil {
 			_ = resp.Body.Close()
 		}
-		err = reason
-	default:
+		err = why
 	}
+	close(answered)
 	if err != nil {
 		if req.Context().Err() != nil {
 			return false, err
@@ -659,27 +684,51 @@ func (r *Router) attempt(w http.ResponseWriter, req *http.Request, s settings, r
 
 // Reasons a request gives up on its member before the first byte.
 var (
-	errMemberLost       = errors.New("lost (heartbeat gone, or ejected) before answering")
+	errMemberLost       = errors.New("lost (heartbeat gone) before answering")
 	errFirstByteTimeout = errors.New("no answer within routing.firstByteTimeout")
 )
 
-// watch calls giveUp when the member is lost (heartbeat gone, or ejected) or
-// the first-byte timeout passes before answered is closed.
-func (r *Router) watch(ctx context.Context, m *member, s settings, answered <-chan struct{}, giveUp func(error)) {
-	t := time.NewTicker(max(10*time.Millisecond, s.heartbeat/2))
-	defer t.Stop()
-	var timeout <-chan time.Time
-	if s.firstByteTimeout > 0 {
-		tm := time.NewTimer(s.firstByteTimeout)
-		defer tm.Stop()
-		timeout = tm.C
+// verdict settles the race between a member's answer and the watcher giving
+// up on it: the first to claim it wins, so an answer being relayed is never
+// cancelled and one given up on is never relayed.
+type verdict struct {
+	mu      sync.Mutex
+	decided bool
+	why     error
+}
+
+// answer claims the verdict for the answer, or returns why it was given up on.
+func (v *verdict) answer() error {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.decided = true
+	return v.why
+}
+
+// giveUp claims the verdict for giving up, unless the answer came first.
+func (v *verdict) giveUp(why error) bool {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.decided {
+		return false
 	}
-	give := func(why error) {
-		select {
-		case <-answered:
-		default:
-			giveUp(why)
-		}
+	v.decided, v.why = true, why
+	return true
+}
+
+// watch calls giveUp when the member's heartbeat goes stale, or timeout (when
+// not 0) passes, before answered is closed. An ejected member whose heartbeat
+// still answers is not given up on: ejection is about new requests, and a
+// member ejected for being slow would otherwise lose the requests it is about
+// to answer.
+func (r *Router) watch(ctx context.Context, m *member, heartbeat, timeout time.Duration, answered <-chan struct{}, giveUp func(error)) {
+	t := time.NewTicker(max(10*time.Millisecond, heartbeat/2))
+	defer t.Stop()
+	var expired <-chan time.Time
+	if timeout > 0 {
+		tm := time.NewTimer(timeout)
+		defer tm.Stop()
+		expired = tm.C
 	}
 	for {
 		select {
@@ -687,14 +736,14 @@ func (r *Router) watch(ctx context.Context, m *member, s settings, answered <-ch
 			return
 		case <-ctx.Done():
 			return
-		case <-timeout:
-			give(errFirstByteTimeout)
+		case <-expired:
+			giveUp(errFirstByteTimeout)
 			return
 		case <-t.C:
 			// A draining member finishes what it holds; only a lost one is
 			// given up on.
-			if !m.evaluate(time.Now(), r.health()).reachable {
-				give(errMemberLost)
+			if !m.evaluate(time.Now(), r.health()).fresh {
+				giveUp(errMemberLost)
 				return
 			}
 		}

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -26,7 +27,9 @@ type ServerOptions struct {
 	// ConfigPath is the configuration file: read at start (unless Config is
 	// set), and again when it changes and on every value from Reload.
 	ConfigPath string
-	// Config, when set, is served instead of reading ConfigPath at start.
+	// Config, when set, is served at start instead of reading ConfigPath; the
+	// file's contents at start are then taken as applied, so a file that
+	// differs from Config applies on its next change or on Reload.
 	Config       *Config
 	Reload       <-chan os.Signal
 	Listen       string // OpenAI API (default :8080)
@@ -49,6 +52,9 @@ func Run(ctx context.Context, o ServerOptions) error {
 	hbCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
 	defer stop()
 	var initial []byte
+	if o.Config == nil && o.ConfigPath == "" {
+		return errors.New("no configuration: set ConfigPath or Config")
+	}
 	if o.Config == nil {
 		var err error
 		if initial, err = os.ReadFile(o.ConfigPath); err != nil {
@@ -170,7 +176,10 @@ func (d *deps) build(cfg *Config, reload bool) (*auth.Authenticator, Limiter, fu
 			if au, err = auth.New(d.ctx, *a, auth.Options{Logger: d.log, Registerer: d.m.Registry}); err != nil {
 				return nil, nil, nil, fmt.Errorf("auth: %w", err)
 			}
-			if err := au.Ready(); reload && err != nil {
+			// Refused only when it would lose keys the running one has: with
+			// both unready (the issuer down since before), an API key
+			// rotation must still go through.
+			if err := au.Ready(); reload && err != nil && (d.au == nil || d.au.Ready() == nil) {
 				au.Close()
 				return nil, nil, nil, fmt.Errorf("auth: %w", err)
 			}

@@ -37,7 +37,10 @@ func TestRun(t *testing.T) {
 	eventually(t, "ready once the member's heartbeat came", func() bool { code, _ := get(admin + "/readyz"); return code == 200 })
 	// Ready means a member is healthy; a request also needs its summary to list
 	// a ready endpoint for the model, which the member learns from its first scrape.
-	eventually(t, "the member's endpoint ready", func() bool { _, body := get(admin + "/debug/members"); return strings.Contains(body, `"readyEndpoints": 1`) })
+	eventually(t, "the member's endpoint ready", func() bool {
+		_, body := get(admin + "/debug/members")
+		return strings.Contains(body, `"readyEndpoints": 1`)
+	})
 	if resp, body := send(t, api, "", chatBody("")); resp.StatusCode != 401 {
 		t.Fatalf("without a key: %d %s", resp.StatusCode, body)
 	}
