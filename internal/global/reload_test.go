@@ -49,14 +49,11 @@ func TestReload(t *testing.T) {
 	first := routerConfig(steadyRouting(), a.member("a", 1))
 	first.Spec.Auth = keys("sk-old")
 	write(first)
-	cfg, err := Load(path)
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	hup := make(chan os.Signal, 1)
-	api, admin, done := runRouter(t, ctx, ServerOptions{Config: cfg, ConfigPath: path, Reload: hup})
+	// As the command runs it: the file read at start by Run itself.
+	api, admin, done := runRouter(t, ctx, ServerOptions{ConfigPath: path, Reload: hup})
 	debugConfig := func() (accepted bool, errText, active string) {
 		resp, err := http.Get(admin + "/debug/config")
 		if err != nil {
