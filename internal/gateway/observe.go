@@ -23,7 +23,28 @@ const (
 	maxSSELine      = 1 << 20
 )
 
-var usageKey = []byte(`"usage":{`)
+var usageKey = []byte(`"usage"`)
+
+// hasUsage says whether b holds a usage object: "usage", then a colon and a
+// brace with any whitespace around them (servers that pretty-print, or
+// Python's json.dumps defaults, write `"usage": {`). It is a cheap filter run
+// on every event; parse decides.
+func hasUsage(b []byte) bool {
+	for {
+		i := bytes.Index(b, usageKey)
+		if i < 0 {
+			return false
+		}
+		b = b[i+len(usageKey):]
+		rest := bytes.TrimLeft(b, " \t\r\n")
+		if len(rest) > 0 && rest[0] == ':' {
+			rest = bytes.TrimLeft(rest[1:], " \t\r\n")
+			if len(rest) > 0 && rest[0] == '{' {
+				return true
+			}
+		}
+	}
+}
 
 func (o *usageObserver) feed(p []byte) {
 	if !o.sse {
@@ -60,13 +81,13 @@ func (o *usageObserver) sseLine(line []byte) {
 	if !bytes.Equal(bytes.TrimSpace(data), []byte("[DONE]")) {
 		o.events++
 	}
-	if bytes.Contains(data, usageKey) {
+	if hasUsage(data) {
 		o.parse(data)
 	}
 }
 
 func (o *usageObserver) finish() {
-	if !o.sse && !o.tooLong && bytes.Contains(o.body, usageKey) {
+	if !o.sse && !o.tooLong && hasUsage(o.body) {
 		o.parse(o.body)
 	}
 }
