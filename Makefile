@@ -17,12 +17,13 @@ test: unit lint verify-generate
 ## generate: the CRD (config/crd/bases) and deep-copy functions from api/v1alpha1.
 generate:
 	T=$$(./hack/tools.sh) && $$T/controller-gen object paths=./api/... && \
-	  $$T/controller-gen crd paths=./api/... output:crd:dir=config/crd/bases
+	  $$T/controller-gen crd paths=./api/... output:crd:dir=config/crd/bases && \
+	  cp config/crd/bases/*.yaml deploy/helm/kvgate/crds/
 
 verify-generate:
 	@T=$$(./hack/tools.sh) && tmp=$$(mktemp -d) && \
 	  $$T/controller-gen crd paths=./api/... output:crd:dir=$$tmp && \
-	  diff -r $$tmp config/crd/bases && rm -rf $$tmp && \
+	  diff -r $$tmp config/crd/bases && diff -r config/crd/bases deploy/helm/kvgate/crds && rm -rf $$tmp && \
 	  cp api/v1alpha1/zz_generated.deepcopy.go $$tmp.go && $$T/controller-gen object paths=./api/... && \
 	  if ! cmp -s $$tmp.go api/v1alpha1/zz_generated.deepcopy.go; then mv $$tmp.go api/v1alpha1/zz_generated.deepcopy.go; \
 	    echo "generated code is stale: run make generate"; exit 1; fi; rm -f $$tmp.go

@@ -61,6 +61,32 @@ type InferenceGatewayConfigSpec struct {
 	// Gateway tunes kvgate's data plane; every field has a default.
 	// +optional
 	Gateway GatewaySpec `json:"gateway,omitempty"`
+
+	// Objectives name classes of requests, as a client names them in the
+	// x-gateway-inference-objective header (the Gateway API Inference
+	// Extension's InferenceObjective), and give each a priority. A request
+	// without the header, or naming an objective not listed, has priority 0.
+	// +optional
+	// +kubebuilder:validation:MaxItems=100
+	// +listType=map
+	// +listMapKey=name
+	Objectives []ObjectiveSpec `json:"objectives,omitempty"`
+}
+
+// ObjectiveSpec is one class of requests and its priority.
+type ObjectiveSpec struct {
+	// Name is the value of the x-gateway-inference-objective header.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	Name string `json:"name"`
+
+	// Priority orders the requests waiting for a free endpoint: a freed slot
+	// goes to the highest priority waiting. Below 0 a request is sheddable:
+	// when every endpoint of its pool is at its limit it is refused at once
+	// (429) instead of waiting.
+	// +kubebuilder:validation:Minimum=-1000
+	// +kubebuilder:validation:Maximum=1000
+	Priority int32 `json:"priority"`
 }
 
 // BBRSpec configures body-based routing.

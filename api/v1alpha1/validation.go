@@ -36,6 +36,7 @@ const (
 
 const (
 	maxSchedulers    = 100
+	maxObjectives    = 100
 	maxAdapters      = 50
 	maxBodyLimit     = 1 << 30
 	maxAttemptsLimit = 10
@@ -72,6 +73,24 @@ func (c *InferenceGatewayConfig) Validate() []FieldError {
 	}
 	if b := s.BBR.MaxRequestBodyBytes; b != nil && (*b < 1024 || *b > maxBodyLimit) {
 		add("spec.bbr.maxRequestBodyBytes", "must be between 1024 and %d, got %d", maxBodyLimit, *b)
+	}
+	if len(s.Objectives) > maxObjectives {
+		add("spec.objectives", "lists %d objectives, at most %d allowed", len(s.Objectives), maxObjectives)
+	}
+	objectives := map[string]int{}
+	for i, o := range s.Objectives {
+		p := fmt.Sprintf("spec.objectives[%d]", i)
+		switch j, dup := objectives[o.Name]; {
+		case o.Name == "":
+			add(p+".name", "is required")
+		case dup:
+			add(p+".name", "%q is already the name of spec.objectives[%d]", o.Name, j)
+		default:
+			objectives[o.Name] = i
+		}
+		if o.Priority < -1000 || o.Priority > 1000 {
+			add(p+".priority", "must be between -1000 and 1000, got %d", o.Priority)
+		}
 	}
 	names, models := map[string]int{}, map[string]string{}
 	for i, sc := range s.Schedulers {

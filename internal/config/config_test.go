@@ -87,6 +87,9 @@ func TestParseErrors(t *testing.T) {
 		{"prefix block", "blockChars: 128", "blockChars: 2", "spec.schedulers[0].prefix.blockChars: must be between 8 and 4096"},
 		{"prefix unknown field", "maxBlocks: 64", "maxBlock: 64", "spec.schedulers[0].prefix.maxBlock: unknown field"},
 		{"scrape interval", "interval: 100ms", "interval: 1ms", "spec.gateway.scrape.interval: must be between 10ms and 1m"},
+		{"duplicate objective", "  gateway:\n", "  objectives: [{name: chat, priority: 10}, {name: chat, priority: -1}]\n  gateway:\n", `spec.objectives[1].name: "chat" is already the name of spec.objectives[0]`},
+		{"objective priority", "  gateway:\n", "  objectives: [{name: batch, priority: -5000}]\n  gateway:\n", "spec.objectives[0].priority: must be between -1000 and 1000"},
+		{"objective without name", "  gateway:\n", "  objectives: [{priority: 1}]\n  gateway:\n", "spec.objectives[0].name: is required"},
 		{"stale below interval", "staleAfter: 1s", "staleAfter: 50ms", "spec.gateway.scrape.staleAfter: must be at least the scrape interval"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

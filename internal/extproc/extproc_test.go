@@ -217,6 +217,17 @@ func TestSaturated(t *testing.T) {
 	if ra, _ := mutationValue(p.immediate.GetHeaders(), "retry-after"); ra == "" {
 		t.Error("429 without retry-after")
 	}
+	// A sheddable objective is refused without waiting the queue timeout.
+	cfg.Spec.Objectives = []v1alpha1.ObjectiveSpec{{Name: "batch", Priority: -1}}
+	cfg.Spec.Gateway.QueueTimeout = &metav1.Duration{Duration: 10 * time.Second}
+	if err := s.gw.Apply(cfg); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	p = s.play(t, request{body: chatBody(llama, "hi"), headers: map[string]string{"x-gateway-inference-objective": "batch"}})
+	if p.immediate == nil || p.immediate.GetStatus().GetCode() != 429 || time.Since(start) > 5*time.Second {
+		t.Fatalf("sheddable while saturated: %v after %v, want an immediate 429", p.immediate, time.Since(start))
+	}
 	cancel() // the first request's client goes away
 	s.inFlightZero(t)
 	if p := s.play(t, request{body: chatBody(llama, "hi")}); p.status != 200 {

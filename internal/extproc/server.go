@@ -56,7 +56,11 @@ const (
 
 // controlHeaders are read and stripped before the request goes upstream: the
 // protocol's own, and any a client sent to steer the pick.
-var controlHeaders = []string{"x-gateway-inference-fairness-id", "x-gateway-inference-objective", "x-gateway-model-name-rewrite"}
+var controlHeaders = []string{"x-gateway-inference-fairness-id", objectiveHeader, "x-gateway-model-name-rewrite"}
+
+// objectiveHeader names the request's objective, whose priority orders the
+// requests waiting for an endpoint (spec.objectives).
+const objectiveHeader = "x-gateway-inference-objective"
 
 func isControlHeader(name string) bool {
 	if strings.HasPrefix(name, DestinationHeader) && name != DestinationHeader {
@@ -472,7 +476,8 @@ func (x *exchange) decide(model string, prompt []byte) error {
 	if size <= 0 && x.held != nil {
 		size = int64(x.held.Len())
 	}
-	route, rerr := x.s.gw.Route(x.ctx, gateway.RouteRequest{RequestID: x.rid, Model: model, Prompt: prompt, BodyBytes: size, Subset: x.subset, Start: x.start})
+	route, rerr := x.s.gw.Route(x.ctx, gateway.RouteRequest{RequestID: x.rid, Model: model, Prompt: prompt, BodyBytes: size, Subset: x.subset, Start: x.start,
+		Objective: x.headers[objectiveHeader]})
 	if rerr != nil {
 		if x.ctx.Err() != nil {
 			return x.ctx.Err()

@@ -65,6 +65,8 @@ type Gateway struct {
 	// gateway, not on a configuration, so that a request that started before a
 	// reload still wakes the requests waiting after it.
 	freed broadcast
+	// waiting orders the requests waiting for an endpoint by priority.
+	waiting waitQueue
 	// fleet scrapes every configured endpoint's metrics.
 	fleet *fleet.Fleet
 	// prefix remembers which prompt blocks went to which endpoint; chains are
@@ -87,6 +89,8 @@ type routes struct {
 	// promptLimit is how much of a prompt the pools' prefix indexes hash, 0 when
 	// none does.
 	promptLimit int
+	// objectives are the priorities of spec.objectives, by name.
+	objectives map[string]int32
 }
 
 // pool is one scheduler: its endpoints, picker and upstream transport.
@@ -178,7 +182,10 @@ func (g *Gateway) Apply(cfg *v1alpha1.InferenceGatewayConfig) error {
 		return fmt.Errorf("invalid configuration: %w", errs[0])
 	}
 	gw := cfg.Spec.Gateway
-	rt := &routes{cfg: cfg, byModel: map[string]*pool{}, maxBody: cfg.Spec.BBR.MaxBodyBytes(), gw: gw}
+	rt := &routes{cfg: cfg, byModel: map[string]*pool{}, maxBody: cfg.Spec.BBR.MaxBodyBytes(), gw: gw, objectives: map[string]int32{}}
+	for _, o := range cfg.Spec.Objectives {
+		rt.objectives[o.Name] = o.Priority
+	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	for i, sc := range cfg.Spec.Schedulers {

@@ -34,6 +34,9 @@ type RouteRequest struct {
 	Subset []string
 	// Start is when the request arrived (default: now).
 	Start time.Time
+	// Objective is the x-gateway-inference-objective header, whose priority
+	// (spec.objectives) orders the requests waiting for an endpoint.
+	Objective string
 }
 
 // RouteError is a refusal: an HTTP status and an OpenAI error.
@@ -160,7 +163,7 @@ func (g *Gateway) Route(ctx context.Context, req RouteRequest) (*Route, *RouteEr
 		return nil, &RouteError{http.StatusServiceUnavailable, openai.TypeOverloaded, "the proxy's subset hint lists no endpoint"}
 	}
 	d, code, msg := g.decide(ctx, decideArgs{rid: req.RequestID, p: p, model: req.Model, prompt: req.Prompt, subset: subset,
-		limit: limit, wait: rt.gw.QueueWait(), start: req.Start}, sc, hb)
+		limit: limit, wait: rt.gw.QueueWait(), start: req.Start, priority: rt.priorityOf(req.Objective)}, sc, hb)
 	if code != 0 {
 		g.count(p.name, req.Model, "", strconv.Itoa(code))
 		return nil, &RouteError{code, openai.TypeOverloaded, msg}

@@ -46,7 +46,7 @@ var hopHeaders = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy
 
 func isControlHeader(name string) bool {
 	n := strings.ToLower(name)
-	return strings.HasPrefix(n, "x-gateway-destination-endpoint") || strings.HasPrefix(n, "x-kvgate-")
+	return strings.HasPrefix(n, "x-gateway-destination-endpoint") || strings.HasPrefix(n, "x-kvgate-") || n == "x-gateway-inference-objective"
 }
 
 var headPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
@@ -146,7 +146,8 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer snapshotPool.Put(scratch)
 	hb := hashPool.Get().(*[]uint64)
 	defer hashPool.Put(hb)
-	d, code, msg := g.decide(ctx, decideArgs{rid: rid, p: p, model: model, prompt: prompt, limit: limit, wait: rt.gw.QueueWait(), start: start}, scratch, hb)
+	d, code, msg := g.decide(ctx, decideArgs{rid: rid, p: p, model: model, prompt: prompt, limit: limit, wait: rt.gw.QueueWait(), start: start,
+		priority: rt.priorityOf(r.Header.Get(ObjectiveHeader))}, scratch, hb)
 	if code != 0 {
 		if code != http.StatusGatewayTimeout {
 			w.Header().Set("Retry-After", "1")
@@ -189,6 +190,9 @@ type decideArgs struct {
 	limit  int
 	wait   time.Duration
 	start  time.Time
+	// priority orders waiting requests (spec.objectives); below 0 a request
+	// is refused rather than wait.
+	priority int32
 }
 
 // decided is a pick: the ranked decision, the candidates as the picker saw them
@@ -247,16 +251,28 @@ func (g *Gateway) choose(ctx context.Context, p *pool, req schedule.Request, has
 		return schedule.Decision{}, nil, nil, http.StatusServiceUnavailable, fmt.Sprintf("no endpoint of model %q is in the proxy's subset hint", p.spec.ModelName)
 	}
 	var timer *time.Timer
-	expired := false
+	expired, waiting := false, false
+	defer func() {
+		if waiting && g.waiting.remove(p.name, a.priority) {
+			g.freed.signal() // those that let this one go first look again
+		}
+	}()
 	for {
 		woken := g.freed.wait()
-		if cands := p.snapshot(g.fleet, g.prefix, hashes, limit, a.subset, sc); len(cands) > 0 {
-			d := p.picker.Pick(req, cands)
-			for _, c := range d.Ranked {
-				if ep := p.endpoint(c.Address); ep != nil && ep.tryAcquire(limit) {
-					return d, cands, ep, 0, ""
+		// A request lets the more important ones waiting take a freed slot.
+		if !g.waiting.ahead(p.name, a.priority) {
+			if cands := p.snapshot(g.fleet, g.prefix, hashes, limit, a.subset, sc); len(cands) > 0 {
+				d := p.picker.Pick(req, cands)
+				for _, c := range d.Ranked {
+					if ep := p.endpoint(c.Address); ep != nil && ep.tryAcquire(limit) {
+						return d, cands, ep, 0, ""
+					}
 				}
 			}
+		}
+		if a.priority < 0 {
+			g.m.Shed.WithLabelValues(p.name, "sheddable").Inc()
+			return schedule.Decision{}, nil, nil, http.StatusTooManyRequests, fmt.Sprintf("every endpoint of model %q is busy and the request's objective is sheddable; retry later", p.spec.ModelName)
 		}
 		if expired {
 			g.m.Shed.WithLabelValues(p.name, "saturated").Inc()
@@ -265,6 +281,10 @@ func (g *Gateway) choose(ctx context.Context, p *pool, req schedule.Request, has
 		if timer == nil {
 			timer = time.NewTimer(a.wait)
 			defer timer.Stop()
+		}
+		if !waiting {
+			g.waiting.add(p.name, a.priority)
+			waiting = true
 		}
 		select {
 		case <-woken:

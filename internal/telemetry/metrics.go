@@ -66,7 +66,7 @@ func NewGateway() *Gateway {
 		}, []string{"scheduler", "reason"}),
 		Shed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvgate_shed_total",
-			Help: "Requests refused by admission, by reason (no_endpoint: 503, saturated: 429).",
+			Help: "Requests refused by admission, by reason (no_endpoint: 503; saturated: 429 after queueTimeout; sheddable: 429 at once, objective priority below 0).",
 		}, []string{"scheduler", "reason"}),
 		StreamErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvgate_stream_errors_total",

@@ -1,0 +1,158 @@
+package gateway
+
+import (
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/kvgate/kvgate/api/v1alpha1"
+)
+
+// TestObjectivePriority: with the only endpoint at its limit, a request whose
+// objective is sheddable (priority < 0) is refused at once with 429; of the
+// requests waiting, the freed slot goes to the highest priority first,
+// whatever their arrival order; the objective header does not reach the model
+// server.
+func TestObjectivePriority(t *testing.T) {
+	var mu sync.Mutex
+	var order, servedBefore []string
+	var leaked []string
+	release, stop := make(chan struct{}, 16), make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if notMetrics(w, r) {
+			return
+		}
+		_, _ = io.Copy(io.Discard, r.Body)
+		mu.Lock()
+		order = append(order, r.Header.Get("X-Who"))
+		if v := r.Header.Get(ObjectiveHeader); v != "" {
+			leaked = append(leaked, v)
+		}
+		mu.Unlock()
+		select { // each request holds the endpoint until the test lets it go
+		case <-release:
+		case <-stop:
+		}
+		_, _ = w.Write([]byte(`{}`))
+	}))
+	defer srv.Close()
+	defer close(stop) // first: a failed test must not leave handlers holding srv.Close
+
+	cfg := gatewayConfig(scheduler("p", "m", strings.TrimPrefix(srv.URL, "http://")))
+	one, wait := int32(1), metav1.Duration{Duration: 10 * time.Second}
+	cfg.Spec.Gateway.MaxInFlightPerEndpoint, cfg.Spec.Gateway.QueueTimeout = &one, &wait
+	cfg.Spec.Objectives = []v1alpha1.ObjectiveSpec{{Name: "batch", Priority: -1}, {Name: "chat", Priority: 10}, {Name: "bulk", Priority: 0}}
+	g, base := startGateway(t, cfg)
+
+	type result struct {
+		who  string
+		code int
+	}
+	results := make(chan result, 16)
+	send := func(who, objective string) {
+		h := []string{"X-Who", who}
+		if objective != "" {
+			h = append(h, ObjectiveHeader, objective)
+		}
+		resp, _, _ := call(t, "POST", base+"/v1/chat/completions", chat("m"), h...)
+		results <- result{who, resp.StatusCode}
+	}
+	go send("first", "")
+	eventually(t, 2*time.Second, "the first request holding the endpoint", func() bool { return counter(t, g, "kvgate_endpoint_in_flight") == 1 })
+
+	start := time.Now()
+	go send("shed", "batch")
+	if r := <-results; r.who != "shed" || r.code != http.StatusTooManyRequests {
+		t.Fatalf("the sheddable request: %+v, want 429", r)
+	} else if took := time.Since(start); took > 2*time.Second {
+		t.Fatalf("the sheddable request waited %v before its 429", took)
+	}
+	if counter(t, g, "kvgate_shed_total", "reason", "sheddable") != 1 {
+		t.Error("the sheddable refusal is not counted")
+	}
+
+	// A high-priority request waits first, then five of priority 0 (without an
+	// objective, or naming one not configured): the freed slot goes to the
+	// high one whether the waiters are woken first-come or last-come.
+	waiters := func() int {
+		g.waiting.mu.Lock()
+		defer g.waiting.mu.Unlock()
+		n := 0
+		for _, c := range g.waiting.n["p"] {
+			n += c
+		}
+		return n
+	}
+	go send("high-1", "chat")
+	eventually(t, 2*time.Second, "high-1 waiting", func() bool { return waiters() == 1 })
+	for i := range 5 {
+		objective := ""
+		if i%2 == 1 {
+			objective = "no-such-objective"
+		}
+		go send("low", objective)
+		eventually(t, 2*time.Second, "the low-priority requests waiting", func() bool { return waiters() == i+2 })
+	}
+	next := func(want string) {
+		t.Helper()
+		release <- struct{}{} // the request holding the endpoint ends
+		if r := <-results; r.code != http.StatusOK {
+			t.Fatalf("%s: %d", r.who, r.code)
+		}
+		eventually(t, 2*time.Second, "the next request at the endpoint", func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			return len(order) >= 2 && order[len(order)-1] != "" && len(order) == len(servedBefore)+1
+		})
+		mu.Lock()
+		got := order[len(order)-1]
+		servedBefore = append(servedBefore, got)
+		mu.Unlock()
+		if got != want {
+			t.Fatalf("served %q next, want %q (order so far %v)", got, want, servedBefore)
+		}
+	}
+	servedBefore = []string{"first"}
+	next("high-1")
+	// Another important request arrives while the five still wait: it too
+	// goes first.
+	go send("high-2", "chat")
+	eventually(t, 2*time.Second, "high-2 waiting", func() bool { return waiters() == 6 })
+	next("high-2")
+	for range 5 {
+		next("low")
+	}
+	release <- struct{}{}
+	if r := <-results; r.code != http.StatusOK {
+		t.Fatalf("%s: %d", r.who, r.code)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(leaked) != 0 {
+		t.Fatalf("the objective header reached the model server: %v", leaked)
+	}
+}
+
+func TestWaitQueue(t *testing.T) {
+	var q waitQueue
+	q.add("p", 0)
+	q.add("p", 5)
+	if !q.ahead("p", 0) || q.ahead("p", 5) || q.ahead("other", -1) {
+		t.Fatal("ahead: a priority-0 request must yield to the 5 waiting, the 5 to nobody, another pool's to nobody")
+	}
+	if !q.remove("p", 5) {
+		t.Fatal("removing the 5 must report the 0 still waiting")
+	}
+	if q.ahead("p", 0) || q.remove("p", 0) {
+		t.Fatal("after both left, nobody waits")
+	}
+	if len(q.n) != 0 {
+		t.Fatalf("empty pools kept: %v", q.n)
+	}
+}
