@@ -84,9 +84,10 @@ type ObjectiveSpec struct {
 	// goes to the highest priority waiting. Below 0 a request is sheddable:
 	// when every endpoint of its pool is at its limit it is refused at once
 	// (429) instead of waiting.
+	// +optional
 	// +kubebuilder:validation:Minimum=-1000
 	// +kubebuilder:validation:Maximum=1000
-	Priority int32 `json:"priority"`
+	Priority int32 `json:"priority,omitempty"`
 }
 
 // BBRSpec configures body-based routing.

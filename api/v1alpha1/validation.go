@@ -83,6 +83,8 @@ func (c *InferenceGatewayConfig) Validate() []FieldError {
 		switch j, dup := objectives[o.Name]; {
 		case o.Name == "":
 			add(p+".name", "is required")
+		case len(o.Name) > 253:
+			add(p+".name", "must be at most 253 characters")
 		case dup:
 			add(p+".name", "%q is already the name of spec.objectives[%d]", o.Name, j)
 		default:

@@ -98,6 +98,7 @@ type pool struct {
 	name      string
 	spec      v1alpha1.SchedulerSpec
 	endpoints []*endpoint
+	byAddr    map[string]*endpoint
 	picker    schedule.Picker
 	transport *http.Transport
 	prefix    prefixConfig
@@ -186,6 +187,10 @@ func (g *Gateway) Apply(cfg *v1alpha1.InferenceGatewayConfig) error {
 	for _, o := range cfg.Spec.Objectives {
 		rt.objectives[o.Name] = o.Priority
 	}
+	if len(cfg.Spec.Objectives) > 0 && gw.InFlightLimit() == 0 {
+		// Nobody waits without a limit, so priorities never come into play.
+		g.log.Warn("spec.objectives has no effect without spec.gateway.maxInFlightPerEndpoint: with no limit no request waits or is shed")
+	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	for i, sc := range cfg.Spec.Schedulers {
@@ -210,6 +215,10 @@ func (g *Gateway) Apply(cfg *v1alpha1.InferenceGatewayConfig) error {
 				g.endpoints[key] = ep
 			}
 			p.endpoints = append(p.endpoints, ep)
+			if p.byAddr == nil {
+				p.byAddr = map[string]*endpoint{}
+			}
+			p.byAddr[addr] = ep
 		}
 		rt.pools = append(rt.pools, p)
 		rt.byModel[sc.ModelName] = p
@@ -443,6 +452,9 @@ func profile(sc v1alpha1.SchedulerSpec) (schedule.Profile, error) {
 }
 
 func (p *pool) endpoint(addr string) *endpoint {
+	if p.byAddr != nil {
+		return p.byAddr[addr]
+	}
 	i := slices.IndexFunc(p.endpoints, func(e *endpoint) bool { return e.addr == addr })
 	if i < 0 {
 		return nil

@@ -1,9 +1,11 @@
 package gateway
 
 import (
+	"context"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -12,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kvgate/kvgate/api/v1alpha1"
+	"github.com/kvgate/kvgate/internal/schedule"
 )
 
 // TestObjectivePriority: with the only endpoint at its limit, a request whose
@@ -80,15 +83,7 @@ func TestObjectivePriority(t *testing.T) {
 	// A high-priority request waits first, then five of priority 0 (without an
 	// objective, or naming one not configured): the freed slot goes to the
 	// high one whether the waiters are woken first-come or last-come.
-	waiters := func() int {
-		g.waiting.mu.Lock()
-		defer g.waiting.mu.Unlock()
-		n := 0
-		for _, c := range g.waiting.n["p"] {
-			n += c
-		}
-		return n
-	}
+	waiters := func() int { return int(g.waiting.n.Load()) }
 	go send("high-1", "chat")
 	eventually(t, 2*time.Second, "high-1 waiting", func() bool { return waiters() == 1 })
 	for i := range 5 {
@@ -140,19 +135,84 @@ func TestObjectivePriority(t *testing.T) {
 }
 
 func TestWaitQueue(t *testing.T) {
+	a, b := &endpoint{addr: "a"}, &endpoint{addr: "b"}
+	p := &pool{endpoints: []*endpoint{a, b}}
+	cands := func() []schedule.Endpoint { return []schedule.Endpoint{{Address: "a"}, {Address: "b"}} }
+	addrs := func(c []schedule.Endpoint) (s []string) {
+		for _, e := range c {
+			s = append(s, e.Address)
+		}
+		return s
+	}
 	var q waitQueue
-	q.add("p", 0)
-	q.add("p", 5)
-	if !q.ahead("p", 0) || q.ahead("p", 5) || q.ahead("other", -1) {
-		t.Fatal("ahead: a priority-0 request must yield to the 5 waiting, the 5 to nobody, another pool's to nobody")
+	q.add([]*endpoint{a, b}, 0)
+	q.add([]*endpoint{a}, 5) // a higher one that can use a only (a subset hint)
+	if got := addrs(q.usable(p, cands(), 0)); !slices.Equal(got, []string{"b"}) {
+		t.Fatalf("priority 0 may use %v, want [b]: a is for the 5 waiting", got)
 	}
-	if !q.remove("p", 5) {
-		t.Fatal("removing the 5 must report the 0 still waiting")
+	if got := addrs(q.usable(p, cands(), 5)); !slices.Equal(got, []string{"a", "b"}) {
+		t.Fatalf("priority 5 may use %v, want both", got)
 	}
-	if q.ahead("p", 0) || q.remove("p", 0) {
-		t.Fatal("after both left, nobody waits")
+	q.add([]*endpoint{a}, 5)
+	if q.remove([]*endpoint{a}, 5) {
+		t.Fatal("another 5 still waits for a: the 0 must keep deferring, no wake-up")
 	}
-	if len(q.n) != 0 {
-		t.Fatalf("empty pools kept: %v", q.n)
+	if !q.remove([]*endpoint{a}, 5) {
+		t.Fatal("the last 5 left a with the 0 waiting: it must look again")
+	}
+	if q.remove([]*endpoint{a, b}, 0) || q.n.Load() != 0 || len(q.by) != 0 {
+		t.Fatalf("after everyone left: %d waiting, %v kept", q.n.Load(), q.by)
+	}
+}
+
+// TestObjectivePrioritySubset: a higher-priority request waiting for an
+// endpoint it alone may use (the proxy's subset hint) holds back nobody from
+// the other endpoints — neither a priority-0 request nor a sheddable one, which
+// takes the free endpoint rather than a 429.
+func TestObjectivePrioritySubset(t *testing.T) {
+	const a, b = "127.0.0.1:1", "127.0.0.1:2"
+	cfg := gatewayConfig(scheduler("p", "m", a, b))
+	one, wait := int32(1), metav1.Duration{Duration: 5 * time.Second}
+	cfg.Spec.Gateway.MaxInFlightPerEndpoint, cfg.Spec.Gateway.QueueTimeout = &one, &wait
+	cfg.Spec.Objectives = []v1alpha1.ObjectiveSpec{{Name: "batch", Priority: -1}, {Name: "chat", Priority: 10}}
+	g, _ := startGateway(t, cfg)
+	ctx := context.Background()
+	route := func(objective string, subset ...string) (*Route, time.Duration) {
+		t.Helper()
+		start := time.Now()
+		r, err := g.Route(ctx, RouteRequest{Model: "m", Objective: objective, Subset: subset})
+		if err != nil {
+			t.Fatalf("objective %q subset %v: %v", objective, subset, err)
+		}
+		return r, time.Since(start)
+	}
+	holdA, _ := route("", a)
+	high := make(chan *Route, 1)
+	go func() { r, _ := route("chat", a); high <- r }()
+	eventually(t, 2*time.Second, "the high-priority request waiting for a", func() bool { return g.waiting.n.Load() == 1 })
+
+	low, took := route("")
+	if low.Served() != b || took > time.Second {
+		t.Fatalf("priority 0 got %s after %v, want b at once", low.Served(), took)
+	}
+	low.Finish(Outcome{Status: http.StatusOK})
+	shed, took := route("batch")
+	if shed.Served() != b || took > time.Second {
+		t.Fatalf("sheddable got %s after %v, want b at once", shed.Served(), took)
+	}
+	shed.Finish(Outcome{Status: http.StatusOK})
+
+	holdA.Finish(Outcome{Status: http.StatusOK})
+	select {
+	case r := <-high:
+		if r.Served() != a {
+			t.Fatalf("the high-priority request got %s, want a", r.Served())
+		}
+		r.Finish(Outcome{Status: http.StatusOK})
+	case <-time.After(3 * time.Second):
+		t.Fatal("the high-priority request was not given a when it freed")
+	}
+	if n := g.waiting.n.Load(); n != 0 {
+		t.Fatalf("%d still registered as waiting", n)
 	}
 }

@@ -251,22 +251,42 @@ func (g *Gateway) choose(ctx context.Context, p *pool, req schedule.Request, has
 		return schedule.Decision{}, nil, nil, http.StatusServiceUnavailable, fmt.Sprintf("no endpoint of model %q is in the proxy's subset hint", p.spec.ModelName)
 	}
 	var timer *time.Timer
-	expired, waiting := false, false
+	expired := false
+	// A request registers as waiting, for the endpoints it could use, once it
+	// has to wait — or at once when others already wait, so that a freed slot
+	// it is more important for is not taken by one woken meanwhile. Sheddable
+	// requests never wait.
+	var usable []*endpoint
+	registered := false
+	register := func() {
+		if registered || a.priority < 0 {
+			return
+		}
+		for _, e := range p.endpoints {
+			if a.subset == nil || slices.Contains(a.subset, e.addr) {
+				usable = append(usable, e)
+			}
+		}
+		g.waiting.add(usable, a.priority)
+		registered = true
+	}
 	defer func() {
-		if waiting && g.waiting.remove(p.name, a.priority) {
+		if registered && g.waiting.remove(usable, a.priority) {
 			g.freed.signal() // those that let this one go first look again
 		}
 	}()
+	if g.waiting.n.Load() > 0 {
+		register()
+	}
 	for {
 		woken := g.freed.wait()
-		// A request lets the more important ones waiting take a freed slot.
-		if !g.waiting.ahead(p.name, a.priority) {
-			if cands := p.snapshot(g.fleet, g.prefix, hashes, limit, a.subset, sc); len(cands) > 0 {
-				d := p.picker.Pick(req, cands)
-				for _, c := range d.Ranked {
-					if ep := p.endpoint(c.Address); ep != nil && ep.tryAcquire(limit) {
-						return d, cands, ep, 0, ""
-					}
+		// A request lets the more important ones waiting for an endpoint take
+		// it first.
+		if cands := g.waiting.usable(p, p.snapshot(g.fleet, g.prefix, hashes, limit, a.subset, sc), a.priority); len(cands) > 0 {
+			d := p.picker.Pick(req, cands)
+			for _, c := range d.Ranked {
+				if ep := p.endpoint(c.Address); ep != nil && ep.tryAcquire(limit) {
+					return d, cands, ep, 0, ""
 				}
 			}
 		}
@@ -282,10 +302,7 @@ func (g *Gateway) choose(ctx context.Context, p *pool, req schedule.Request, has
 			timer = time.NewTimer(a.wait)
 			defer timer.Stop()
 		}
-		if !waiting {
-			g.waiting.add(p.name, a.priority)
-			waiting = true
-		}
+		register()
 		select {
 		case <-woken:
 		case <-timer.C:
