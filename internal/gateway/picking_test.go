@@ -247,7 +247,10 @@ func TestBurstSpreads(t *testing.T) {
 		}
 		return true
 	})
-	served := burst(t, base, 200, func(int) string { return chat(llama, `"max_tokens":30`, `"ignore_eos":true`) })
+	// Long enough that none ends while the burst is still being sent, even on a
+	// loaded machine: the spread must come from counting dispatches, not from
+	// endpoints freeing up.
+	served := burst(t, base, 200, func(int) string { return chat(llama, `"max_tokens":200`, `"ignore_eos":true`) })
 	for _, a := range addrs {
 		if served[a] < 25 {
 			t.Fatalf("burst of 200 over 4 endpoints: %v", served)
