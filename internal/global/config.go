@@ -77,6 +77,11 @@ type Tenant struct {
 	TTFTSLO *metav1.Duration `json:"ttftSLO,omitempty"`
 	// Limits are this tenant's, per model ("*": all models together).
 	Limits []TenantLimit `json:"limits,omitempty"`
+	// Objective, when set, is sent to the members as the
+	// x-gateway-inference-objective header of this tenant's requests: its
+	// priority in the member's spec.objectives orders them there. A client's
+	// own header never passes.
+	Objective string `json:"objective,omitempty"`
 }
 
 // Limits are per minute; 0 or absent: unlimited.

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvgate/kvgate/internal/auth"
 	"github.com/kvgate/kvgate/internal/gateway"
 	"github.com/kvgate/kvgate/internal/simserver"
 )
@@ -438,5 +439,46 @@ func TestHeaders(t *testing.T) {
 	}
 	if resp.Header.Get("X-Kvgate-Endpoint") != "" || resp.Header.Get("X-Kvgate-Scores") != "" || resp.Header.Get("X-Kvgate-Member") != "only" {
 		t.Errorf("response headers: %v", resp.Header)
+	}
+}
+
+// TestTenantObjective: a tenant's configured objective reaches the member as
+// x-gateway-inference-objective, whatever the client sent; a client's own
+// objective never passes, so a tenant cannot raise its priority at tier 1.
+func TestTenantObjective(t *testing.T) {
+	var mu sync.Mutex
+	var got []string
+	f := startFake(t, func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		got = append(got, r.Header.Get("X-Gateway-Inference-Objective"))
+		mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"choices":[]}`))
+	})
+	au, err := auth.New(context.Background(), auth.Config{APIKeys: []auth.APIKey{
+		{Tenant: "acme", Hash: auth.HashKey("sk-acme")}, {Tenant: "beta", Hash: auth.HashKey("sk-beta")}}}, auth.Options{Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := routerConfig(steadyRouting(), f.member("only", 1))
+	cfg.Spec.Tenants = []Tenant{{Name: "acme", Objective: "batch"}, {Name: "beta"}}
+	_, base := startRouter(t, cfg, Options{Auth: au})
+	for _, key := range []string{"sk-acme", "sk-beta"} {
+		req, _ := http.NewRequest("POST", base+"/v1/chat/completions", strings.NewReader(chatBody("")))
+		req.Header.Set("Authorization", "Bearer "+key)
+		req.Header.Set("X-Gateway-Inference-Objective", "chat") // the client asks for more
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("%s: %d", key, resp.StatusCode)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(got) != 2 || got[0] != "batch" || got[1] != "" {
+		t.Fatalf("objectives the member saw: %q, want [batch, none]", got)
 	}
 }

@@ -94,6 +94,7 @@ type generation struct {
 	members []*member
 	slo     map[string]time.Duration // by model
 	tslo    map[string]time.Duration // by tenant
+	tobj    map[string]string        // objective by tenant
 	maxTok  int64
 	auth    *auth.Authenticator
 	limiter Limiter
@@ -202,7 +203,7 @@ func New(cfg *Config, opts Options) *Router {
 // that may still wait on it have ended.
 func (r *Router) Apply(cfg *Config, a *auth.Authenticator, l Limiter, release func()) {
 	g := newGeneration()
-	g.s, g.slo, g.tslo, g.maxTok, g.auth, g.limiter = cfg.Spec.Routing.settings(), map[string]time.Duration{}, map[string]time.Duration{}, 1024, a, l
+	g.s, g.slo, g.tslo, g.tobj, g.maxTok, g.auth, g.limiter = cfg.Spec.Routing.settings(), map[string]time.Duration{}, map[string]time.Duration{}, map[string]string{}, 1024, a, l
 	for _, mp := range cfg.Spec.Models {
 		if mp.TTFTSLO != nil {
 			g.slo[mp.Name] = mp.TTFTSLO.Duration
@@ -211,6 +212,9 @@ func (r *Router) Apply(cfg *Config, a *auth.Authenticator, l Limiter, release fu
 	for _, t := range cfg.Spec.Tenants {
 		if t.TTFTSLO != nil {
 			g.tslo[t.Name] = t.TTFTSLO.Duration
+		}
+		if t.Objective != "" {
+			g.tobj[t.Name] = t.Objective
 		}
 	}
 	if rl := cfg.Spec.RateLimit; rl != nil && rl.DefaultMaxTokens != nil {
@@ -469,7 +473,7 @@ func (r *Router) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	if len(order) > g.s.maxAttempts {
 		order = order[:g.s.maxAttempts]
 	}
-	st := &settlement{prompt: prompt, stream: fields.Stream != nil && *fields.Stream}
+	st := &settlement{prompt: prompt, stream: fields.Stream != nil && *fields.Stream, objective: g.tobj[tenant]}
 	// Settled once the request is done — deferred, so that a relay that aborts
 	// the connection settles too — on a fresh context so that a client that
 	// went away still has its tokens counted. A request no member served gives
@@ -501,7 +505,8 @@ func maxOf(vs ...*int64) int64 {
 	return m
 }
 
-// settlement is what a request used, for its rate-limit reservation.
+// settlement is what a request used, for its rate-limit reservation, and what
+// its attempts send on its behalf.
 type settlement struct {
 	prompt int64 // the estimate, for a response without usage
 	used   int64
@@ -509,6 +514,8 @@ type settlement struct {
 	// stream: the client asked for a stream, whose first byte is the first
 	// token; a whole JSON answer's first byte comes with its last.
 	stream bool
+	// objective is the tenant's, sent to the members (x-gateway-inference-objective).
+	objective string
 }
 
 // candidates lists the healthy members serving model with ready endpoints.
@@ -608,7 +615,7 @@ func (r *Router) forward(w http.ResponseWriter, req *http.Request, g *generation
 func (r *Router) attempt(w http.ResponseWriter, req *http.Request, s settings, rid, model string, body []byte, m *member, price float64, start time.Time, last bool, st *settlement) (bool, error) {
 	ctx, cancel := context.WithCancel(req.Context())
 	defer cancel()
-	out, err := r.upstream(ctx, req, m, rid, body)
+	out, err := r.upstream(ctx, req, m, rid, body, st.objective)
 	if err != nil {
 		return false, err
 	}
@@ -774,7 +781,7 @@ func cheapest(cands []Candidate) int {
 }
 
 // upstream builds the request to one member.
-func (r *Router) upstream(ctx context.Context, req *http.Request, m *member, rid string, body []byte) (*http.Request, error) {
+func (r *Router) upstream(ctx context.Context, req *http.Request, m *member, rid string, body []byte, objective string) (*http.Request, error) {
 	u, err := url.Parse(strings.TrimSuffix(m.cfg.URL, "/") + req.URL.Path)
 	if err != nil {
 		return nil, fmt.Errorf("member %s URL: %w", m.cfg.Name, err)
@@ -795,6 +802,9 @@ func (r *Router) upstream(ctx context.Context, req *http.Request, m *member, rid
 		}
 	}
 	out.Header.Set("X-Request-Id", rid)
+	if objective != "" {
+		out.Header.Set("X-Gateway-Inference-Objective", objective)
+	}
 	if ip, _, err := net.SplitHostPort(req.RemoteAddr); err == nil {
 		if prior := req.Header.Get("X-Forwarded-For"); prior != "" {
 			ip = prior + ", " + ip
