@@ -76,27 +76,14 @@ func TestHostileClients(t *testing.T) {
 			t.Fatalf("status %d", resp.StatusCode)
 		}
 	})
-	t.Run("slow-loris body", func(t *testing.T) {
-		conn, err := net.Dial("tcp", host)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer conn.Close()
-		fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"mes")
-		start := time.Now()
-		_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
-		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		body, _ := io.ReadAll(resp.Body)
-		if resp.StatusCode != http.StatusRequestTimeout || !strings.Contains(string(body), "did not arrive in time") {
-			t.Fatalf("status %d body %s", resp.StatusCode, body)
-		}
-		if d := time.Since(start); d > 3*time.Second {
-			t.Errorf("took %v to give up on a stalled body", d)
-		}
-	})
+	// A body that stalls before the model is found, or after it (the request
+	// already on its way to the model server), gets a 408 either way.
+	for name, head := range map[string]string{
+		"slow-loris body":                 `{"mes`,
+		"slow-loris body after the model": `{"model":"` + llama + `","messages":[{"role":"user","content":"hi"}],"max_tokens":4,"user":"`,
+	} {
+		t.Run(name, func(t *testing.T) { slowLoris(t, host, head) })
+	}
 	t.Run("chunked body without length", func(t *testing.T) {
 		resp, raw, _ := callRaw(t, host, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"+
 			chunked(chat(llama))+"0\r\n\r\n")
@@ -133,4 +120,28 @@ func callRaw(t *testing.T, host, raw string) (*http.Response, []byte, error) {
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(resp.Body)
 	return resp, body, nil
+}
+
+// slowLoris sends a request whose body stops after head, far short of its
+// Content-Length, and expects a prompt 408 OpenAI error.
+func slowLoris(t *testing.T, host, head string) {
+	conn, err := net.Dial("tcp", host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n%s", head)
+	start := time.Now()
+	_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusRequestTimeout || !strings.Contains(string(body), "did not arrive in time") {
+		t.Fatalf("status %d body %q", resp.StatusCode, body)
+	}
+	if d := time.Since(start); d > 3*time.Second {
+		t.Errorf("took %v to give up on a stalled body", d)
+	}
 }

@@ -55,8 +55,8 @@ var headPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
 var hashPool = sync.Pool{New: func() any { s := make([]uint64, 0, prefix.DefaultMaxBlocks); return &s }}
 
 // maxWholeBody bounds the bodies kept whole for sending (see replayBody.whole):
-// past a few kilobytes the transport's buffer splits the writes anyway.
-const maxWholeBody = 64 << 10
+// past the transport's 32 KiB write buffer the writes split anyway.
+const maxWholeBody = 32 << 10
 
 var copyPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
 
@@ -444,15 +444,18 @@ func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Re
 	code, typ, msg := http.StatusBadGateway, openai.TypeServer, "no endpoint could serve the request"
 	var tooBig *http.MaxBytesError
 	cerr := j.body.clientError()
+	// The client's own errors first: a body that stalls past its read deadline
+	// also cancels the request's context (net/http does on a read error), and
+	// the client, still there, is owed its 408.
 	switch {
-	case r.Context().Err() != nil:
-		g.count(j.p.name, j.model, "", "499")
-		return
 	case errors.As(cerr, &tooBig):
 		code, typ, msg = http.StatusRequestEntityTooLarge, openai.TypeInvalidRequest, fmt.Sprintf("request body exceeds %d bytes", tooBig.Limit)
 	case errors.Is(cerr, os.ErrDeadlineExceeded):
 		w.Header().Set("Connection", "close")
 		code, typ, msg = http.StatusRequestTimeout, openai.TypeInvalidRequest, "the request body did not arrive in time"
+	case r.Context().Err() != nil:
+		g.count(j.p.name, j.model, "", "499")
+		return
 	case cerr != nil:
 		code, typ, msg = http.StatusBadRequest, openai.TypeInvalidRequest, "reading request body: "+cerr.Error()
 	case ctx.Err() != nil:

@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"strings"
 	"time"
 
+	"golang.org/x/net/http/httpguts"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 
@@ -275,6 +277,11 @@ func (c *Config) Validate() error {
 		}
 		if tn.TTFTSLO != nil && tn.TTFTSLO.Duration <= 0 {
 			add("spec.tenants[%d].ttftSLO: must be > 0", i)
+		}
+		// Sent as a header to every member: a value the HTTP client refuses
+		// would fail each attempt as if the member were down.
+		if o := tn.Objective; o != "" && (len(o) > 253 || strings.TrimSpace(o) != o || !httpguts.ValidHeaderFieldValue(o)) {
+			add("spec.tenants[%d].objective: must be a printable header value of at most 253 characters without surrounding spaces, got %q", i, o)
 		}
 		tenants[tn.Name] = true
 		seen := map[string]bool{}

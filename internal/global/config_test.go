@@ -25,6 +25,8 @@ func TestParse(t *testing.T) {
 		{"timeout under the default interval", head + member + "  routing: {heartbeatTimeout: 100ms}\n", "at least heartbeatInterval"},
 		{"negative first-byte timeout", head + member + "  routing: {firstByteTimeout: -1s}\n", "firstByteTimeout: must be ≥ 0"},
 		{"first-byte timeout off", head + member + "  routing: {firstByteTimeout: 0s}\n", ""},
+		{"objective with a newline", head + member + "  tenants: [{name: acme, objective: \"batch\\n\"}]\n", "spec.tenants[0].objective"},
+		{"objective", head + member + "  tenants: [{name: acme, objective: batch}]\n", ""},
 		{"tenant named *", head + member + "  tenants: [{name: '*'}]\n", "not \"*\""},
 		{"tenant limit without model", head + member + "  tenants: [{name: acme, limits: [{requestsPerMinute: 5}]}]\n", "limits[0].model"},
 		{"negative limit", head + member + "  tenants: [{name: acme, limits: [{model: '*', requestsPerMinute: -1}]}]\n", "must be ≥ 0"},
