@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvgate/kvgate/internal/auth"
+	"github.com/kvgate/kvgate/internal/logtest"
 	"github.com/kvgate/kvgate/internal/openai"
 	"github.com/kvgate/kvgate/internal/promtest"
 )
@@ -130,7 +131,7 @@ func TestAnonymous(t *testing.T) {
 
 // TestMiddleware goes through a real HTTP server on loopback.
 func TestMiddleware(t *testing.T) {
-	logs := &syncBuffer{}
+	logs := &logtest.Buffer{}
 	reg := prometheus.NewRegistry()
 	a, err := auth.New(context.Background(), apiKeyConfig(), auth.Options{
 		Registerer: reg,

@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvgate/kvgate/internal/auth"
+	"github.com/kvgate/kvgate/internal/logtest"
 	"github.com/kvgate/kvgate/internal/promtest"
 )
 
@@ -211,7 +212,7 @@ func TestJWKSUnusableKeysSkipped(t *testing.T) {
 	}
 	srv := newJWKSServer(t)
 	srv.setBody(http.StatusOK, body)
-	logs := &syncBuffer{}
+	logs := &logtest.Buffer{}
 	a, err := auth.New(context.Background(), auth.Config{JWT: jwtConfig(srv)}, auth.Options{
 		Logger: slog.New(slog.NewTextHandler(logs, nil)), Now: newClock().Now,
 	})

@@ -20,6 +20,7 @@ import (
 	"github.com/kvgate/kvgate/internal/sim"
 	"github.com/kvgate/kvgate/internal/simserver"
 	"github.com/kvgate/kvgate/internal/simserver/simtest"
+	"github.com/kvgate/kvgate/internal/waittest"
 )
 
 const llama = "meta-llama/Llama-3.1-8B-Instruct"
@@ -43,21 +44,10 @@ func (s *testServer) metric(t testing.TB, name string, labels ...string) float64
 	return promtest.Value(t, s.gw.Metrics().Registry, name, labels...)
 }
 
-func eventually(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 // inFlightZero waits until no endpoint holds a request of this gateway.
 func (s *testServer) inFlightZero(t testing.TB) {
 	t.Helper()
-	eventually(t, "every endpoint released", func() bool { return s.metric(t, "kvgate_endpoint_in_flight") == 0 })
+	waittest.Until(t, 10*time.Second, "every endpoint released", func() bool { return s.metric(t, "kvgate_endpoint_in_flight") == 0 })
 }
 
 func chatBody(model, content string, extra ...string) []byte {
@@ -116,7 +106,7 @@ func TestPickAndStream(t *testing.T) {
 			if v, _ := setHeader(p.respHeaders, endpointHeader); v != dest[0] {
 				t.Errorf("x-kvgate-endpoint %q, want %q", v, dest[0])
 			}
-			eventually(t, "the request counted", func() bool {
+			waittest.Until(t, 10*time.Second, "the request counted", func() bool {
 				return s.metric(t, "kvgate_requests_total", "endpoint", dest[0], "code", "200", "scheduler", "llama", "model", llama) >= 1
 			})
 			got := s.metric(t, "kvgate_tokens_total", "kind", "completion") - before
@@ -364,11 +354,11 @@ func TestAborts(t *testing.T) {
 			}
 			s.inFlightZero(t)
 			if tc.code != "" {
-				eventually(t, "the aborted request counted", func() bool { return s.metric(t, "kvgate_requests_total", "code", tc.code) == before+1 })
+				waittest.Until(t, 10*time.Second, "the aborted request counted", func() bool { return s.metric(t, "kvgate_requests_total", "code", tc.code) == before+1 })
 			}
 		})
 	}
-	eventually(t, "every stream's handler returned", func() bool { return processing() == 0 })
+	waittest.Until(t, 10*time.Second, "every stream's handler returned", func() bool { return processing() == 0 })
 	if n := s.metric(t, "kvgate_extproc_streams_total", "outcome", "aborted"); n != 2 {
 		t.Errorf("aborted streams %v, want 2 (the other two were routed)", n)
 	}
@@ -429,7 +419,7 @@ func TestResponseBodyNone(t *testing.T) {
 	if p.status != 200 || !bytes.Contains(p.upstreamResp, []byte("[DONE]")) {
 		t.Fatalf("status %d", p.status)
 	}
-	eventually(t, "the request counted with its status", func() bool {
+	waittest.Until(t, 10*time.Second, "the request counted with its status", func() bool {
 		return s.metric(t, "kvgate_requests_total", "code", "200", "endpoint", addrs[0]) == 1
 	})
 	if n := s.metric(t, "kvgate_requests_total"); n != 1 {
@@ -471,7 +461,7 @@ func TestServedFallback(t *testing.T) {
 	if p.status != 200 || picked == other {
 		t.Fatalf("status %d", p.status)
 	}
-	eventually(t, "the request counted against the fallback", func() bool {
+	waittest.Until(t, 10*time.Second, "the request counted against the fallback", func() bool {
 		return s.metric(t, "kvgate_requests_total", "endpoint", other, "code", "200") == 1
 	})
 	if n := s.metric(t, "kvgate_requests_total", "endpoint", picked); n != 0 {

@@ -26,6 +26,7 @@ import (
 
 	"github.com/kvgate/kvgate/api/v1alpha1"
 	"github.com/kvgate/kvgate/internal/gateway"
+	"github.com/kvgate/kvgate/internal/waittest"
 )
 
 // This file plays Envoy's side of the ext_proc protocol against a real gRPC
@@ -74,7 +75,7 @@ func startServer(t testing.TB, cfg *v1alpha1.InferenceGatewayConfig, opts Option
 			n += len(sc.Endpoints)
 		}
 		// Picks are only meaningful once the fleet has read every endpoint.
-		eventually(t, "every endpoint scraped", func() bool {
+		waittest.Until(t, 10*time.Second, "every endpoint scraped", func() bool {
 			return ts.metric(t, "kvgate_endpoint_healthy") == float64(n) && ts.metric(t, "kvgate_endpoint_stale") == 0
 		})
 	}

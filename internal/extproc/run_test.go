@@ -17,6 +17,7 @@ import (
 
 	"github.com/kvgate/kvgate/internal/gateway"
 	"github.com/kvgate/kvgate/internal/simserver"
+	"github.com/kvgate/kvgate/internal/waittest"
 )
 
 // TestRun: `kvgate epp` as wired by Run — gRPC health reports not serving until
@@ -86,7 +87,7 @@ func TestRun(t *testing.T) {
 		t.Fatalf("liveness %v", st)
 	}
 	close(apply)
-	eventually(t, "readiness once endpoints are known", func() bool { return check(HealthReadiness) == healthpb.HealthCheckResponse_SERVING })
+	waittest.Until(t, 10*time.Second, "readiness once endpoints are known", func() bool { return check(HealthReadiness) == healthpb.HealthCheckResponse_SERVING })
 
 	if plain, err := grpc.NewClient(a.API, grpc.WithTransportCredentials(insecure.NewCredentials())); err == nil {
 		_, err := healthpb.NewHealthClient(plain).Check(ctx, &healthpb.HealthCheckRequest{})

@@ -12,21 +12,11 @@ import (
 	"github.com/kvgate/kvgate/internal/sim"
 	"github.com/kvgate/kvgate/internal/simserver"
 	"github.com/kvgate/kvgate/internal/simserver/simtest"
+	"github.com/kvgate/kvgate/internal/waittest"
 )
 
 func startSim(t *testing.T, cfg sim.Config) *simserver.Server {
 	return simtest.Start(t, simserver.Options{Engine: cfg})
-}
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }
 
 func TestScrapesFollowTheServer(t *testing.T) {
@@ -35,7 +25,7 @@ func TestScrapesFollowTheServer(t *testing.T) {
 	defer f.Close()
 	f.Sync(context.Background(), []Target{{Addr: s.Addr()}})
 	snap := func() Snapshot { return f.Snapshot([]string{s.Addr()})[0] }
-	waitFor(t, "the first scrape", func() bool { return snap().Scraped })
+	waittest.Until(t, 5*time.Second, "the first scrape", func() bool { return snap().Scraped })
 	if got := snap(); !got.Healthy || got.Stale || got.NumBlocks != 4000 || got.BlockSize != 16 || got.Dialect != "vllm" {
 		t.Fatalf("first snapshot %+v", got)
 	}
@@ -48,9 +38,9 @@ func TestScrapesFollowTheServer(t *testing.T) {
 			}
 		})
 	}
-	waitFor(t, "load in the scraped metrics", func() bool { g := snap(); return g.Running == 2 && g.Waiting == 3 && g.KVUsage > 0 })
+	waittest.Until(t, 5*time.Second, "load in the scraped metrics", func() bool { g := snap(); return g.Running == 2 && g.Waiting == 3 && g.KVUsage > 0 })
 	wg.Wait()
-	waitFor(t, "the load to drain", func() bool { g := snap(); return g.Running == 0 && g.Waiting == 0 })
+	waittest.Until(t, 5*time.Second, "the load to drain", func() bool { g := snap(); return g.Running == 0 && g.Waiting == 0 })
 }
 
 func TestFailingEndpointTurnsUnhealthyAndStale(t *testing.T) {
@@ -63,11 +53,11 @@ func TestFailingEndpointTurnsUnhealthyAndStale(t *testing.T) {
 	defer f.Close()
 	f.Sync(context.Background(), []Target{{Addr: s.Addr()}})
 	snap := func() Snapshot { return f.Snapshot([]string{s.Addr()})[0] }
-	waitFor(t, "the first scrape", func() bool { return snap().Healthy })
+	waittest.Until(t, 5*time.Second, "the first scrape", func() bool { return snap().Healthy })
 	if err := s.SetFaults(simserver.Faults{RefuseConnections: true}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "three failed scrapes", func() bool { return !snap().Healthy })
+	waittest.Until(t, 5*time.Second, "three failed scrapes", func() bool { return !snap().Healthy })
 	if g := snap(); g.Stale || g.LastError == "" {
 		t.Fatalf("unhealthy but not yet stale expected: %+v", g)
 	}
@@ -76,7 +66,7 @@ func TestFailingEndpointTurnsUnhealthyAndStale(t *testing.T) {
 		t.Fatalf("3 s without a scrape and not stale: %+v", g)
 	}
 	_ = s.SetFaults(simserver.Faults{})
-	waitFor(t, "recovery", func() bool { g := snap(); return g.Healthy && !g.Stale })
+	waittest.Until(t, 5*time.Second, "recovery", func() bool { g := snap(); return g.Healthy && !g.Stale })
 }
 
 // Dispatches between two scrapes count toward the queue and KV until the server's
@@ -88,7 +78,7 @@ func TestInFlightAccounting(t *testing.T) {
 	defer f.Close()
 	f.Sync(context.Background(), []Target{{Addr: s.Addr()}})
 	snap := func() Snapshot { return f.Snapshot([]string{s.Addr()})[0] }
-	waitFor(t, "the first scrape", func() bool { return snap().Scraped })
+	waittest.Until(t, 5*time.Second, "the first scrape", func() bool { return snap().Scraped })
 	var tickets []Ticket
 	for range 10 {
 		tickets = append(tickets, f.Dispatched(s.Addr(), 1600)) // 100 blocks each
@@ -116,10 +106,10 @@ func TestWrongDialectFails(t *testing.T) {
 	f := New(Config{Interval: 10 * time.Millisecond})
 	defer f.Close()
 	f.Sync(context.Background(), []Target{{Addr: s.Addr(), Dialect: "sglang"}}) // the wrong dialect for a vLLM server
-	waitFor(t, "failures", func() bool { g := f.Snapshot([]string{s.Addr()})[0]; return g.Failures >= 3 && !g.Healthy })
+	waittest.Until(t, 5*time.Second, "failures", func() bool { g := f.Snapshot([]string{s.Addr()})[0]; return g.Failures >= 3 && !g.Healthy })
 	// Corrected by a later Sync, the same scraper recovers.
 	f.Sync(context.Background(), []Target{{Addr: s.Addr(), Dialect: "vllm"}})
-	waitFor(t, "recovery", func() bool { g := f.Snapshot([]string{s.Addr()})[0]; return g.Healthy && g.Dialect == "vllm" })
+	waittest.Until(t, 5*time.Second, "recovery", func() bool { g := f.Snapshot([]string{s.Addr()})[0]; return g.Healthy && g.Dialect == "vllm" })
 }
 
 // The accounting as the virtual-time benchmark drives it: dispatches count until

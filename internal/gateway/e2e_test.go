@@ -21,6 +21,7 @@ import (
 	"github.com/kvgate/kvgate/api/v1alpha1"
 	"github.com/kvgate/kvgate/internal/sim"
 	"github.com/kvgate/kvgate/internal/simserver"
+	"github.com/kvgate/kvgate/internal/waittest"
 )
 
 func TestRoutesByModelAcrossPools(t *testing.T) {
@@ -227,7 +228,7 @@ func TestAdmission(t *testing.T) {
 			defer close(long)
 			call(t, "POST", base+"/v1/chat/completions", chat(llama, `"max_tokens":200`, `"ignore_eos":true`))
 		}()
-		eventually(t, 2*time.Second, "the long request in flight", func() bool { return counter(t, g, "kvgate_endpoint_in_flight") == 1 })
+		waittest.Until(t, 2*time.Second, "the long request in flight", func() bool { return counter(t, g, "kvgate_endpoint_in_flight") == 1 })
 		resp, _, e := call(t, "POST", base+"/v1/chat/completions", chat(llama))
 		if resp.StatusCode != 429 || resp.Header.Get("Retry-After") == "" {
 			t.Fatalf("saturated pool: %d %q", resp.StatusCode, e.Error.Message)
@@ -267,7 +268,7 @@ func TestClientDisconnectCancelsUpstream(t *testing.T) {
 	}
 	cancel()
 	_ = stream.Close()
-	eventually(t, 3*time.Second, "the upstream sequence to be aborted", func() bool {
+	waittest.Until(t, 3*time.Second, "the upstream sequence to be aborted", func() bool {
 		resp, err := http.Get("http://" + s.Addr() + "/metrics")
 		if err != nil {
 			return false
@@ -321,7 +322,7 @@ func TestExplainHeader(t *testing.T) {
 	_, b := startSim(t, llama, simserver.Options{})
 	g, base := startGateway(t, gatewayConfig(scheduler("p", llama, a, b)))
 	// Both scraped, so neither is filtered out as unhealthy.
-	eventually(t, 5*time.Second, "both scraped", func() bool {
+	waittest.Until(t, 5*time.Second, "both scraped", func() bool {
 		s := g.fleet.Snapshot([]string{a, b})
 		return s[0].Healthy && s[1].Healthy
 	})
@@ -432,7 +433,7 @@ func TestBrokenJSONBodyCutsConnection(t *testing.T) {
 	if err == nil {
 		t.Fatal("a truncated JSON body read as complete")
 	}
-	eventually(t, 2*time.Second, "the in-flight count to return to zero", func() bool {
+	waittest.Until(t, 2*time.Second, "the in-flight count to return to zero", func() bool {
 		return counter(t, g, "kvgate_endpoint_in_flight") == 0 && counter(t, g, "kvgate_stream_errors_total") == 1
 	})
 }
@@ -456,7 +457,7 @@ func TestGPUAwarePicking(t *testing.T) {
 			}
 		}()
 	}
-	eventually(t, 3*time.Second, "both endpoints scraped, busy running 2", func() bool {
+	waittest.Until(t, 3*time.Second, "both endpoints scraped, busy running 2", func() bool {
 		s := g.fleet.Snapshot([]string{idle, busy})
 		return len(s) == 2 && s[0].Scraped && s[1].Running == 2
 	})

@@ -14,8 +14,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kvgate/kvgate/api/v1alpha1"
+	"github.com/kvgate/kvgate/internal/logtest"
 	"github.com/kvgate/kvgate/internal/sim"
 	"github.com/kvgate/kvgate/internal/simserver"
+	"github.com/kvgate/kvgate/internal/waittest"
 )
 
 // The tests below put simulated model servers behind the gateway, load some of
@@ -129,7 +131,7 @@ func TestLoadedEndpointGetsLessTraffic(t *testing.T) {
 			g, base := startGateway(t, gatewayConfig(sched("p", llama, string(tc.dialect), busy, idle)))
 			stop := load(t, busy, tc.n, tc.body)
 			defer stop()
-			eventually(t, 10*time.Second, "the load to show in busy's metrics", func() bool {
+			waittest.Until(t, 10*time.Second, "the load to show in busy's metrics", func() bool {
 				s := g.fleet.Snapshot([]string{busy})[0]
 				return s.Scraped && string(s.Dialect) == string(tc.dialect) && tc.ready(s.Waiting, s.KVUsage)
 			})
@@ -161,7 +163,7 @@ func TestAdapterGoesToItsHolder(t *testing.T) {
 	load(t, holder, 1, long("sql-lora"))
 	load(t, other, 1, long(llama))
 	load(t, full, 1, long("chat-lora"))
-	eventually(t, 10*time.Second, "adapters to show in metrics", func() bool {
+	waittest.Until(t, 10*time.Second, "adapters to show in metrics", func() bool {
 		s := g.fleet.Snapshot([]string{holder, other, full})
 		return len(s[0].RunningAdapters) == 1 && s[1].Running == 1 && len(s[2].RunningAdapters) == 1
 	})
@@ -188,7 +190,7 @@ func TestPrefixAffinity(t *testing.T) {
 	ask := func(i int) string {
 		return fmt.Sprintf(`{"model":%q,"messages":[{"role":"system","content":%q},{"role":"user","content":"question %d"}],"max_tokens":2}`, llama, system, i)
 	}
-	eventually(t, 5*time.Second, "endpoints scraped", func() bool {
+	waittest.Until(t, 5*time.Second, "endpoints scraped", func() bool {
 		for _, s := range g.fleet.Snapshot(addrs) {
 			if !s.Scraped {
 				return false
@@ -215,7 +217,7 @@ func TestPrefixAffinity(t *testing.T) {
 	// A deep queue on the holder (saturated at 5 waiting) makes another endpoint
 	// better; the group moves there and sticks again.
 	load(t, first, 7, chat(llama, `"max_tokens":20000`, `"ignore_eos":true`))
-	eventually(t, 10*time.Second, "the holder's queue to show", func() bool { return g.fleet.Snapshot([]string{first})[0].Waiting >= 5 })
+	waittest.Until(t, 10*time.Second, "the holder's queue to show", func() bool { return g.fleet.Snapshot([]string{first})[0].Waiting >= 5 })
 	served = map[string]int{}
 	for i := range 10 {
 		served[post(t, base, ask(100+i))]++
@@ -239,7 +241,7 @@ func TestBurstSpreads(t *testing.T) {
 	cfg := gatewayConfig(scheduler("p", llama, addrs...))
 	cfg.Spec.Gateway.Scrape = &v1alpha1.ScrapeSpec{Interval: &metav1.Duration{Duration: 10 * time.Second}, StaleAfter: &metav1.Duration{Duration: time.Minute}}
 	g, base := startGateway(t, cfg)
-	eventually(t, 5*time.Second, "the first scrape", func() bool {
+	waittest.Until(t, 5*time.Second, "the first scrape", func() bool {
 		for _, s := range g.fleet.Snapshot(addrs) {
 			if !s.Scraped {
 				return false
@@ -269,14 +271,14 @@ func TestStaleEndpoints(t *testing.T) {
 	hundred := int32(100)
 	cfg.Spec.Gateway.Scrape = &v1alpha1.ScrapeSpec{StaleAfter: &metav1.Duration{Duration: 300 * time.Millisecond}, UnhealthyAfter: &hundred}
 	g, base := startGateway(t, cfg)
-	eventually(t, 5*time.Second, "both scraped", func() bool {
+	waittest.Until(t, 5*time.Second, "both scraped", func() bool {
 		s := g.fleet.Snapshot([]string{addrA, addrB})
 		return s[0].Scraped && s[1].Scraped
 	})
 	if err := a.SetFaults(simserver.Faults{MetricsErrorStatus: 500}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 5*time.Second, "a stale", func() bool {
+	waittest.Until(t, 5*time.Second, "a stale", func() bool {
 		s := g.fleet.Snapshot([]string{addrA})[0]
 		return s.Stale && s.Healthy
 	})
@@ -287,7 +289,7 @@ func TestStaleEndpoints(t *testing.T) {
 	if err := b.SetFaults(simserver.Faults{MetricsErrorStatus: 500}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 5*time.Second, "both stale", func() bool {
+	waittest.Until(t, 5*time.Second, "both stale", func() bool {
 		s := g.fleet.Snapshot([]string{addrA, addrB})
 		return s[0].Stale && s[1].Stale
 	})
@@ -302,7 +304,7 @@ func TestStaleEndpoints(t *testing.T) {
 func TestDecisionLogAndScrapeErrors(t *testing.T) {
 	s, a := startSim(t, llama, simserver.Options{})
 	_, b := startSim(t, llama, simserver.Options{})
-	var logs syncBuffer
+	var logs logtest.Buffer
 	g, base := startGateway(t, gatewayConfig(scheduler("p", llama, a, b)), func(o *Options) {
 		o.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 		o.DecisionLogEvery = 3
@@ -319,25 +321,7 @@ func TestDecisionLogAndScrapeErrors(t *testing.T) {
 	if err := s.SetFaults(simserver.Faults{MetricsErrorStatus: 503}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 5*time.Second, "scrape errors counted", func() bool {
+	waittest.Until(t, 5*time.Second, "scrape errors counted", func() bool {
 		return counter(t, g, "kvgate_endpoint_scrape_errors_total", "endpoint", a) >= 2 && counter(t, g, "kvgate_endpoint_scrape_errors_total", "endpoint", b) == 0
 	})
-}
-
-// syncBuffer is a bytes.Buffer safe for a logger and a test to share.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/kvgate/kvgate/api/v1alpha1"
 	"github.com/kvgate/kvgate/internal/schedule"
 	"github.com/kvgate/kvgate/internal/simserver"
+	"github.com/kvgate/kvgate/internal/waittest"
 )
 
 // TestObjectivePriority: with the only endpoint at its limit, a request whose
@@ -68,7 +69,7 @@ func TestObjectivePriority(t *testing.T) {
 		results <- result{who, resp.StatusCode}
 	}
 	go send("first", "")
-	eventually(t, 2*time.Second, "the first request holding the endpoint", func() bool { return counter(t, g, "kvgate_endpoint_in_flight") == 1 })
+	waittest.Until(t, 2*time.Second, "the first request holding the endpoint", func() bool { return counter(t, g, "kvgate_endpoint_in_flight") == 1 })
 
 	start := time.Now()
 	go send("shed", "batch")
@@ -86,14 +87,14 @@ func TestObjectivePriority(t *testing.T) {
 	// high one whether the waiters are woken first-come or last-come.
 	waiters := func() int { return int(g.waiting.n.Load()) }
 	go send("high-1", "chat")
-	eventually(t, 2*time.Second, "high-1 waiting", func() bool { return waiters() == 1 })
+	waittest.Until(t, 2*time.Second, "high-1 waiting", func() bool { return waiters() == 1 })
 	for i := range 5 {
 		objective := ""
 		if i%2 == 1 {
 			objective = "no-such-objective"
 		}
 		go send("low", objective)
-		eventually(t, 2*time.Second, "the low-priority requests waiting", func() bool { return waiters() == i+2 })
+		waittest.Until(t, 2*time.Second, "the low-priority requests waiting", func() bool { return waiters() == i+2 })
 	}
 	next := func(want string) {
 		t.Helper()
@@ -101,7 +102,7 @@ func TestObjectivePriority(t *testing.T) {
 		if r := <-results; r.code != http.StatusOK {
 			t.Fatalf("%s: %d", r.who, r.code)
 		}
-		eventually(t, 2*time.Second, "the next request at the endpoint", func() bool {
+		waittest.Until(t, 2*time.Second, "the next request at the endpoint", func() bool {
 			mu.Lock()
 			defer mu.Unlock()
 			return len(order) >= 2 && order[len(order)-1] != "" && len(order) == len(servedBefore)+1
@@ -119,7 +120,7 @@ func TestObjectivePriority(t *testing.T) {
 	// Another important request arrives while the five still wait: it too
 	// goes first.
 	go send("high-2", "chat")
-	eventually(t, 2*time.Second, "high-2 waiting", func() bool { return waiters() == 6 })
+	waittest.Until(t, 2*time.Second, "high-2 waiting", func() bool { return waiters() == 6 })
 	next("high-2")
 	for range 5 {
 		next("low")
@@ -190,7 +191,7 @@ func TestObjectivePrioritySubset(t *testing.T) {
 	holdA, _ := route("", a)
 	high := make(chan *Route, 1)
 	go func() { r, _ := route("chat", a); high <- r }()
-	eventually(t, 2*time.Second, "the high-priority request waiting for a", func() bool { return g.waiting.n.Load() == 1 })
+	waittest.Until(t, 2*time.Second, "the high-priority request waiting for a", func() bool { return g.waiting.n.Load() == 1 })
 
 	low, took := route("")
 	if low.Served() != b || took > time.Second {

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/internal/simserver"
+	"github.com/kvgate/kvgate/internal/waittest"
 )
 
 func configYAML(weightQueue int, endpoints ...string) string {
@@ -113,20 +114,20 @@ func TestReloadWithoutFailedRequests(t *testing.T) {
 
 	time.Sleep(200 * time.Millisecond)
 	writeAtomically(t, path, configYAML(7, a, b))
-	eventually(t, 5*time.Second, "the file change to apply", func() bool {
+	waittest.Until(t, 5*time.Second, "the file change to apply", func() bool {
 		return strings.Contains(readDebugConfig(t, addrs.Admin).Active, "queue: 7")
 	})
-	eventually(t, 5*time.Second, "traffic on the added endpoint", seenB.Load)
+	waittest.Until(t, 5*time.Second, "traffic on the added endpoint", seenB.Load)
 
 	writeAtomically(t, path, strings.Replace(configYAML(9, a, b), "weights:", "weightz:", 1))
-	eventually(t, 5*time.Second, "the invalid file to be reported", func() bool {
+	waittest.Until(t, 5*time.Second, "the invalid file to be reported", func() bool {
 		d := readDebugConfig(t, addrs.Admin)
 		return !d.Accepted && strings.Contains(d.Error, "unknown field") && strings.Contains(d.Active, "queue: 7")
 	})
 	// A SIGHUP re-reads the same invalid file: rejected again, at a new time.
 	before := readDebugConfig(t, addrs.Admin).When
 	hup <- os.Interrupt
-	eventually(t, 5*time.Second, "the SIGHUP to be handled", func() bool { return readDebugConfig(t, addrs.Admin).When != before })
+	waittest.Until(t, 5*time.Second, "the SIGHUP to be handled", func() bool { return readDebugConfig(t, addrs.Admin).When != before })
 	if d := readDebugConfig(t, addrs.Admin); d.Accepted || !strings.Contains(d.Active, "queue: 7") {
 		t.Fatal("invalid file accepted on SIGHUP")
 	}
@@ -134,7 +135,7 @@ func TestReloadWithoutFailedRequests(t *testing.T) {
 		t.Fatal(err)
 	}
 	hup <- os.Interrupt
-	eventually(t, 5*time.Second, "the fixed file to apply", func() bool {
+	waittest.Until(t, 5*time.Second, "the fixed file to apply", func() bool {
 		d := readDebugConfig(t, addrs.Admin)
 		return d.Accepted && strings.Contains(d.Active, "queue: 4")
 	})
@@ -157,7 +158,7 @@ func TestReloadWithoutFailedRequests(t *testing.T) {
 		n, _ := drainBody(resp)
 		streamDone <- int(n)
 	}()
-	eventually(t, 5*time.Second, "the stream to be in flight", func() bool {
+	waittest.Until(t, 5*time.Second, "the stream to be in flight", func() bool {
 		resp, err := http.Get("http://" + addrs.Admin + "/debug/fleet")
 		if err != nil {
 			return false

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/kvgate/kvgate/internal/waittest"
 )
 
 // hashUpstream answers with the SHA-256 of the body it received.
@@ -138,7 +140,7 @@ func TestWaiterWokenAcrossReload(t *testing.T) {
 		defer close(held)
 		call(t, "POST", base+"/v1/chat/completions", chat("m"), "X-Hold", "1")
 	}()
-	eventually(t, 2*time.Second, "the held request in flight", func() bool { return counter(t, g, "kvgate_endpoint_in_flight") == 1 })
+	waittest.Until(t, 2*time.Second, "the held request in flight", func() bool { return counter(t, g, "kvgate_endpoint_in_flight") == 1 })
 	if err := g.Apply(cfg); err != nil { // a reload while it is in flight
 		t.Fatal(err)
 	}

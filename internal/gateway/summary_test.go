@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/internal/simserver"
+	"github.com/kvgate/kvgate/internal/waittest"
 )
 
 // TestSummary: the load summary counts the window's requests and errors per
@@ -15,7 +16,7 @@ import (
 func TestSummary(t *testing.T) {
 	_, a := startSim(t, llama, simserver.Options{})
 	g, base := startGateway(t, gatewayConfig(scheduler("llama", llama, a), scheduler("qwen", qwen, "127.0.0.1:1")))
-	eventually(t, 5*time.Second, "the endpoint scraped", func() bool { return g.fleet.Snapshot([]string{a})[0].Scraped })
+	waittest.Until(t, 5*time.Second, "the endpoint scraped", func() bool { return g.fleet.Snapshot([]string{a})[0].Scraped })
 	for range 5 {
 		post(t, base, chat(llama, `"stream":true`)) // streamed: their first bytes are TTFTs
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/openai/openai-go/v3"
 
 	"github.com/kvgate/kvgate/internal/simserver"
+	"github.com/kvgate/kvgate/internal/waittest"
 )
 
 type outcome struct {
@@ -66,7 +67,7 @@ func TestFailoverAndRamp(t *testing.T) {
 	killed := time.Now()
 	a.kill()
 	var drained time.Duration
-	eventually(t, "the killed member drained", func() bool {
+	waittest.Until(t, 10*time.Second, "the killed member drained", func() bool {
 		drained = time.Since(killed)
 		return r.metric(t, "kvgate_global_member_healthy", "member", "cheap") == 0
 	})
@@ -147,7 +148,7 @@ func TestHeartbeatDrain(t *testing.T) {
 	}
 	killed := time.Now()
 	a.kill()
-	eventually(t, "the member drained", func() bool { return r.metric(t, "kvgate_global_member_healthy", "member", "only") == 0 })
+	waittest.Until(t, 10*time.Second, "the member drained", func() bool { return r.metric(t, "kvgate_global_member_healthy", "member", "only") == 0 })
 	if took := time.Since(killed); took > 5*time.Second {
 		t.Errorf("drained after %v", took)
 	} else {

@@ -19,6 +19,7 @@ import (
 	"github.com/kvgate/kvgate/internal/promtest"
 	"github.com/kvgate/kvgate/internal/simserver"
 	"github.com/kvgate/kvgate/internal/simserver/simtest"
+	"github.com/kvgate/kvgate/internal/waittest"
 )
 
 const llama = "meta-llama/Llama-3.1-8B-Instruct"
@@ -133,7 +134,7 @@ func startRouter(t testing.TB, cfg *Config, opts Options) (*Router, string) {
 	r.Start(ctx)
 	srv := httptest.NewServer(r)
 	t.Cleanup(srv.Close)
-	eventually(t, "every member healthy", func() bool {
+	waittest.Until(t, 10*time.Second, "every member healthy", func() bool {
 		now := time.Now()
 		g := r.gen.Load()
 		for _, m := range g.members {
@@ -145,17 +146,6 @@ func startRouter(t testing.TB, cfg *Config, opts Options) (*Router, string) {
 		return true
 	})
 	return r, srv.URL
-}
-
-func eventually(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
 
 func sdk(base string, opts ...option.RequestOption) openai.Client {

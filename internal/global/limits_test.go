@@ -20,6 +20,7 @@ import (
 	"github.com/kvgate/kvgate/internal/auth"
 	"github.com/kvgate/kvgate/internal/redistest"
 	"github.com/kvgate/kvgate/internal/simserver"
+	"github.com/kvgate/kvgate/internal/waittest"
 )
 
 // startLimited runs routers (replicas) over one member with auth and limits
@@ -163,7 +164,7 @@ func TestTokenReconcile(t *testing.T) {
 			used += int64(len(`{"messages":[{"content":"hi","role":"user"}],"model":"`+llama+`","max_tokens":2000,"stream":true}`))/4 + events
 		}
 		t.Logf("request %d: include_usage=%v, remaining after reserving %s, used %d in all", i, include, remaining, used)
-		eventually(t, "the request settled", func() bool { return settled() > before })
+		waittest.Until(t, 10*time.Second, "the request settled", func() bool { return settled() > before })
 	}
 }
 
@@ -264,7 +265,7 @@ func TestRedisDown(t *testing.T) {
 				}
 			}
 			rd.Restart(t)
-			eventually(t, "Redis used again", func() bool {
+			waittest.Until(t, 10*time.Second, "Redis used again", func() bool {
 				resp, _ := send(t, urls[0], "sk-acme", chatBody(""))
 				return resp.StatusCode == 200 && routers[0].metric(t, "kvgate_ratelimit_redis_up") == 1
 			})

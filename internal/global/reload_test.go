@@ -18,6 +18,7 @@ import (
 
 	"github.com/kvgate/kvgate/internal/auth"
 	"github.com/kvgate/kvgate/internal/simserver"
+	"github.com/kvgate/kvgate/internal/waittest"
 )
 
 // TestReload: `kvgate global` reloads its file when it changes and on SIGHUP —
@@ -70,7 +71,7 @@ func TestReload(t *testing.T) {
 		}
 		return out.Accepted, out.Err, out.Active
 	}
-	eventually(t, "the member healthy", func() bool { resp, _ := send(t, api, "sk-old", chatBody("")); return resp.StatusCode == 200 })
+	waittest.Until(t, 10*time.Second, "the member healthy", func() bool { resp, _ := send(t, api, "sk-old", chatBody("")); return resp.StatusCode == 200 })
 
 	// A stream that runs through both reloads below.
 	var streamed atomic.Int64
@@ -100,7 +101,7 @@ func TestReload(t *testing.T) {
 	second := routerConfig(steadyRouting(), a.member("a", 5), b.member("b", 1))
 	second.Spec.Auth = keys("sk-new")
 	write(second)
-	eventually(t, "the new configuration in force", func() bool {
+	waittest.Until(t, 10*time.Second, "the new configuration in force", func() bool {
 		ok, _, active := debugConfig()
 		return ok && strings.Contains(active, auth.HashKey("sk-new")) && strings.Contains(active, b.adminAddr)
 	})
@@ -112,7 +113,7 @@ func TestReload(t *testing.T) {
 	if resp, body := send(t, api, "sk-old", chatBody("")); resp.StatusCode != 401 {
 		t.Fatalf("the rotated-out key: %d %s", resp.StatusCode, body)
 	}
-	eventually(t, "the cheaper new member taking requests", func() bool {
+	waittest.Until(t, 10*time.Second, "the cheaper new member taking requests", func() bool {
 		resp, _ := send(t, api, "sk-new", chatBody(""))
 		return resp.StatusCode == 200 && resp.Header.Get("X-Kvgate-Member") == "b"
 	})
@@ -121,17 +122,17 @@ func TestReload(t *testing.T) {
 	if err := os.WriteFile(path, []byte("apiVersion: "+APIVersion+"\nkind: "+Kind+"\nspec:\n  members: []\n  bogus: 1\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the invalid file reported", func() bool { ok, e, _ := debugConfig(); return !ok && strings.Contains(e, "bogus") })
+	waittest.Until(t, 10*time.Second, "the invalid file reported", func() bool { ok, e, _ := debugConfig(); return !ok && strings.Contains(e, "bogus") })
 	if resp, body := send(t, api, "sk-new", chatBody("")); resp.StatusCode != 200 {
 		t.Fatalf("after an invalid file the previous configuration must serve: %d %s", resp.StatusCode, body)
 	}
 
 	// SIGHUP reads the file again even when unchanged: back to a valid one.
 	write(second)
-	eventually(t, "the valid file accepted again", func() bool { ok, _, _ := debugConfig(); return ok })
+	waittest.Until(t, 10*time.Second, "the valid file accepted again", func() bool { ok, _, _ := debugConfig(); return ok })
 	before := metricText(t, admin, `kvgate_global_config_reloads_total{result="success"}`)
 	hup <- os.Interrupt
-	eventually(t, "a reload on SIGHUP", func() bool {
+	waittest.Until(t, 10*time.Second, "a reload on SIGHUP", func() bool {
 		return metricText(t, admin, `kvgate_global_config_reloads_total{result="success"}`) != before
 	})
 
@@ -206,9 +207,9 @@ func TestApplyKeepsMembers(t *testing.T) {
 	// The b that replaced it is removed: its heartbeats stop (no request
 	// holds the configuration it was in), its series go and stay gone.
 	nb := g.members[1]
-	eventually(t, "the new b healthy", func() bool { return r.metric(t, "kvgate_global_member_healthy", "member", "b") == 1 })
+	waittest.Until(t, 10*time.Second, "the new b healthy", func() bool { return r.metric(t, "kvgate_global_member_healthy", "member", "b") == 1 })
 	r.Apply(routerConfig(steadyRouting(), a.member("a", 3)), nil, nil, nil)
-	eventually(t, "the removed member's heartbeats stopped", func() bool {
+	waittest.Until(t, 10*time.Second, "the removed member's heartbeats stopped", func() bool {
 		last := nb.evaluate(time.Now(), g.s).lastOK
 		time.Sleep(300 * time.Millisecond) // three heartbeat intervals
 		return nb.evaluate(time.Now(), g.s).lastOK.Equal(last)
@@ -308,7 +309,7 @@ func TestGenerationRetire(t *testing.T) {
 		t.Fatalf("released %v while a request of the first configuration still runs", l)
 	}
 	g1.release()
-	eventually(t, "both released", func() bool { return len(got()) == 2 })
+	waittest.Until(t, 10*time.Second, "both released", func() bool { return len(got()) == 2 })
 	if l := got(); l[0] != "after 1" || l[1] != "after 2" {
 		t.Fatalf("released in the order %v, want oldest first", l)
 	}

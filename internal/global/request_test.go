@@ -16,6 +16,7 @@ import (
 	"github.com/kvgate/kvgate/internal/auth"
 	"github.com/kvgate/kvgate/internal/gateway"
 	"github.com/kvgate/kvgate/internal/simserver"
+	"github.com/kvgate/kvgate/internal/waittest"
 )
 
 // fakeMember is a member whose API the test writes; its heartbeat reports one
@@ -352,7 +353,7 @@ func TestRefusalsAndSettlement(t *testing.T) {
 		if err == nil {
 			t.Fatalf("a truncated JSON body reached the client as a whole one (status %d)", resp.StatusCode)
 		}
-		eventually(t, "the request settled", func() bool { rec, c := lim.settled(); return len(rec) == 1 && c == 0 })
+		waittest.Until(t, 10*time.Second, "the request settled", func() bool { rec, c := lim.settled(); return len(rec) == 1 && c == 0 })
 	})
 }
 

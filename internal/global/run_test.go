@@ -10,6 +10,7 @@ import (
 
 	"github.com/kvgate/kvgate/internal/auth"
 	"github.com/kvgate/kvgate/internal/simserver"
+	"github.com/kvgate/kvgate/internal/waittest"
 )
 
 // TestRun: the router as `kvgate global` runs it — listeners, heartbeats,
@@ -34,10 +35,10 @@ func TestRun(t *testing.T) {
 		b, _ := io.ReadAll(resp.Body)
 		return resp.StatusCode, string(b)
 	}
-	eventually(t, "ready once the member's heartbeat came", func() bool { code, _ := get(admin + "/readyz"); return code == 200 })
+	waittest.Until(t, 10*time.Second, "ready once the member's heartbeat came", func() bool { code, _ := get(admin + "/readyz"); return code == 200 })
 	// Ready means a member is healthy; a request also needs its summary to list
 	// a ready endpoint for the model, which the member learns from its first scrape.
-	eventually(t, "the member's endpoint ready", func() bool {
+	waittest.Until(t, 10*time.Second, "the member's endpoint ready", func() bool {
 		_, body := get(admin + "/debug/members")
 		return strings.Contains(body, `"readyEndpoints": 1`)
 	})

@@ -9,6 +9,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/kvgate/kvgate/internal/waittest"
 )
 
 // TestAdapterConfigMaps: the body-based router's adapter mappings follow the
@@ -65,9 +67,9 @@ func TestAdapterConfigMaps(t *testing.T) {
 	if err := k.c.Update(ctx, llama); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 10*time.Second, "the edit to show", func() bool { _, ok := snapshot()["models/llama"]["chat-lora"]; return !ok })
+	waittest.Until(t, 10*time.Second, "the edit to show", func() bool { _, ok := snapshot()["models/llama"]["chat-lora"]; return !ok })
 	if err := k.c.Delete(ctx, llama); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 10*time.Second, "the deletion to show", func() bool { _, ok := snapshot()["models/llama"]; return !ok })
+	waittest.Until(t, 10*time.Second, "the deletion to show", func() bool { _, ok := snapshot()["models/llama"]; return !ok })
 }

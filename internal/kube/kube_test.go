@@ -33,6 +33,7 @@ import (
 	"github.com/kvgate/kvgate/internal/gateway"
 	"github.com/kvgate/kvgate/internal/simserver"
 	"github.com/kvgate/kvgate/internal/simserver/simtest"
+	"github.com/kvgate/kvgate/internal/waittest"
 )
 
 const model = "meta-llama/Llama-3.1-8B-Instruct"
@@ -227,17 +228,6 @@ func post(t *testing.T, base string) (int, string) {
 	return resp.StatusCode, resp.Header.Get("X-Kvgate-Endpoint")
 }
 
-func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", d, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 // edit changes the named config, retrying when the controller's status write got
 // there first.
 func (k *cluster) edit(t *testing.T, key types.NamespacedName, change func(*v1alpha1.InferenceGatewayConfig)) {
@@ -336,7 +326,7 @@ func TestPodsBecomeEndpoints(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A selector that matches nothing is not Ready, and says why.
-	eventually(t, 10*time.Second, "status NoMatchingPods", func() bool {
+	waittest.Until(t, 10*time.Second, "status NoMatchingPods", func() bool {
 		st := k.status(t, ns, "kvgate")
 		return condition(st, "Accepted").Status == metav1.ConditionTrue && condition(st, "Ready").Reason == "NoReadyEndpoints" &&
 			strings.Contains(condition(st, "Ready").Message, "no pod in namespace models matches selector") && len(st.Schedulers) == 1 && st.Schedulers[0].RolloutState == "Pending"
@@ -349,7 +339,7 @@ func TestPodsBecomeEndpoints(t *testing.T) {
 	k.pod(t, ns, "llama-0", ips[0], true, labels)
 	k.pod(t, ns, "llama-1", ips[1], true, labels)
 	k.pod(t, ns, "other", "127.0.0.9", true, map[string]string{"app": "qwen"}) // not selected
-	eventually(t, 10*time.Second, "both pods served", func() bool {
+	waittest.Until(t, 10*time.Second, "both pods served", func() bool {
 		seen := map[string]bool{}
 		for range 20 {
 			if code, ep := post(t, base); code == http.StatusOK {
@@ -358,7 +348,7 @@ func TestPodsBecomeEndpoints(t *testing.T) {
 		}
 		return len(seen) == 2
 	})
-	eventually(t, 10*time.Second, "status Ready with 2 endpoints", func() bool {
+	waittest.Until(t, 10*time.Second, "status Ready with 2 endpoints", func() bool {
 		st := k.status(t, ns, "kvgate")
 		return condition(st, "Ready").Status == metav1.ConditionTrue && st.Schedulers[0].Endpoints == 2 &&
 			st.Schedulers[0].RolloutState == "Available" && st.ObservedGeneration == 1
@@ -385,7 +375,7 @@ func TestPodsBecomeEndpoints(t *testing.T) {
 	gone := fmt.Sprintf("%s:%d", ips[0], port)
 	start := time.Now()
 	k.setReady(t, ns, "llama-0", ips[0], false)
-	eventually(t, time.Second, "the NotReady pod to leave the pool", func() bool { return !strings.Contains(endpointsOf(t, g.Gateway, "llama"), gone) })
+	waittest.Until(t, time.Second, "the NotReady pod to leave the pool", func() bool { return !strings.Contains(endpointsOf(t, g.Gateway, "llama"), gone) })
 	t.Logf("NotReady pod out of rotation after %v", time.Since(start))
 	for range 10 {
 		if code, ep := post(t, base); code != http.StatusOK || ep == gone {
@@ -393,7 +383,7 @@ func TestPodsBecomeEndpoints(t *testing.T) {
 		}
 	}
 	k.setReady(t, ns, "llama-0", ips[0], true)
-	eventually(t, 5*time.Second, "the pod back", func() bool { return strings.Contains(endpointsOf(t, g.Gateway, "llama"), gone) })
+	waittest.Until(t, 5*time.Second, "the pod back", func() bool { return strings.Contains(endpointsOf(t, g.Gateway, "llama"), gone) })
 
 	// A weights edit under load: no request fails.
 	var failed, sent atomic.Int64
@@ -419,7 +409,7 @@ func TestPodsBecomeEndpoints(t *testing.T) {
 	k.edit(t, target, func(c *v1alpha1.InferenceGatewayConfig) {
 		c.Spec.Schedulers[0].Weights = &v1alpha1.Weights{Queue: &two}
 	})
-	eventually(t, 10*time.Second, "generation 2 observed", func() bool { return k.status(t, ns, "kvgate").ObservedGeneration == 2 })
+	waittest.Until(t, 10*time.Second, "generation 2 observed", func() bool { return k.status(t, ns, "kvgate").ObservedGeneration == 2 })
 	time.Sleep(300 * time.Millisecond)
 	close(stop)
 	wg.Wait()
@@ -430,7 +420,7 @@ func TestPodsBecomeEndpoints(t *testing.T) {
 	// Invalid for kvgate though valid for the schema (an adapter named like a
 	// model): rejected in status, the last good configuration keeps serving.
 	k.edit(t, target, func(c *v1alpha1.InferenceGatewayConfig) { c.Spec.Schedulers[0].LoRAAdapters = []string{model} })
-	eventually(t, 10*time.Second, "Accepted=False", func() bool {
+	waittest.Until(t, 10*time.Second, "Accepted=False", func() bool {
 		c := condition(k.status(t, ns, "kvgate"), "Accepted")
 		return c.Status == metav1.ConditionFalse && c.Reason == "Invalid" && strings.Contains(c.Message, "loraAdapters[0]")
 	})
@@ -446,12 +436,12 @@ func TestPodsBecomeEndpoints(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	eventually(t, time.Second, "no endpoints after deletion", func() bool { return endpointsOf(t, g.Gateway, "llama") == "" })
+	waittest.Until(t, time.Second, "no endpoints after deletion", func() bool { return endpointsOf(t, g.Gateway, "llama") == "" })
 	t.Logf("deleted pods out of rotation after %v", time.Since(start))
 	if code, _ := post(t, base); code != http.StatusServiceUnavailable {
 		t.Errorf("no pods left: status %d, want 503", code)
 	}
-	eventually(t, 10*time.Second, "status not ready", func() bool {
+	waittest.Until(t, 10*time.Second, "status not ready", func() bool {
 		return condition(k.status(t, ns, "kvgate"), "Ready").Status == metav1.ConditionFalse
 	})
 }
@@ -482,12 +472,12 @@ func TestInferencePool(t *testing.T) {
 	}
 	want := fmt.Sprintf("%s:%d", ips[0], port)
 	for _, b := range []string{base, base2} {
-		eventually(t, 10*time.Second, "traffic to the pool's pod through "+b, func() bool {
+		waittest.Until(t, 10*time.Second, "traffic to the pool's pod through "+b, func() bool {
 			code, ep := post(t, b)
 			return code == http.StatusOK && ep == want
 		})
 	}
-	eventually(t, 10*time.Second, "status from the leader", func() bool {
+	waittest.Until(t, 10*time.Second, "status from the leader", func() bool {
 		st := k.status(t, ns, "gw")
 		return condition(st, "Ready").Status == metav1.ConditionTrue && len(st.Schedulers) == 1 && st.Schedulers[0].Endpoints == 1
 	})

@@ -16,6 +16,7 @@ import (
 
 	"github.com/kvgate/kvgate/internal/promtest"
 
+	"github.com/kvgate/kvgate/internal/logtest"
 	"github.com/kvgate/kvgate/internal/redistest"
 )
 
@@ -580,7 +581,7 @@ func TestRedisDown(t *testing.T) {
 	k, lim := Key{Tenant: "down", Model: "m"}, Limits{RequestsPerMinute: 20, TokensPerMinute: 1000}
 	for _, mode := range []FailMode{FailOpen, FailClosed} {
 		t.Run(mode.String(), func(t *testing.T) {
-			var logs redistest.SyncBuffer
+			var logs logtest.Buffer
 			srv := redistest.Start(t)
 			reg := prometheus.NewRegistry()
 			opts := Options{FailMode: mode, RetryInterval: 50 * time.Millisecond, LogInterval: time.Hour,

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvgate/kvgate/internal/waittest"
 )
 
 func TestParseFleet(t *testing.T) {
@@ -84,7 +86,7 @@ servers:
 	admin := "http://" + fleet.AdminAddr()
 
 	var list []serverInfo
-	eventually(t, 2*time.Second, "admin API", func() bool {
+	waittest.Until(t, 2*time.Second, "admin API", func() bool {
 		resp, err := http.Get(admin + "/admin/servers")
 		if err != nil {
 			return false

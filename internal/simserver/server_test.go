@@ -20,6 +20,7 @@ import (
 
 	"github.com/kvgate/kvgate/internal/sim"
 	"github.com/kvgate/kvgate/internal/tokenizer"
+	"github.com/kvgate/kvgate/internal/waittest"
 )
 
 func TestChatNonStreaming(t *testing.T) {
@@ -213,7 +214,7 @@ func TestMetricsFollowLoad(t *testing.T) {
 		})
 	}
 	var maxWaiting, maxRunning, maxKV float64
-	eventually(t, 20*time.Second, "load to show in metrics", func() bool {
+	waittest.Until(t, 20*time.Second, "load to show in metrics", func() bool {
 		f := scrape(t, base)
 		maxWaiting = max(maxWaiting, value(t, f, "vllm:num_requests_waiting"))
 		maxRunning = max(maxRunning, value(t, f, "vllm:num_requests_running"))
@@ -368,7 +369,7 @@ func TestClientDisconnectAborts(t *testing.T) {
 	}
 	cancel()
 	_ = stream.Close()
-	eventually(t, 5*time.Second, "the aborted sequence to leave the engine", func() bool {
+	waittest.Until(t, 5*time.Second, "the aborted sequence to leave the engine", func() bool {
 		f := scrape(t, base)
 		return value(t, f, "vllm:num_requests_running") == 0 &&
 			value(t, f, "vllm:request_success_total", "finished_reason", "abort") == 1 &&
@@ -606,7 +607,7 @@ func TestShutdownTruncatesStreams(t *testing.T) {
 	if stream.Err() == nil {
 		t.Fatal("a stream cut by shutdown ended cleanly")
 	}
-	eventually(t, 2*time.Second, "the server to refuse new work", func() bool {
+	waittest.Until(t, 2*time.Second, "the server to refuse new work", func() bool {
 		code, e := post(t, srv.URL+"/v1/completions", `{"model":"`+testModel+`","prompt":"hi"}`)
 		return code == 503 && strings.Contains(e.Error.Message, "shutting down")
 	})
