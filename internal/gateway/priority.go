@@ -13,12 +13,7 @@ const ObjectiveHeader = "X-Gateway-Inference-Objective"
 
 // priorityOf is the priority of the objective a request names: 0 when it names
 // none or one the configuration does not list.
-func (rt *routes) priorityOf(objective string) int32 {
-	if objective == "" {
-		return 0
-	}
-	return rt.objectives[objective]
-}
+func (rt *routes) priorityOf(objective string) int32 { return rt.objectives[objective] }
 
 // waitQueue counts the requests waiting for a free slot, by the endpoints each
 // could use and its priority, so that a slot freed on an endpoint goes to the
