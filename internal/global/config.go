@@ -146,8 +146,9 @@ type RateLimit struct {
 	// DefaultMaxTokens is the completion a request without max_tokens is
 	// assumed to reserve (default 1024).
 	DefaultMaxTokens *int64 `json:"defaultMaxTokens,omitempty"`
-	// Timeout bounds one Redis call (default 200ms); a slower answer counts as
-	// Redis unavailable and the fail mode applies.
+	// Timeout is the least wait for Redis's decision (default 200ms), longer
+	// while Redis answers slowly, at most 10×; past it the fail mode decides
+	// that request. A call unanswered in 10 × timeout marks Redis down.
 	Timeout *metav1.Duration `json:"timeout,omitempty"`
 }
 

@@ -33,6 +33,7 @@ import (
 	"github.com/kvgate/kvgate/internal/gateway"
 	"github.com/kvgate/kvgate/internal/simserver"
 	"github.com/kvgate/kvgate/internal/simserver/simtest"
+	"github.com/kvgate/kvgate/internal/testenv"
 	"github.com/kvgate/kvgate/internal/waittest"
 )
 
@@ -54,10 +55,8 @@ type cluster struct {
 
 func startCluster(t *testing.T) *cluster {
 	t.Helper()
-	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
-		t.Skip("KUBEBUILDER_ASSETS unset: run through make test, which builds kube-apiserver and etcd (hack/envtest-bins.sh)")
-	}
 	env := &envtest.Environment{
+		BinaryAssetsDirectory: testenv.Require(t, testenv.Kube),
 		CRDDirectoryPaths:     []string{filepath.Join("..", "..", "config", "crd", "bases"), filepath.Join("testdata", "inferencepool-crd.yaml")},
 		ErrorIfCRDPathMissing: true,
 	}
@@ -487,10 +486,7 @@ func TestInferencePool(t *testing.T) {
 // server as a server-side dry run: the chart is valid against a real cluster's
 // schemas, the CRD's included.
 func TestHelmChart(t *testing.T) {
-	helm := os.Getenv("KVGATE_HELM")
-	if helm == "" {
-		t.Skip("KVGATE_HELM unset: run through make test, which builds helm (hack/tools.sh)")
-	}
+	helm := testenv.Require(t, testenv.Helm)
 	k := startCluster(t)
 	k.namespace(t, "chart")
 	out, err := exec.Command(helm, "template", "kvgate", filepath.Join("..", "..", "deploy", "helm", "kvgate"), "--namespace", "chart",

@@ -48,9 +48,15 @@
 //
 // # Redis unavailable
 //
-// A Redis call is bounded by Options.Timeout (50 ms). A failed call, or a
-// timeout, makes Redis "down": decisions skip it for Options.RetryInterval, then
-// one request at a time tries it again, and the first answer ends the outage.
+// A request waits for Redis's decision at least Options.Timeout (50 ms) and,
+// when Redis has been answering slowly (a busy node, a loaded Redis), up to
+// the retransmission timeout of RFC 6298 over the observed answer times
+// (smoothed time + the larger of itself and 4 deviations), at most Options.MaxTimeout. A request that
+// waited that long is decided by the fail mode, alone: one slow answer does
+// not take Redis out of use. Redis is "down" after an error, or a call it has
+// not answered in MaxTimeout: decisions then skip it for
+// Options.RetryInterval, then one request at a time tries it again, and the
+// first answer ends the outage.
 // Meanwhile FailOpen decides with a local GCRA of the same semantics, results
 // marked Degraded; each replica enforces the limits on its own, so N replicas
 // may admit up to N times a limit between them, and each starts with a full

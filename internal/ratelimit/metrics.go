@@ -23,7 +23,8 @@ type Metrics struct {
 	RedisErrors   *prometheus.CounterVec // op
 	RedisUp       prometheus.Gauge
 	RedisDuration *prometheus.HistogramVec // op
-	Reconciled    *prometheus.CounterVec   // direction
+	RedisWait     prometheus.Gauge
+	Reconciled    *prometheus.CounterVec // direction
 }
 
 // NewMetrics creates the metrics and registers them on reg (when not nil).
@@ -39,7 +40,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"result"}),
 		RedisErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvgate_ratelimit_redis_errors_total",
-			Help: "Redis calls that failed or timed out, by operation (reserve, adjust).",
+			Help: "Redis calls that failed or were not answered within the wait (kvgate_ratelimit_redis_wait_seconds), by operation (reserve, adjust).",
 		}, []string{"op"}),
 		RedisUp: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "kvgate_ratelimit_redis_up",
@@ -47,16 +48,20 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 		RedisDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "kvgate_ratelimit_redis_duration_seconds",
-			Help:    "Time of one rate-limit script call to Redis, by operation (reserve, adjust), failures included.",
-			Buckets: []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1},
+			Help:    "Time of one rate-limit script call to Redis until its answer, by operation (reserve, adjust), failures and answers that came after the request stopped waiting included.",
+			Buckets: []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5},
 		}, []string{"op"}),
+		RedisWait: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "kvgate_ratelimit_redis_wait_seconds",
+			Help: "How long a request now waits for Redis's decision before its fail mode decides: rateLimit.timeout, longer while Redis answers slowly (at most 10 × timeout).",
+		}),
 		Reconciled: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvgate_ratelimit_reconciled_tokens_total",
 			Help: "Tokens moved by reconciling reservations with the real usage, by direction: refunded (used fewer than reserved, or cancelled) or charged (used more).",
 		}, []string{"direction"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.Decisions, m.Degraded, m.RedisErrors, m.RedisUp, m.RedisDuration, m.Reconciled)
+		reg.MustRegister(m.Decisions, m.Degraded, m.RedisErrors, m.RedisUp, m.RedisDuration, m.RedisWait, m.Reconciled)
 	}
 	return m
 }

@@ -115,12 +115,16 @@ var (
 // Options tune a Limiter; zero fields take the defaults.
 type Options struct {
 	FailMode FailMode // default FailOpen
-	// Timeout bounds one Redis call; default 50 ms. It is enforced here, so it
+	// Timeout is the least time a request waits for Redis's decision before
+	// its fail mode decides it; default 50 ms. The wait grows with the answer
+	// times observed (see deadline), up to MaxTimeout. Enforced here, so it
 	// holds whatever the client's own timeouts are.
 	Timeout time.Duration
+	// MaxTimeout bounds both the adaptive wait and one call: a call that
+	// Redis has not answered in MaxTimeout marks it down. Default 10 × Timeout.
+	MaxTimeout time.Duration
 	// RetryInterval is how long after a failure decisions skip Redis before one
-	// request tries it again; default 250 ms. Short, because one slow answer
-	// starts an outage: with FailClosed, this long of 503s.
+	// request tries it again; default 250 ms.
 	RetryInterval time.Duration
 	// LogInterval is the least time between two log lines about an outage;
 	// default 30 s.
@@ -136,6 +140,7 @@ type Limiter struct {
 	m       *Metrics
 	local   *localStore
 	health  *health
+	wait    *deadline
 	timeNow func() time.Time
 }
 
@@ -145,6 +150,9 @@ type Limiter struct {
 func New(client redis.UniversalClient, opts Options) *Limiter {
 	if opts.Timeout <= 0 {
 		opts.Timeout = 50 * time.Millisecond
+	}
+	if opts.MaxTimeout <= 0 {
+		opts.MaxTimeout = 10 * opts.Timeout
 	}
 	if opts.RetryInterval <= 0 {
 		opts.RetryInterval = 250 * time.Millisecond
@@ -158,12 +166,14 @@ func New(client redis.UniversalClient, opts Options) *Limiter {
 	if opts.Metrics == nil {
 		opts.Metrics = NewMetrics(nil)
 	}
-	l := &Limiter{client: client, opts: opts, m: opts.Metrics, timeNow: time.Now}
+	l := &Limiter{client: client, opts: opts, m: opts.Metrics, timeNow: time.Now,
+		wait: newDeadline(opts.Timeout, opts.MaxTimeout)}
 	l.local = newLocalStore(l.timeNow)
-	l.health = &health{retry: opts.RetryInterval, logEvery: opts.LogInterval, mode: opts.FailMode,
+	l.health = &health{retry: opts.RetryInterval, logEvery: opts.LogInterval, maxWait: opts.MaxTimeout, mode: opts.FailMode,
 		log: opts.Logger, up: opts.Metrics.RedisUp}
 	if client != nil {
 		l.m.RedisUp.Set(1) // until a call says otherwise
+		l.m.RedisWait.Set(opts.Timeout.Seconds())
 	}
 	return l
 }
@@ -205,9 +215,11 @@ func (l *Limiter) reserve(ctx context.Context, k Key, lim Limits, tokens int64) 
 	dims := [2]dim{newDim(lim.RequestsPerMinute, 1), newDim(lim.TokensPerMinute, tokens)}
 	degraded := false
 	if l.client != nil {
+		why := l.health.lastError // Redis is down: skipped
 		if l.health.try(l.timeNow()) {
 			v, err := l.run(ctx, "reserve", reserveScript, keys[:], 6,
 				dims[0].interval, dims[0].cost, dims[1].interval, dims[1].cost, window, slack)
+			why = func() error { return err }
 			if err == nil {
 				d := decision{denied: v[0], retry: v[1], dims: [2]dimResult{{v[2], v[3]}, {v[4], v[5]}}}
 				return l.result(res, d, dims, false), l.reservation(d, k, dims, false), nil
@@ -222,7 +234,7 @@ func (l *Limiter) reserve(ctx context.Context, k Key, lim Limits, tokens int64) 
 			l.m.decided(resultUnavailable, dimNone, false)
 			// No windows: there is no state to report, only when to retry.
 			return Result{RetryAfter: l.opts.RetryInterval}, nil,
-				fmt.Errorf("%w (fail-closed) for %s: %w", ErrUnavailable, k, l.health.lastError())
+				fmt.Errorf("%w (fail-closed) for %s: %w", ErrUnavailable, k, why())
 		}
 		degraded = true
 	}
@@ -230,45 +242,83 @@ func (l *Limiter) reserve(ctx context.Context, k Key, lim Limits, tokens int64) 
 	return l.result(res, d, dims, degraded), l.reservation(d, k, dims, true), nil
 }
 
-// run calls a script with the per-call timeout, expecting want integers back,
-// and records the outcome in the health state. The call runs in its own
-// goroutine because go-redis applies a context's deadline to the socket only
-// when the client has ContextTimeoutEnabled; without it a silent Redis would
-// hold the request for the client's ReadTimeout (3 s by default). An abandoned
-// call finishes in the background and may still be applied by Redis: the
-// fallback then counts that request twice, which errs on the strict side.
+// run calls a script, expecting want integers back, and waits for the answer
+// as long as the adaptive deadline says; past it the caller decides without
+// Redis (its fail mode), but Redis is not marked down for one slow answer.
+//
+// The call runs in its own goroutine because go-redis applies a context to
+// the socket only with ContextTimeoutEnabled. While Redis is up the call
+// outlives its caller (up to MaxTimeout): an answer that arrives after the
+// caller gave up shows Redis slow rather than gone, feeds the deadline and
+// keeps Redis up; such a call is still applied by Redis, so the fallback
+// counts that request twice, which errs on the strict side. While Redis is
+// down a probe ends with its caller, so that an outage's calls are not
+// applied when Redis returns.
 func (l *Limiter) run(ctx context.Context, op string, s *redis.Script, keys []string, want int, args ...any) ([]int64, error) {
 	type reply struct {
 		v   []int64
 		err error
 	}
 	start := l.timeNow()
-	cctx, cancel := context.WithTimeout(ctx, l.opts.Timeout)
-	defer cancel()
+	var cctx context.Context
+	var cancel context.CancelFunc
+	if l.health.isDown() {
+		cctx, cancel = context.WithCancel(ctx)
+	} else {
+		cctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), l.opts.MaxTimeout)
+	}
 	ch := make(chan reply, 1)
 	go func() {
+		defer cancel()
 		v, err := s.Run(cctx, l.client, keys, args...).Int64Slice()
 		if err == nil && len(v) != want {
 			err = fmt.Errorf("the script returned %d values, want %d", len(v), want)
 		}
+		now := l.timeNow()
+		took := now.Sub(start)
+		switch {
+		case err == nil:
+			l.m.RedisDuration.WithLabelValues(op).Observe(took.Seconds())
+			l.wait.observe(took)
+			l.m.RedisWait.Set(l.wait.current().Seconds())
+			l.health.ok(now)
+		case errors.Is(err, context.Canceled):
+			// A probe dropped because its caller stopped waiting: counted
+			// there, as unanswered.
+		case errors.Is(err, redis.ErrPoolTimeout), errors.Is(err, context.DeadlineExceeded):
+			// Every connection busy for the pool's timeout, or no answer in
+			// MaxTimeout: this process is congested or Redis slow, which is
+			// not an outage while other calls are being answered.
+			l.health.unanswered(start, now)
+		default:
+			l.m.RedisDuration.WithLabelValues(op).Observe(took.Seconds())
+			l.health.failed(now, err)
+		}
 		ch <- reply{v, err}
 	}()
+	wait := l.wait.current()
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
 	var r reply
 	select {
 	case r = <-ch:
-	case <-cctx.Done():
-		r.err = cctx.Err()
+	case <-timer.C:
+		r.err = fmt.Errorf("no answer in %v", wait)
+		l.wait.gaveUp(wait)
+		l.m.RedisWait.Set(l.wait.current().Seconds())
+		l.health.unanswered(start, l.timeNow())
+	case <-ctx.Done():
+		r.err = ctx.Err()
 	}
-	now := l.timeNow()
-	l.m.RedisDuration.WithLabelValues(op).Observe(now.Sub(start).Seconds())
+	if l.health.isDown() {
+		cancel() // (a no-op for a detached call that already ended)
+	}
 	if r.err != nil {
 		if ctx.Err() == nil {
 			l.m.RedisErrors.WithLabelValues(op).Inc()
-			l.health.failed(now, r.err)
 		}
 		return nil, fmt.Errorf("ratelimit: redis %s: %w", op, r.err)
 	}
-	l.health.ok(now)
 	return r.v, nil
 }
 

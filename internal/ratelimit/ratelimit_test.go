@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"log/slog"
 	"net"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -18,6 +20,7 @@ import (
 
 	"github.com/kvgate/kvgate/internal/logtest"
 	"github.com/kvgate/kvgate/internal/redistest"
+	"github.com/kvgate/kvgate/internal/waittest"
 )
 
 // skip marks a remaining count a step does not check.
@@ -675,8 +678,9 @@ func TestRedisDown(t *testing.T) {
 	}
 }
 
-// TestTimeout: a Redis that accepts connections and never answers costs one
-// Timeout, then nothing until RetryInterval has passed.
+// TestTimeout: a Redis that accepts connections and never answers costs each
+// request the wait (Timeout) until a call has gone MaxTimeout unanswered; then
+// Redis is down and requests are decided without waiting for it.
 func TestTimeout(t *testing.T) {
 	ln, err := netListen(t)
 	if err != nil {
@@ -684,24 +688,144 @@ func TestTimeout(t *testing.T) {
 	}
 	c := redis.NewClient(&redis.Options{Addr: ln, MaxRetries: -1})
 	t.Cleanup(func() { _ = c.Close() })
-	l := New(c, Options{Timeout: 50 * time.Millisecond, RetryInterval: time.Hour, Logger: slog.New(slog.DiscardHandler)})
+	reg := prometheus.NewRegistry()
+	const wait, maxWait = 50 * time.Millisecond, 400 * time.Millisecond
+	l := New(c, Options{Timeout: wait, MaxTimeout: maxWait, RetryInterval: time.Hour, Logger: slog.New(slog.DiscardHandler), Metrics: NewMetrics(reg)})
 	ctx := context.Background()
-	lim := Limits{RequestsPerMinute: 10}
+	lim := Limits{RequestsPerMinute: 1000}
 
 	start := time.Now()
 	res, _, err := l.Reserve(ctx, Key{Tenant: "t"}, lim, 0)
-	if took := time.Since(start); err != nil || !res.Degraded || !res.Allowed || took < 50*time.Millisecond || took > time.Second {
-		t.Fatalf("first request: %+v, %v after %v; want degraded after the 50 ms timeout", res, err, took)
+	if took := time.Since(start); err != nil || !res.Degraded || !res.Allowed || took < wait || took > maxWait {
+		t.Fatalf("first request: %+v, %v after %v; want degraded after the %v wait", res, err, took, wait)
 	}
-	start = time.Now()
+	// Each request waits until the first call has gone unanswered for
+	// MaxTimeout: then Redis is down, and the errors stop growing.
+	waittest.Until(t, 10*time.Second, "Redis marked down", func() bool {
+		_, _, _ = l.Reserve(ctx, Key{Tenant: "t"}, lim, 0)
+		return promtest.Value(t, reg, "kvgate_ratelimit_redis_up") == 0
+	})
+	if down := time.Since(start); down < maxWait {
+		t.Errorf("Redis marked down %v after the first call, before MaxTimeout (%v): one slow answer took it out of use", down, maxWait)
+	}
+	waited := promtest.Value(t, reg, "kvgate_ratelimit_redis_errors_total")
 	for range 100 {
 		if res, _, err := l.Reserve(ctx, Key{Tenant: "t"}, lim, 0); err != nil || !res.Degraded {
 			t.Fatalf("%+v, %v", res, err)
 		}
 	}
-	if took := time.Since(start); took > 50*time.Millisecond {
-		t.Errorf("100 requests during the outage took %v: Redis was tried again", took)
+	if got := promtest.Value(t, reg, "kvgate_ratelimit_redis_errors_total"); got != waited {
+		t.Errorf("%v more requests waited for Redis while it was down", got-waited)
 	}
+}
+
+// TestSlowRedis: a Redis whose answers become slower than Timeout (a loaded
+// server, a busy node) is slow, not down: after the first late answer the
+// wait covers them, decisions come from Redis again, and it is never marked
+// down — with FailClosed, only the requests that met the change get 503.
+func TestSlowRedis(t *testing.T) {
+	srv := redistest.Start(t)
+	const delay = 120 * time.Millisecond
+	p := delayProxy(t, srv.Addr())
+	c := redis.NewClient(&redis.Options{Addr: p.addr, MaxRetries: -1, DialerRetries: 1})
+	t.Cleanup(func() { _ = c.Close() })
+	reg := prometheus.NewRegistry()
+	l := New(c, Options{FailMode: FailClosed, Timeout: 50 * time.Millisecond, MaxTimeout: 2 * time.Second,
+		Logger: slog.New(slog.DiscardHandler), Metrics: NewMetrics(reg)})
+	ctx := context.Background()
+	lim := Limits{RequestsPerMinute: 100000}
+	reserve := func() (Result, error) {
+		res, r, err := l.Reserve(ctx, Key{Tenant: "slow"}, lim, 0)
+		_ = r.Cancel(ctx)
+		return res, err
+	}
+	// Warm: the script loaded and a few pooled connections, as a replica
+	// that has been serving has.
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			for range 5 {
+				if res, err := reserve(); err != nil || !res.Allowed {
+					t.Errorf("with Redis fast: %+v, %v", res, err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+
+	p.delay.Store(int64(delay))
+	unavailable := 0
+	for i := range 20 {
+		res, err := reserve()
+		switch {
+		case errors.Is(err, ErrUnavailable):
+			unavailable++
+		case err != nil || !res.Allowed || res.Degraded:
+			t.Fatalf("request %d: %+v, %v", i, res, err)
+		}
+		if promtest.Value(t, reg, "kvgate_ratelimit_redis_up") != 1 {
+			t.Fatalf("request %d: Redis marked down though every call is answered in %v", i, delay)
+		}
+	}
+	// The first waits 50 ms in vain, the second 100 ms (started 50 ms
+	// later, its answer comes at 170); the third waits 200 ms and is answered.
+	if unavailable > 2 {
+		t.Errorf("%d of 20 requests refused with Redis answering every call in %v; the wait did not adapt (now %vs)",
+			unavailable, delay, promtest.Value(t, reg, "kvgate_ratelimit_redis_wait_seconds"))
+	}
+	if w := promtest.Value(t, reg, "kvgate_ratelimit_redis_wait_seconds"); w < delay.Seconds() {
+		t.Errorf("wait %vs, below the %v Redis takes", w, delay)
+	}
+}
+
+type proxy struct {
+	addr  string
+	delay atomic.Int64 // ns each chunk of an answer is held
+}
+
+// delayProxy forwards TCP connections to addr, holding every chunk of the
+// server's answers for the proxy's delay: a real Redis that answers slowly.
+func delayProxy(t *testing.T, addr string) *proxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &proxy{addr: ln.Addr().String()}
+	var wg sync.WaitGroup
+	t.Cleanup(func() { _ = ln.Close(); wg.Wait() })
+	wg.Go(func() {
+		for {
+			in, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			out, err := net.Dial("tcp", addr)
+			if err != nil {
+				_ = in.Close()
+				continue
+			}
+			stop := func() { _ = in.Close(); _ = out.Close() }
+			wg.Go(func() { defer stop(); _, _ = io.Copy(out, in) })
+			wg.Go(func() {
+				defer stop()
+				buf := make([]byte, 64<<10)
+				for {
+					n, err := out.Read(buf)
+					if n > 0 {
+						time.Sleep(time.Duration(p.delay.Load()))
+						if _, werr := in.Write(buf[:n]); werr != nil {
+							return
+						}
+					}
+					if err != nil {
+						return
+					}
+				}
+			})
+		}
+	})
+	return p
 }
 
 // netListen accepts connections on a loopback port and never answers them.

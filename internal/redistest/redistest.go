@@ -1,13 +1,12 @@
 // Package redistest starts real redis-server processes for tests: the binary
 // from $KVGATE_REDIS_SERVER (make test sets it from hack/redis.sh), else
-// redis-server on PATH; tests skip without one.
+// redis-server on PATH; tests fail without one unless KVGATE_SKIP names redis.
 package redistest
 
 import (
 	"context"
 	"fmt"
 	"net"
-	"os"
 	"os/exec"
 	"strconv"
 	"sync"
@@ -17,6 +16,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/kvgate/kvgate/internal/logtest"
+	"github.com/kvgate/kvgate/internal/testenv"
 )
 
 // Server is a redis-server child process on a loopback port, for one test.
@@ -30,21 +30,11 @@ type Server struct {
 	done chan struct{}
 }
 
-// redisBinary is $KVGATE_REDIS_SERVER, else redis-server on PATH; it skips the
-// test when there is neither.
+// redisBinary is $KVGATE_REDIS_SERVER, else redis-server on PATH; without
+// either the test fails, unless KVGATE_SKIP names redis.
 func redisBinary(t testing.TB) string {
 	t.Helper()
-	if bin := os.Getenv("KVGATE_REDIS_SERVER"); bin != "" {
-		if _, err := os.Stat(bin); err != nil {
-			t.Fatalf("KVGATE_REDIS_SERVER: %v", err)
-		}
-		return bin
-	}
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		t.Skip("no redis-server: set KVGATE_REDIS_SERVER, put redis-server on PATH, or run hack/redis.sh (installs Debian's redis-server as root)")
-	}
-	return bin
+	return testenv.Require(t, testenv.Redis)
 }
 
 // Start starts a redis-server on a free loopback port, waits until it
@@ -138,10 +128,11 @@ func (s *Server) Restart(t testing.TB) {
 	}
 }
 
-// Client is a new go-redis client of the server: one per simulated replica.
+// Client is a new go-redis client of the server: one per simulated replica,
+// without retries inside go-redis, as kvgate global configures its own.
 func (s *Server) Client(t testing.TB) *redis.Client {
 	t.Helper()
-	c := redis.NewClient(&redis.Options{Addr: s.Addr()})
+	c := redis.NewClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1, DialerRetries: 1})
 	t.Cleanup(func() { _ = c.Close() })
 	return c
 }
