@@ -22,9 +22,11 @@ func newDemoCmd() *cobra.Command {
 			return demo.Run(cmd.Context(), cmd.OutOrStdout(), opts)
 		},
 	}
-	cmd.Flags().DurationVar(&opts.LoadDuration, "duration", 15*time.Second, "length of the load phase")
-	cmd.Flags().Float64Var(&opts.Rate, "rate", 6, "requests per second in the load phase")
-	cmd.Flags().Uint64Var(&opts.Seed, "seed", 1, "seed of the traffic")
+	// Nominal: the trace has rate × duration requests, and a bursty trace that
+	// starts with a burst sends them sooner; the report gives the real figures.
+	cmd.Flags().DurationVar(&opts.LoadDuration, "duration", 15*time.Second, "nominal length of each load phase (the trace has rate × duration requests)")
+	cmd.Flags().Float64Var(&opts.Rate, "rate", 6, "mean requests per second over whole burst cycles in the load phases")
+	cmd.Flags().Uint64Var(&opts.Seed, "seed", 1, "seed of the traffic (the trace's seed is this + 1)")
 	cmd.Flags().StringVar(&opts.Out, "out", "demo-out", "directory for the load phase's report.md, results.json and plots (empty: none)")
 	return cmd
 }

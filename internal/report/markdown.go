@@ -11,15 +11,22 @@ import (
 )
 
 // Markdown renders report.md: a title and the caller's header paragraph (command
-// line, seed, date), then per scenario its description, target, a table of the
-// numbers with one row per policy in the order given, a table of the changes
-// against the baseline, and the two plots that Write draws.
+// line, seed, date); a header that starts with a "# " title line replaces the
+// default title "kvgate bench". Then how percentiles are taken, then per scenario its
+// description, target, a table of the numbers with one row per policy in the
+// order given, a table of the changes against the baseline, what each server got
+// when the scenario lists its servers, and the plots that Write draws, each with
+// a caption saying what its points are.
 func Markdown(scenarios []Scenario, results []Result, header string) string {
 	var b strings.Builder
-	b.WriteString("# kvgate bench\n\n")
-	if h := strings.TrimSpace(header); h != "" {
+	h := strings.TrimSpace(header)
+	if !strings.HasPrefix(h, "# ") {
+		b.WriteString("# kvgate bench\n\n")
+	}
+	if h != "" {
 		b.WriteString(h + "\n\n")
 	}
+	b.WriteString(PercentileDefinition + "\n\n")
 	for _, s := range sections(scenarios, results) {
 		fmt.Fprintf(&b, "## %s\n\n", s.Name)
 		if d := strings.TrimSpace(s.Description); d != "" {
@@ -35,26 +42,125 @@ func Markdown(scenarios []Scenario, results []Result, header string) string {
 		if m := modes(s.results); m != "" {
 			fmt.Fprintf(&b, "Mode: %s.\n\n", m)
 		}
-		numbersTable(&b, s.results)
+		numbersTable(&b, s)
 		changeTable(&b, s)
+		serversTable(&b, s)
 		cdf, overTime := plotPaths(s.Name)
 		fmt.Fprintf(&b, "![TTFT CDF, %s](%s)\n\n", s.Name, cdf)
-		fmt.Fprintf(&b, "![P95 TTFT over time, %s](%s)\n\n", s.Name, overTime)
+		b.WriteString("_TTFT CDF: for each policy, the fraction of its successful requests whose TTFT was at most x._\n\n")
+		caption, drawn := overTimeCaption(s.results)
+		if drawn {
+			fmt.Fprintf(&b, "![P95 TTFT over time, %s](%s)\n\n", s.Name, overTime)
+		}
+		b.WriteString(caption + "\n\n")
 	}
 	return strings.TrimRight(b.String(), "\n") + "\n"
 }
 
-func numbersTable(b *strings.Builder, results []Result) {
+// noSharedPrefixes stands in a table for the prefix hit rate of a trace without
+// shared prefixes, where 0.0% would read as a cache that failed.
+const noSharedPrefixes = "no shared prefixes in this trace"
+
+func numbersTable(b *strings.Builder, s section) {
 	b.WriteString("| policy | requests | errors | TTFT p50 (ms) | TTFT p95 (ms) | TTFT p99 (ms) | ITL p50 (ms) | ITL p95 (ms) | E2E p95 (ms) | output tok/s | prefix hit rate |\n")
 	b.WriteString("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
-	for _, r := range results {
-		fmt.Fprintf(b, "| %s | %d | %d | %s | %s | %s | %s | %s | %s | %.1f | %.1f%% |\n",
+	for _, r := range s.results {
+		hits := fmt.Sprintf("%.1f%%", 100*r.PrefixHitRate)
+		if s.NoSharedPrefixes {
+			hits = "n/a"
+		}
+		fmt.Fprintf(b, "| %s | %d | %d | %s | %s | %s | %s | %s | %s | %.1f | %s |\n",
 			cell(r.Policy), r.Requests, r.Errors,
 			fmtMS(r.TTFTP50ms), fmtMS(r.TTFTP95ms), fmtMS(r.TTFTP99ms),
 			fmtMS(r.ITLP50ms), fmtMS(r.ITLP95ms), fmtMS(r.E2EP95ms),
-			r.OutputTokensPerS, 100*r.PrefixHitRate)
+			r.OutputTokensPerS, hits)
 	}
 	b.WriteString("\n")
+	if s.NoSharedPrefixes {
+		b.WriteString("Prefix hit rate n/a: " + noSharedPrefixes + ", so a prefix cache has nothing to hit.\n\n")
+	}
+}
+
+// serversTable shows, when the scenario lists its servers, how many requests each
+// server and each GPU type answered under each policy and at what TTFT: what a
+// policy did with the fleet, which the totals above only show the outcome of.
+func serversTable(b *strings.Builder, s section) {
+	if len(s.Servers) == 0 {
+		return
+	}
+	shares := make([][]Share, len(s.results))
+	for i, r := range s.results {
+		shares[i] = Shares(s.Servers, r)
+	}
+	b.WriteString("Requests answered by each server, and their TTFT (ms), under each policy:\n\n| GPU | server |")
+	align := "|---|---|"
+	for _, r := range s.results {
+		fmt.Fprintf(b, " %s: requests | p50 | p95 |", cell(r.Policy))
+		align += "--:|--:|--:|"
+	}
+	b.WriteString("\n" + align + "\n")
+	// Every policy's shares have the same rows but for the unlisted one, which
+	// only some may have; rows are taken from the policy with the most.
+	rows := slices.MaxFunc(shares, func(a, b []Share) int { return len(a) - len(b) })
+	for row, first := range rows {
+		gpu, server := cell(first.GPU), cell(first.Server)
+		switch {
+		case first.Total:
+			gpu, server = "**"+gpu+"**", "**all "+gpu+"**"
+		case first.GPU == "":
+			gpu, server = "—", "none (failed or unlisted)"
+		}
+		fmt.Fprintf(b, "| %s | %s |", gpu, server)
+		for i, r := range s.results {
+			if row >= len(shares[i]) {
+				b.WriteString(" 0 | — | — |")
+				continue
+			}
+			sh := shares[i][row]
+			n := strconv.Itoa(sh.Requests)
+			if r.Requests > 0 {
+				n += fmt.Sprintf(" (%.0f%%)", 100*float64(sh.Requests)/float64(r.Requests))
+			}
+			if sh.Errors > 0 {
+				n += fmt.Sprintf(", %d failed", sh.Errors)
+			}
+			p50, p95 := "—", "—"
+			if sh.Requests > sh.Errors {
+				p50, p95 = fmtMS(sh.TTFTP50ms), fmtMS(sh.TTFTP95ms)
+			}
+			fmt.Fprintf(b, " %s | %s | %s |", n, p50, p95)
+		}
+		b.WriteString("\n")
+	}
+	b.WriteString("\n")
+}
+
+// overTimeCaption says what a point of the over-time plot is, and whether there
+// is a plot: false, with the reason, when the run is too short for windows of
+// minPerWindow requests.
+func overTimeCaption(results []Result) (string, bool) {
+	bounds := arrivalWindows(results)
+	if bounds == nil {
+		return fmt.Sprintf("_No P95 TTFT over time: a point needs a window of at least %d successful requests, "+
+			"and this run has too few for %d windows._", minPerWindow, minWindows), false
+	}
+	lo, hi := 0, 0
+	for _, r := range results {
+		_, sizes := windowP95(r.Records, bounds)
+		for _, n := range sizes {
+			if lo == 0 || n < lo {
+				lo = n
+			}
+			hi = max(hi, n)
+		}
+	}
+	size := strconv.Itoa(lo)
+	if hi > lo {
+		size = fmt.Sprintf("%d–%d", lo, hi)
+	}
+	return fmt.Sprintf("_P95 TTFT over time: the run's arrivals cut into %d windows of consecutive requests; each point "+
+		"is the P95 TTFT of one window's successful requests (%s of them, never fewer than %d), drawn at the "+
+		"middle of the window's arrival times._", len(bounds)-1, size, minPerWindow), true
 }
 
 // changeTable has a row per policy but the baseline, whose row would be all zeros.

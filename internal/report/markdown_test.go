@@ -1,8 +1,11 @@
 package report
 
 import (
+	"fmt"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 // fixture is two scenarios: mixed-gpu with its baseline run, bursty without it,
@@ -46,7 +49,12 @@ func TestMarkdown(t *testing.T) {
 		{"no change", "| least-request | −50.0% | 0.0% | −10.0% |", false},
 		{"no change row for the baseline itself", "| round-robin | 0.0%", true},
 		{"cdf plot", "](plots/mixed-gpu-ttft-cdf.svg)", false},
-		{"over-time plot", "](plots/mixed-gpu-ttft-over-time.svg)", false},
+		{"cdf caption", "_TTFT CDF: for each policy, the fraction of its successful requests", false},
+		{"no over-time plot without records", "_No P95 TTFT over time: a point needs a window of at least 20 successful requests", false},
+		{"no link to an over-time plot not drawn", "-ttft-over-time.svg", true},
+		{"percentile definition", "Percentiles are nearest-rank over successful requests", false},
+		{"prefix hit rate when the trace may share prefixes", "| 12.5% |", false},
+		{"no servers table unless servers are listed", "Requests answered by each server", true},
 		{"missing baseline", "| kvgate | n/a | n/a | n/a |", false},
 		{"missing baseline said", "Change against round-robin (not run, so n/a):", false},
 		{"scenario without results", "## idle\n\nNothing was run.\n\n_No results._", false},
@@ -56,7 +64,7 @@ func TestMarkdown(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if strings.Contains(md, tc.want) == tc.not {
-				t.Fatalf("contains %q: %v, want %v; report:\n%s", tc.want, !tc.not, !tc.not, md)
+				t.Fatalf("contains %q: %v, want %v; report:\n%s", tc.want, tc.not, !tc.not, md)
 			}
 		})
 	}
@@ -71,6 +79,151 @@ func TestMarkdown(t *testing.T) {
 			}
 		}
 	})
+}
+
+// fleet is two H100s and an A10G, with runs of 90 requests per policy: under
+// round-robin 30 each, under kvgate 40, 40 and 10, one of its requests failed.
+func fleet() ([]Server, []Result) {
+	servers := []Server{
+		{Endpoint: "10.0.0.1:8000", Name: "h100-0", GPU: "h100"},
+		{Endpoint: "10.0.0.2:8000", Name: "h100-1", GPU: "h100"},
+		{Endpoint: "10.0.0.3:8000", Name: "a10g-0", GPU: "a10g"},
+	}
+	run := func(policy string, counts [3]int, failed int) Result {
+		var recs []Record
+		for s, n := range counts {
+			for i := range n {
+				ttft := time.Duration(1+i) * msec
+				if s == 2 {
+					ttft *= 100 // the A10G is slow
+				}
+				recs = append(recs, Record{Arrival: time.Duration(len(recs)) * 100 * msec, TTFT: ttft, E2E: 2 * ttft,
+					OutputTokens: 2, PromptTokens: 100, Endpoint: servers[s].Endpoint})
+			}
+		}
+		for range failed {
+			recs = append(recs, Record{Arrival: time.Duration(len(recs)) * 100 * msec, Error: true})
+		}
+		return Summarize("demo", policy, "live", recs)
+	}
+	return servers, []Result{run("round-robin", [3]int{30, 30, 30}, 0), run("kvgate", [3]int{40, 39, 10}, 1)}
+}
+
+func TestShares(t *testing.T) {
+	servers, results := fleet()
+	for _, tc := range []struct {
+		name   string
+		result Result
+		want   []string // GPU/server/total: requests errors p50 p95
+	}{
+		{"round-robin", results[0], []string{
+			"h100/h100-0/false: 30 0 15 29", "h100/h100-1/false: 30 0 15 29", "h100//true: 60 0 15 29",
+			"a10g/a10g-0/false: 30 0 1500 2900", "a10g//true: 30 0 1500 2900",
+		}},
+		{"kvgate, with a failed request no server answered", results[1], []string{
+			"h100/h100-0/false: 40 0 20 38", "h100/h100-1/false: 39 0 20 38", "h100//true: 79 0 20 38",
+			"a10g/a10g-0/false: 10 0 500 1000", "a10g//true: 10 0 500 1000", "//false: 1 1 0 0",
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var got []string
+			for _, s := range Shares(servers, tc.result) {
+				got = append(got, fmt.Sprintf("%s/%s/%v: %d %d %g %g", s.GPU, s.Server, s.Total, s.Requests, s.Errors, s.TTFTP50ms, s.TTFTP95ms))
+			}
+			if !slices.Equal(got, tc.want) {
+				t.Fatalf("shares\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(tc.want, "\n"))
+			}
+		})
+	}
+	t.Run("one server is the whole run, percentiles and all", func(t *testing.T) {
+		all := []Server{{Endpoint: "10.0.0.1:8000", Name: "a", GPU: "h100"}, {Endpoint: "10.0.0.2:8000", Name: "b", GPU: "h100"},
+			{Endpoint: "10.0.0.3:8000", Name: "c", GPU: "h100"}, {Endpoint: "10.0.0.1:8000", Name: "dup", GPU: "h100"}}
+		shares := Shares(all, results[0])
+		total := shares[len(shares)-1]
+		if len(shares) != 4 || !total.Total || total.Requests != results[0].Requests ||
+			total.TTFTP50ms != results[0].TTFTP50ms || total.TTFTP95ms != results[0].TTFTP95ms || total.TTFTP99ms != results[0].TTFTP99ms {
+			t.Fatalf("shares %+v, want three servers and a total equal to the run %+v", shares, results[0])
+		}
+	})
+}
+
+func TestMarkdownServers(t *testing.T) {
+	servers, results := fleet()
+	md := Markdown([]Scenario{{Name: "demo", Servers: servers}}, results, "")
+	for _, tc := range []struct {
+		name, want string
+	}{
+		{"heading", "| GPU | server | round-robin: requests | p50 | p95 | kvgate: requests | p50 | p95 |"},
+		{"a server's row", "| h100 | h100-0 | 30 (33%) | 15.0 | 29.0 | 40 (44%) | 20.0 | 38.0 |"},
+		{"a GPU type's total", "| **h100** | **all h100** | 60 (67%) | 15.0 | 29.0 | 79 (88%) | 20.0 | 38.0 |"},
+		{"the slow GPU", "| a10g | a10g-0 | 30 (33%) | 1500.0 | 2900.0 | 10 (11%) | 500.0 | 1000.0 |"},
+		{"requests no server answered", "| — | none (failed or unlisted) | 0 | — | — | 1 (1%), 1 failed | — | — |"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if !strings.Contains(md, tc.want) {
+				t.Fatalf("no %q in\n%s", tc.want, md)
+			}
+		})
+	}
+}
+
+func TestMarkdownNoSharedPrefixes(t *testing.T) {
+	_, results := fleet()
+	for _, tc := range []struct {
+		name     string
+		none     bool
+		want     []string
+		wantNone []string
+	}{
+		{"trace without shared prefixes", true, []string{"| n/a |", "Prefix hit rate n/a: no shared prefixes in this trace"}, []string{"0.0%"}},
+		{"trace that may share them", false, []string{"| 0.0% |"}, []string{"no shared prefixes"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			md := Markdown([]Scenario{{Name: "demo", NoSharedPrefixes: tc.none}}, results, "")
+			for _, w := range tc.want {
+				if !strings.Contains(md, w) {
+					t.Errorf("no %q in\n%s", w, md)
+				}
+			}
+			for _, w := range tc.wantNone {
+				if strings.Contains(md, w) {
+					t.Errorf("%q in\n%s", w, md)
+				}
+			}
+		})
+	}
+}
+
+func TestMarkdownOverTime(t *testing.T) {
+	_, results := fleet() // 90 requests a policy, 89 successful under kvgate
+	md := Markdown([]Scenario{{Name: "demo"}}, results, "")
+	for _, want := range []string{
+		"![P95 TTFT over time, demo](plots/demo-ttft-over-time.svg)",
+		"cut into 4 windows of consecutive requests",
+		"(22–24 of them, never fewer than 20)", // 89 successful kvgate requests cut the windows
+	} {
+		t.Run(want, func(t *testing.T) {
+			if !strings.Contains(md, want) {
+				t.Fatalf("no %q in\n%s", want, md)
+			}
+		})
+	}
+}
+
+func TestMarkdownTitle(t *testing.T) {
+	for _, tc := range []struct {
+		name, header, want string
+	}{
+		{"default", "`kvgate bench`.", "# kvgate bench\n\n`kvgate bench`.\n\n"},
+		{"none", "", "# kvgate bench\n\nPercentiles are"},
+		{"the header's own", "# kvgate demo\n\nCommand: `kvgate demo`.", "# kvgate demo\n\nCommand: `kvgate demo`.\n\nPercentiles are"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if md := Markdown(nil, nil, tc.header); !strings.HasPrefix(md, tc.want) {
+				t.Fatalf("report starts %.80q, want %q", md, tc.want)
+			}
+		})
+	}
 }
 
 func TestSummary(t *testing.T) {

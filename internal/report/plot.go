@@ -1,6 +1,7 @@
 package report
 
 import (
+	"bytes"
 	"fmt"
 	"image/color"
 	"math"
@@ -20,8 +21,13 @@ import (
 // request is tens of megabytes and draws no better than a few hundred points.
 const (
 	cdfPoints   = 500 // quantiles drawn per policy in a CDF
-	timeWindows = 100 // arrival windows in a TTFT-over-time plot
+	timeWindows = 100 // at most this many arrival windows in a TTFT-over-time plot
 )
+
+// minPerWindow is the fewest successful requests a window of the over-time plot
+// needs for its P95 to be drawn: below that the P95 is one request's TTFT, noise
+// that reads as a trend. minWindows is the fewest windows worth a plot over time.
+const minPerWindow, minWindows = 20, 2
 
 // minPlotMS is where a latency is drawn when it is below: a log axis has no 0,
 // and a simulated TTFT can be exactly 0.
@@ -44,7 +50,7 @@ func cdfPlot(scenario string, results []Result) *figure {
 		}
 		slices.Sort(ttft)
 		pts := cdf(ttft, cdfPoints)
-		f.addLine(i, r.Policy, pts)
+		f.addLine(i, r.Policy, pts, noLine(r))
 		if len(pts) > 0 {
 			lo, hi = min(lo, pts[0].X), max(hi, pts[len(pts)-1].X)
 		}
@@ -68,72 +74,114 @@ func cdf(sorted []float64, n int) plotter.XYs {
 	return pts
 }
 
-// overTimePlot draws, per policy, the P95 TTFT of the successful requests that
-// arrived in each of timeWindows equal windows of the run, so that bursts and
-// slow drifts show however many requests there were. The windows are shared by
-// the policies so their lines line up.
+// overTimePlot draws, per policy, the P95 TTFT of the successful requests of each
+// window of consecutive arrivals (see arrivalWindows), so that bursts and slow
+// drifts show however many requests there were. The windows are shared by the
+// policies so their lines line up.
 func overTimePlot(scenario string, results []Result) *figure {
 	f := newFigure(scenario+": P95 TTFT over time", "arrival (s from start)", "P95 TTFT (ms)")
 	f.Y.Scale, f.Y.Tick.Marker = plot.LogScale{}, plot.LogTicks{Prec: -1}
-	start, end, ok := arrivalSpan(results)
-	width := max((end-start)/timeWindows, 1)
+	bounds := arrivalWindows(results)
 	lo, hi := math.Inf(1), math.Inf(-1)
 	for i, r := range results {
-		pts := windowP95(r.Records, start, width)
-		f.addLine(i, r.Policy, pts)
+		pts, _ := windowP95(r.Records, bounds)
+		why := noLine(r)
+		if r.Requests > r.Errors {
+			why = fmt.Sprintf("no window of %d", minPerWindow)
+		}
+		f.addLine(i, r.Policy, pts, why)
+		if len(pts) > 0 && len(pts) <= markedPoints {
+			f.markPoints(i, pts)
+		}
 		for _, pt := range pts {
 			lo, hi = min(lo, pt.Y), max(hi, pt.Y)
 		}
 	}
 	f.Y.Min, f.Y.Max = logRange(lo, hi)
-	if ok {
-		f.X.Min, f.X.Max = start.Seconds(), max(end, start+width).Seconds()
+	if len(bounds) > 1 {
+		f.X.Min, f.X.Max = bounds[0].Seconds(), max(bounds[len(bounds)-1], bounds[0]+time.Millisecond).Seconds()
 	}
 	return f
 }
 
-// windowP95 returns the P95 TTFT of successful records per window of width from
-// start, at the window's middle; windows without one are left out.
-func windowP95(recs []Record, start, width time.Duration) plotter.XYs {
-	windows := make([][]float64, timeWindows)
+// arrivalWindows splits the run into windows of consecutive arrivals, as many as
+// timeWindows but few enough that the policy with the fewest successful requests
+// has minPerWindow of them in each: equal counts rather than equal times, since a
+// bursty trace leaves equal-time windows in its quiet spells nearly empty. The
+// windows are cut at that policy's arrivals, and the policies replay one trace, so
+// the others' windows hold at least as many. It returns the n+1 boundaries of n
+// windows, window i being [b[i], b[i+1]) and the last closed; nil when there are
+// fewer than minWindows windows to draw.
+func arrivalWindows(results []Result) []time.Duration {
+	var fewest []time.Duration
+	for _, r := range results {
+		var ok []time.Duration
+		for _, rec := range r.Records {
+			if !rec.Error {
+				ok = append(ok, rec.Arrival)
+			}
+		}
+		if len(ok) > 0 && (fewest == nil || len(ok) < len(fewest)) {
+			fewest = ok
+		}
+	}
+	n := min(timeWindows, len(fewest)/minPerWindow)
+	if n < minWindows {
+		return nil
+	}
+	slices.Sort(fewest)
+	bounds := make([]time.Duration, n+1)
+	for i := range n {
+		bounds[i] = fewest[i*len(fewest)/n]
+	}
+	bounds[n] = fewest[len(fewest)-1]
+	// Another policy's requests may arrive outside the span of this one's
+	// successful ones; the end windows take them.
+	for _, r := range results {
+		for _, rec := range r.Records {
+			bounds[0], bounds[n] = min(bounds[0], rec.Arrival), max(bounds[n], rec.Arrival)
+		}
+	}
+	return bounds
+}
+
+// windowP95 returns the P95 TTFT of recs' successful requests in each window of
+// bounds that holds at least minPerWindow of them, at the window's middle, and
+// how many requests each drawn point stands for.
+func windowP95(recs []Record, bounds []time.Duration) (pts plotter.XYs, sizes []int) {
+	if len(bounds) < 2 {
+		return nil, nil
+	}
+	n := len(bounds) - 1
+	windows := make([][]float64, n)
 	for _, rec := range recs {
-		if rec.Error {
+		if rec.Error || rec.Arrival < bounds[0] || rec.Arrival > bounds[n] {
 			continue
 		}
-		w := min(int((rec.Arrival-start)/width), timeWindows-1)
+		// The first boundary above the arrival ends its window; the last window
+		// also takes the last arrival.
+		w, _ := slices.BinarySearch(bounds[1:], rec.Arrival+1)
+		w = min(w, n-1)
 		windows[w] = append(windows[w], max(ms(rec.TTFT), minPlotMS))
 	}
-	var pts plotter.XYs
 	for w, ttft := range windows {
-		if len(ttft) == 0 {
+		if len(ttft) < minPerWindow {
 			continue
 		}
 		slices.Sort(ttft)
-		mid := start + time.Duration(w)*width + width/2
+		mid := bounds[w] + (bounds[w+1]-bounds[w])/2
 		pts = append(pts, plotter.XY{X: mid.Seconds(), Y: percentile(ttft, 95)})
+		sizes = append(sizes, len(ttft))
 	}
-	return pts
-}
-
-// arrivalSpan is the first and last arrival across results, and whether there
-// was any.
-func arrivalSpan(results []Result) (start, end time.Duration, ok bool) {
-	for _, r := range results {
-		for _, rec := range r.Records {
-			if !ok {
-				start, end, ok = rec.Arrival, rec.Arrival, true
-			}
-			start, end = min(start, rec.Arrival), max(end, rec.Arrival)
-		}
-	}
-	return start, end, ok
+	return pts, sizes
 }
 
 // figure is a plot with its legend beside it: the lines of a plot over time cross
 // every corner, so a legend inside would cover them.
 type figure struct {
 	*plot.Plot
-	legend plot.Legend
+	legend  plot.Legend
+	entries []string // the legend's texts, which plot.Legend does not expose, to size its column
 }
 
 func newFigure(title, x, y string) *figure {
@@ -143,23 +191,71 @@ func newFigure(title, x, y string) *figure {
 	f.Y.Label.Text = y
 	f.Add(plotter.NewGrid())
 	f.legend.Top, f.legend.Left = true, true
+	f.legend.Padding = vg.Points(3) // between entries, which touch in a wider substituted font
 	return f
 }
 
+// noLine says why a policy has no line for want of successful requests, briefly:
+// the legend column widens to its longest entry, at the plot's expense.
+func noLine(r Result) string {
+	if len(r.Records) == 0 {
+		return "no requests"
+	}
+	return "all failed"
+}
+
 // addLine draws pts for the i-th policy. A policy with no points still gets its
-// legend entry, marked, so that a reader does not look for a line that is not
-// there.
-func (f *figure) addLine(i int, policy string, pts plotter.XYs) {
+// legend entry, marked with why, so that a reader does not look for a line that
+// is not there.
+func (f *figure) addLine(i int, policy string, pts plotter.XYs, why string) {
 	l := &plotter.Line{XYs: pts, LineStyle: plotter.DefaultLineStyle}
 	l.Color = plotutil.Color(i)
 	l.Dashes = plotutil.Dashes(i)
 	l.Width = vg.Points(1.5)
 	if len(pts) == 0 {
-		f.legend.Add(policy+" (no successful requests)", l)
+		f.addEntry(policy+" ("+why+")", l)
 		return
 	}
 	f.Add(l)
-	f.legend.Add(policy, l)
+	f.addEntry(policy, l)
+}
+
+// markedPoints is the most points of a line over time that get a marker each: a
+// line of a few windows would otherwise look like a finer curve than it is.
+const markedPoints = 30
+
+// markPoints draws a marker on each of pts in the i-th policy's colour.
+func (f *figure) markPoints(i int, pts plotter.XYs) {
+	s, err := plotter.NewScatter(pts)
+	if err != nil {
+		return // only for NaN or infinite points, which a line would not show either
+	}
+	s.Color = plotutil.Color(i)
+	s.Shape = plotutil.Shape(i)
+	s.Radius = vg.Points(2.5)
+	f.Add(s)
+}
+
+func (f *figure) addEntry(text string, thumb plot.Thumbnailer) {
+	f.legend.Add(text, thumb)
+	f.entries = append(f.entries, text)
+}
+
+// legendSlack is how much wider than measured the legend column leaves room for
+// its text. The SVG names Liberation Serif, the font the text is measured in, and
+// then fonts of the same metrics; a viewer with none of them substitutes a serif
+// such as DejaVu Serif, which sets the same legend texts up to 31% wider.
+const legendSlack = 1.35
+
+// legendWidth is the width of the legend's column: the widest entry's thumbnail,
+// the space after it and its text, measured in the legend's font, with slack.
+func (f *figure) legendWidth() vg.Length {
+	sty := f.legend.TextStyle
+	var w vg.Length
+	for _, text := range f.entries {
+		w = max(w, f.legend.ThumbnailWidth+sty.Width(" ")+legendSlack*sty.Width(text))
+	}
+	return w
 }
 
 // logRange widens [lo, hi] to whole decades so a log axis has labelled ends, and
@@ -191,10 +287,24 @@ func (f *figure) save(path string) (err error) {
 			err = fmt.Errorf("write plot: %w", cerr)
 		}
 	}()
-	if _, err := c.WriteTo(out); err != nil {
+	var svg bytes.Buffer
+	if _, err := c.WriteTo(&svg); err != nil {
+		return fmt.Errorf("write plot %s: %w", path, err)
+	}
+	if _, err := out.Write(withFontFallbacks(svg.Bytes())); err != nil {
 		return fmt.Errorf("write plot %s: %w", path, err)
 	}
 	return nil
+}
+
+// withFontFallbacks lets a viewer without Liberation Serif, which gonum/plot
+// measures its text in and names alone, fall back to fonts with the same metrics
+// (Times New Roman and its clones) before any other serif, so that text set
+// wider than measured does not run past labels and edges. Embedding the font
+// instead would add 500 KB to every plot.
+func withFontFallbacks(svg []byte) []byte {
+	return bytes.ReplaceAll(svg, []byte("font-family:Liberation Serif;"),
+		[]byte("font-family:'Liberation Serif','Times New Roman',Times,'Nimbus Roman',Tinos,serif;"))
 }
 
 // draw puts the plot on the left of c and the legend in a column on the right,
@@ -209,7 +319,7 @@ func (f *figure) draw(c draw.Canvas) (err error) {
 	c.SetColor(color.White) // the legend's column too, for dark-mode viewers
 	c.Fill(c.Path())
 	pad := vg.Points(8)
-	width := f.legend.Rectangle(c).Size().X + 2*pad
+	width := f.legendWidth() + 2*pad
 	f.Draw(draw.Crop(c, 0, -width, 0, 0))
 	top := f.Title.TextStyle.Rectangle(f.Title.Text).Size().Y + f.Title.Padding
 	f.legend.Draw(draw.Crop(c, c.Size().X-width+pad, -pad, 0, -top))

@@ -19,7 +19,8 @@ type Record struct {
 	E2E          time.Duration // arrival to last token
 	OutputTokens int
 	PromptTokens int
-	CachedTokens int // prompt tokens served from a prefix cache (0 when unknown)
+	CachedTokens int    // prompt tokens served from a prefix cache (0 when unknown)
+	Endpoint     string // the server that answered, as Scenario.Servers names it; "" when unknown
 	Error        bool
 }
 
@@ -51,6 +52,19 @@ type Scenario struct {
 	Description string // one paragraph: workload and fleet
 	Baseline    string // policy the % changes are against; "" means DefaultBaseline
 	Target      string // optional: what the scenario is judged by, e.g. "P95 TTFT ≤ −97% vs round-robin"
+	// NoSharedPrefixes says that no two prompts of the trace share a prefix, so the
+	// report says so instead of a prefix hit rate of 0%, which reads as a failure.
+	NoSharedPrefixes bool
+	// Servers, when set, adds a table of what each server and each kind of server
+	// got under each policy, from the records' Endpoint.
+	Servers []Server
+}
+
+// Server is one endpoint of a scenario's fleet.
+type Server struct {
+	Endpoint string // as Record.Endpoint holds it
+	Name     string // e.g. "h100-0"
+	GPU      string // its GPU type, e.g. "h100"; the table also adds up each type
 }
 
 func (s Scenario) baseline() string {
@@ -59,6 +73,11 @@ func (s Scenario) baseline() string {
 	}
 	return s.Baseline
 }
+
+// PercentileDefinition says, for reports, how every percentile here is taken.
+const PercentileDefinition = "Percentiles are nearest-rank over successful requests: the p-th percentile of n " +
+	"values is the ⌈p·n/100⌉-th smallest, with no interpolation. The terminal summary, the tables and the plots " +
+	"all use this one definition."
 
 // Summarize reduces one scenario × policy's records to a Result that keeps them.
 // Latency percentiles are by nearest rank over successful requests only: a failed
@@ -155,6 +174,63 @@ func sections(scenarios []Scenario, results []Result) []section {
 			out = append(out, section{Scenario: Scenario{Name: r.Scenario}})
 		}
 		out[i].results = append(out[i].results, r)
+	}
+	return out
+}
+
+// Share is the part of one policy's run that one server, or every server of a
+// GPU type, answered, summarized by Summarize like the whole run so that its
+// numbers and percentiles mean the same.
+type Share struct {
+	GPU    string // the servers' GPU type; "" for requests no listed server answered (failed, most likely)
+	Server string // the server's name; "" on a GPU type's total and on the unlisted share
+	Total  bool   // the row that adds up every server of GPU
+	Result
+}
+
+// Shares splits r's records by the server that answered them: for each GPU type,
+// in the order servers first name it, one Share per server (even one that got
+// nothing, which is part of the story) and then the type's total; last, when there
+// are any, the requests answered by no listed server. A server listed twice counts
+// once.
+func Shares(servers []Server, r Result) []Share {
+	var uniq []Server
+	byEndpoint := map[string][]Record{}
+	for _, s := range servers {
+		if _, dup := byEndpoint[s.Endpoint]; !dup {
+			byEndpoint[s.Endpoint] = nil
+			uniq = append(uniq, s)
+		}
+	}
+	var unlisted []Record
+	for _, rec := range r.Records {
+		if recs, ok := byEndpoint[rec.Endpoint]; ok {
+			byEndpoint[rec.Endpoint] = append(recs, rec)
+		} else {
+			unlisted = append(unlisted, rec)
+		}
+	}
+	var gpus []string
+	for _, s := range uniq {
+		if !slices.Contains(gpus, s.GPU) {
+			gpus = append(gpus, s.GPU)
+		}
+	}
+	var out []Share
+	for _, gpu := range gpus {
+		var all []Record
+		for _, s := range uniq {
+			if s.GPU != gpu {
+				continue
+			}
+			recs := byEndpoint[s.Endpoint]
+			all = append(all, recs...)
+			out = append(out, Share{GPU: gpu, Server: s.Name, Result: Summarize(r.Scenario, r.Policy, r.Mode, recs)})
+		}
+		out = append(out, Share{GPU: gpu, Total: true, Result: Summarize(r.Scenario, r.Policy, r.Mode, all)})
+	}
+	if len(unlisted) > 0 {
+		out = append(out, Share{Result: Summarize(r.Scenario, r.Policy, r.Mode, unlisted)})
 	}
 	return out
 }

@@ -2,15 +2,18 @@ package report
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
 )
 
 // Write writes dir/results.json (the results as an indented JSON array),
-// dir/report.md, and for each scenario with results two plots under dir/plots:
-// <scenario>-ttft-cdf.svg and <scenario>-ttft-over-time.svg. It creates dir and
+// dir/report.md, and for each scenario with results its plots under dir/plots:
+// <scenario>-ttft-cdf.svg and, when the run is long enough for windows of
+// minPerWindow requests, <scenario>-ttft-over-time.svg. It creates dir and
 // dir/plots. The numbers are written before the plots so that a plot that cannot
 // be drawn does not cost the run its results.
 func Write(dir string, scenarios []Scenario, results []Result, header string) error {
@@ -39,7 +42,15 @@ func Write(dir string, scenarios []Scenario, results []Result, header string) er
 		if err := cdfPlot(s.Name, s.results).save(filepath.Join(dir, filepath.FromSlash(cdf))); err != nil {
 			return err
 		}
-		if err := overTimePlot(s.Name, s.results).save(filepath.Join(dir, filepath.FromSlash(overTime))); err != nil {
+		path := filepath.Join(dir, filepath.FromSlash(overTime))
+		if arrivalWindows(s.results) == nil {
+			// report.md does not link it; one left from an earlier run would mislead.
+			if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				return fmt.Errorf("remove stale plot: %w", err)
+			}
+			continue
+		}
+		if err := overTimePlot(s.Name, s.results).save(path); err != nil {
 			return err
 		}
 	}

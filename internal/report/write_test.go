@@ -2,6 +2,7 @@ package report
 
 import (
 	"encoding/json"
+	"math"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -12,6 +13,9 @@ import (
 	"time"
 
 	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/vg"
+	"gonum.org/v1/plot/vg/draw"
+	"gonum.org/v1/plot/vg/recorder"
 )
 
 // run makes n records over about a minute whose TTFT is around ttft, some failed.
@@ -107,10 +111,14 @@ func TestWrite(t *testing.T) {
 			if !strings.HasPrefix(string(svg), "<?xml") || !strings.Contains(string(svg), "<svg") {
 				t.Fatalf("not an SVG document: %.100q", svg)
 			}
-			for _, want := range []string{">round-robin<", ">kvgate", strings.SplitN(name, "-ttft", 2)[0] + ": "} {
+			for _, want := range []string{">round-robin<", ">kvgate", strings.SplitN(name, "-ttft", 2)[0] + ": ",
+				"font-family:'Liberation Serif','Times New Roman',"} {
 				if !strings.Contains(string(svg), want) {
-					t.Errorf("no %q (legend, title)", want)
+					t.Errorf("no %q (legend, title, metric-compatible fonts)", want)
 				}
+			}
+			if strings.Contains(string(svg), "font-family:Liberation Serif;") {
+				t.Errorf("a text names Liberation Serif alone")
 			}
 		})
 	}
@@ -118,16 +126,20 @@ func TestWrite(t *testing.T) {
 
 // TestWriteDegenerate draws what gonum/plot's log axes and ranges choke on.
 func TestWriteDegenerate(t *testing.T) {
+	same := func(n int, rec Record) []Record { return slices.Repeat([]Record{rec}, n) }
 	for _, tc := range []struct {
-		name string
-		recs []Record
+		name     string
+		recs     []Record
+		overTime bool // long enough for a plot over time
 	}{
-		{"no records", nil},
-		{"all failed", []Record{{Error: true}, {Arrival: time.Second, Error: true}}},
-		{"one request", []Record{{Arrival: time.Second, TTFT: 5 * msec, E2E: 9 * msec, OutputTokens: 3}}},
-		{"zero TTFT", []Record{{TTFT: 0, E2E: msec}, {Arrival: msec, TTFT: 0, E2E: msec}}},
-		{"one decade exactly", []Record{{TTFT: 100 * msec}, {Arrival: time.Second, TTFT: 100 * msec}}},
-		{"simultaneous arrivals", []Record{{Arrival: time.Second, TTFT: msec}, {Arrival: time.Second, TTFT: 2 * msec}}},
+		{"no records", nil, false},
+		{"all failed", []Record{{Error: true}, {Arrival: time.Second, Error: true}}, false},
+		{"one request", []Record{{Arrival: time.Second, TTFT: 5 * msec, E2E: 9 * msec, OutputTokens: 3}}, false},
+		{"zero TTFT", []Record{{TTFT: 0, E2E: msec}, {Arrival: msec, TTFT: 0, E2E: msec}}, false},
+		{"one decade exactly", []Record{{TTFT: 100 * msec}, {Arrival: time.Second, TTFT: 100 * msec}}, false},
+		{"simultaneous arrivals", []Record{{Arrival: time.Second, TTFT: msec}, {Arrival: time.Second, TTFT: 2 * msec}}, false},
+		{"zero TTFT over time", steady(40, 0), true},
+		{"simultaneous arrivals over time", same(40, Record{Arrival: time.Second, TTFT: msec}), true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
@@ -135,14 +147,33 @@ func TestWriteDegenerate(t *testing.T) {
 			if err := Write(dir, nil, results, ""); err != nil {
 				t.Fatal(err)
 			}
-			for _, name := range []string{"s-ttft-cdf.svg", "s-ttft-over-time.svg"} {
-				svg, err := os.ReadFile(filepath.Join(dir, "plots", name))
-				if err != nil || !strings.Contains(string(svg), "</svg>") {
-					t.Fatalf("%s: %v, %.100q", name, err, svg)
-				}
+			svg, err := os.ReadFile(filepath.Join(dir, "plots", "s-ttft-cdf.svg"))
+			if err != nil || !strings.Contains(string(svg), "</svg>") {
+				t.Fatalf("cdf: %v, %.100q", err, svg)
+			}
+			svg, err = os.ReadFile(filepath.Join(dir, "plots", "s-ttft-over-time.svg"))
+			if tc.overTime != (err == nil) || tc.overTime && !strings.Contains(string(svg), "</svg>") {
+				t.Fatalf("over time: %v, %.100q; want a plot: %v", err, svg, tc.overTime)
+			}
+			// Write leaves out a plot without windows, but it must draw all the same.
+			if err := overTimePlot("s", results).save(filepath.Join(dir, "drawn.svg")); err != nil {
+				t.Fatal(err)
 			}
 		})
 	}
+	t.Run("a stale plot over time is removed", func(t *testing.T) {
+		dir := t.TempDir()
+		long := []Result{Summarize("s", "kvgate", "sim", steady(40, msec))}
+		short := []Result{Summarize("s", "kvgate", "sim", steady(10, msec))}
+		for _, results := range [][]Result{long, short} {
+			if err := Write(dir, nil, results, ""); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := os.Stat(filepath.Join(dir, "plots", "s-ttft-over-time.svg")); !os.IsNotExist(err) {
+			t.Fatalf("stat: %v, want it gone", err)
+		}
+	})
 }
 
 func TestWriteErrors(t *testing.T) {
@@ -198,51 +229,111 @@ func TestCDF(t *testing.T) {
 	}
 }
 
-func TestWindowP95(t *testing.T) {
-	// Ten requests a second for 100 s at 1 ms, a burst at 10 ms in second 50, a
-	// failed request in second 20 whose hour must not show, and nothing in second 70.
-	var recs []Record
-	for i := range 1000 {
-		at := time.Duration(i) * 100 * msec
-		rec := Record{Arrival: at, TTFT: msec}
-		switch {
-		case at/time.Second == 50:
-			rec.TTFT = 10 * msec
-		case at == 20*time.Second:
-			rec = Record{Arrival: at, TTFT: time.Hour, Error: true}
-		case at/time.Second == 70:
-			continue
-		}
-		recs = append(recs, rec)
+// steady is n successful requests, one every 100 ms, each of TTFT ttft.
+func steady(n int, ttft time.Duration) []Record {
+	recs := make([]Record, n)
+	for i := range recs {
+		recs[i] = Record{Arrival: time.Duration(i) * 100 * msec, TTFT: ttft, E2E: ttft, OutputTokens: 1}
 	}
-	recs = append(recs, Record{Arrival: 500 * time.Second, TTFT: 5 * msec}) // past the end: the last window
-	pts := windowP95(recs, 0, time.Second)
-	byWindow := map[float64]float64{}
-	for _, p := range pts {
-		byWindow[p.X] = p.Y
+	return recs
+}
+
+func TestArrivalWindows(t *testing.T) {
+	// A burst: 60 requests in the first second, then 30 over the next nine.
+	var bursty []Record
+	for i := range 60 {
+		bursty = append(bursty, Record{Arrival: time.Duration(i) * time.Second / 60, TTFT: msec})
+	}
+	for i := range 30 {
+		bursty = append(bursty, Record{Arrival: time.Second + time.Duration(i)*300*msec, TTFT: msec})
+	}
+	halfFailed := steady(100, msec)
+	for i := range halfFailed {
+		halfFailed[i].Error = i%2 == 0
 	}
 	for _, tc := range []struct {
-		name string
-		x    float64
-		want float64
-		ok   bool
+		name    string
+		recs    [][]Record // per policy
+		windows int        // 0: no plot
 	}{
-		{"first window at its middle", 0.5, 1, true},
-		{"burst", 50.5, 10, true},
-		{"failed requests left out", 20.5, 1, true},
-		{"empty window left out", 70.5, 0, false},
-		{"late arrival in the last window", 99.5, 5, true},
+		{"90 requests make 4 windows, not 100", [][]Record{steady(90, msec), steady(90, msec)}, 4},
+		{"a bursty 90 still 4", [][]Record{bursty, bursty}, 4},
+		{"capped at timeWindows", [][]Record{steady(10_000, msec)}, timeWindows},
+		{"the policy with fewest successes decides", [][]Record{steady(100, msec), halfFailed}, 2},
+		{"a policy with none is left out", [][]Record{steady(60, msec), {{Arrival: 20 * time.Second, Error: true}}}, 3},
+		{"too few for two windows", [][]Record{steady(39, msec)}, 0},
+		{"nothing", nil, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, ok := byWindow[tc.x]
-			if ok != tc.ok || got != tc.want {
-				t.Fatalf("window at %v s: %v, %v; want %v, %v", tc.x, got, ok, tc.want, tc.ok)
+			var results []Result
+			for _, recs := range tc.recs {
+				results = append(results, Summarize("s", "p", "sim", recs))
+			}
+			bounds := arrivalWindows(results)
+			if tc.windows == 0 {
+				if bounds != nil {
+					t.Fatalf("windows %v, want none", bounds)
+				}
+				return
+			}
+			if len(bounds) != tc.windows+1 {
+				t.Fatalf("%d boundaries %v, want %d windows", len(bounds), bounds, tc.windows)
+			}
+			// No point stands for fewer than minPerWindow requests, and a policy
+			// with successful requests throughout gets a point in every window.
+			for i, r := range results {
+				pts, sizes := windowP95(r.Records, bounds)
+				for _, n := range sizes {
+					if n < minPerWindow {
+						t.Errorf("policy %d: a point of %d requests", i, n)
+					}
+				}
+				if r.Requests > r.Errors && len(pts) != tc.windows {
+					t.Errorf("policy %d: %d points, want %d", i, len(pts), tc.windows)
+				}
 			}
 		})
 	}
-	if len(pts) != 99 {
-		t.Fatalf("%d points, want 99", len(pts))
+}
+
+func TestWindowP95(t *testing.T) {
+	// 100 requests at 1 ms, but those arriving in [5 s, 7 s) at 10 ms, and one
+	// failed request whose hour must not show.
+	recs := steady(100, msec)
+	for i := range recs {
+		if at := recs[i].Arrival; at >= 5*time.Second && at < 7*time.Second {
+			recs[i].TTFT = 10 * msec
+		}
 	}
+	recs[30] = Record{Arrival: recs[30].Arrival, TTFT: time.Hour, Error: true}
+	bounds := []time.Duration{0, 2 * time.Second, 5 * time.Second, 7 * time.Second, 9900 * msec}
+	pts, sizes := windowP95(recs, bounds)
+	for _, tc := range []struct {
+		name string
+		i    int
+		x, y float64
+		n    int
+	}{
+		{"first window at its middle", 0, 1, 1, 20},
+		{"failed request left out", 1, 3.5, 1, 29},
+		{"the slow stretch", 2, 6, 10, 20},
+		{"last window takes the last arrival", 3, 8.45, 1, 30},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if len(pts) != 4 {
+				t.Fatalf("%d points %v (sizes %v), want 4", len(pts), pts, sizes)
+			}
+			if p := pts[tc.i]; math.Abs(p.X-tc.x) > 1e-9 || p.Y != tc.y || sizes[tc.i] != tc.n {
+				t.Fatalf("point %d: %v of %d requests; want (%v, %v) of %d", tc.i, p, sizes[tc.i], tc.x, tc.y, tc.n)
+			}
+		})
+	}
+	t.Run("a window with fewer than minPerWindow is not drawn", func(t *testing.T) {
+		pts, _ := windowP95(recs, []time.Duration{0, 1900 * msec, 9900 * msec})
+		if len(pts) != 1 || pts[0].X != 5.9 {
+			t.Fatalf("points %v, want only the second window's", pts)
+		}
+	})
 }
 
 func TestFileName(t *testing.T) {
@@ -298,6 +389,53 @@ func BenchmarkWrite(b *testing.B) {
 	for b.Loop() {
 		if err := Write(dir, nil, results, ""); err != nil {
 			b.Fatal(err)
+		}
+	}
+}
+
+// TestLegendFits draws the plots on a recording canvas and checks that every
+// legend text, set even as much wider as a substituted font sets it, ends inside
+// the canvas, right of the data.
+func TestLegendFits(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		policies []string
+		recs     []Record
+	}{
+		{"demo", []string{"round-robin", "kvgate"}, steady(90, msec)},
+		{"long names", []string{"least-request", "gie-default", "prefix-affinity-and-load"}, steady(90, msec)},
+		{"no successful requests", []string{"round-robin", "kvgate"}, []Record{{Error: true}}},
+		{"a long note", []string{"round-robin", "kvgate"}, steady(50, msec)[:30]}, // no window of 20 for a plot of 1
+	} {
+		var results []Result
+		for _, p := range tc.policies {
+			results = append(results, Summarize("s", p, "sim", tc.recs))
+		}
+		for _, f := range []*figure{cdfPlot("s", results), overTimePlot("s", results)} {
+			t.Run(tc.name+"/"+f.Title.Text, func(t *testing.T) {
+				rec := &recorder.Canvas{}
+				if err := f.draw(draw.NewCanvas(rec, plotWidth, plotHeight)); err != nil {
+					t.Fatal(err)
+				}
+				column := plotWidth - f.legendWidth() - 2*vg.Points(8) // where the plot ends
+				texts := slices.Clone(f.entries)
+				drawn := map[string]bool{}
+				for _, a := range rec.Actions {
+					s, ok := a.(*recorder.FillString)
+					if !ok || !slices.Contains(texts, s.String) {
+						continue
+					}
+					drawn[s.String] = true
+					end := s.Point.X + legendSlack*f.legend.TextStyle.Width(s.String)
+					if s.Point.X < column || end > plotWidth {
+						t.Errorf("%q from %v to %v (with slack), want within [%v, %v]", s.String, s.Point.X, end, column, plotWidth)
+					}
+				}
+				slices.Sort(texts)
+				if len(drawn) != len(slices.Compact(texts)) {
+					t.Fatalf("drew legend texts %v, want %q", drawn, texts)
+				}
+			})
 		}
 	}
 }
