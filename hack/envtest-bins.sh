@@ -10,13 +10,17 @@
 # module replaces its sibling modules with ../paths. So each is built inside a
 # throw-away module that requires it; for kube-apiserver that module also pins
 # every staging module named in kubernetes' go.mod to the matching v0.Y.Z tag.
-# The first run takes several minutes (kube-apiserver is big); later runs only
+# The first run takes ~9 minutes on 2 cores (kube-apiserver is big); later runs only
 # check that both binaries are there and answer --version.
 set -euo pipefail
 
 K8S_VERSION=${ENVTEST_K8S_VERSION:-v1.35.4}   # k8s.io/kubernetes; matches k8s.io/apimachinery v0.35.4 in go.mod
 ETCD_VERSION=${ENVTEST_ETCD_VERSION:-v3.6.16} # go.etcd.io/etcd/server/v3; kubernetes 1.35 is tested against etcd 3.6
+# How long each first build took on a 2-core machine (printed while it runs).
+KUBE_TIME="~8 min on 2 cores, longer on a busy machine" ETCD_TIME="~1 min on 2 cores"
 ASSETS_DIR=${KVGATE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kvgate}/envtest/$K8S_VERSION-$ETCD_VERSION
+
+progress=$(cd "$(dirname "$0")" && pwd)/progress.sh
 
 die() { echo "envtest-bins: $*" >&2; exit 1; }
 
@@ -69,7 +73,7 @@ export GOFLAGS=-mod=mod GOWORK=off CGO_ENABLED=0 GOMAXPROCS=2
 build_flags=(-p 2 -trimpath)
 
 build_kube_apiserver() {
-  echo "envtest-bins: building kube-apiserver $K8S_VERSION (staging modules $STAGING_VERSION) into $ASSETS_DIR (once; 5-15 minutes)" >&2
+  echo "envtest-bins: building kube-apiserver $K8S_VERSION (staging modules $STAGING_VERSION) into $ASSETS_DIR (once; $KUBE_TIME)" >&2
   local mod="$tmp/kube-apiserver" gomod
   mkdir -p "$mod"
   gomod=$(cd "$tmp" && go mod download -json "k8s.io/kubernetes@$K8S_VERSION" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p')
@@ -96,7 +100,8 @@ build_kube_apiserver() {
       ld+=" -X $p.gitVersion=$K8S_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$minor"
       ld+=" -X $p.gitTreeState=clean -X $p.buildDate=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
     done
-    go build "${build_flags[@]}" -ldflags "$ld" -o "$ASSETS_DIR/.kube-apiserver.$$" k8s.io/kubernetes/cmd/kube-apiserver >&2
+    "$progress" "building kube-apiserver" "$KUBE_TIME" \
+      go build "${build_flags[@]}" -ldflags "$ld" -o "$ASSETS_DIR/.kube-apiserver.$$" k8s.io/kubernetes/cmd/kube-apiserver >&2
   )
   "$ASSETS_DIR/.kube-apiserver.$$" --version >&2 || die "the kube-apiserver just built does not run"
   mv -f "$ASSETS_DIR/.kube-apiserver.$$" "$ASSETS_DIR/kube-apiserver"
@@ -119,7 +124,7 @@ replaces() {
 }
 
 build_etcd() {
-  echo "envtest-bins: building etcd $ETCD_VERSION into $ASSETS_DIR (once; a minute or two)" >&2
+  echo "envtest-bins: building etcd $ETCD_VERSION into $ASSETS_DIR (once; $ETCD_TIME)" >&2
   local mod="$tmp/etcd"
   mkdir -p "$mod"
   (
@@ -138,7 +143,7 @@ import (
 
 func main() { etcdmain.Main(os.Args) }
 EOF
-    go build "${build_flags[@]}" -ldflags "-s -w" -o "$ASSETS_DIR/.etcd.$$" . >&2
+    "$progress" "building etcd" "$ETCD_TIME" go build "${build_flags[@]}" -ldflags "-s -w" -o "$ASSETS_DIR/.etcd.$$" . >&2
   )
   "$ASSETS_DIR/.etcd.$$" --version >&2 || die "the etcd just built does not run"
   mv -f "$ASSETS_DIR/.etcd.$$" "$ASSETS_DIR/etcd"

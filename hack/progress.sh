@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Runs a command and, while it runs, prints a line to stderr every
+# PROGRESS_EVERY seconds (default 30) saying what is still running, for how
+# long, and how long it usually takes — so that a long first build is not
+# mistaken for a hang:
+#
+#   hack/progress.sh "building kvgate" "first time ~6 min on 2 cores, then seconds" go build ./cmd/kvgate
+#
+# The command's output and exit status pass through unchanged.
+set -uo pipefail
+
+[ $# -ge 3 ] || { echo "usage: $0 WHAT EXPECTED COMMAND [ARG...]" >&2; exit 2; }
+what=$1 expected=$2
+shift 2
+every=${PROGRESS_EVERY:-30}
+start=$(date +%s)
+
+"$@" &
+pid=$!
+# Ctrl-C or a CI cancel reaches the command too.
+trap 'kill -TERM "$pid" 2>/dev/null' INT TERM
+
+(
+  trap 'exit 0' TERM
+  while sleep "$every"; do
+    s=$(( $(date +%s) - start ))
+    printf '  … %s: still running after %dm%02ds (%s)\n' "$what" $((s / 60)) $((s % 60)) "$expected" >&2
+  done
+) &
+ticker=$!
+
+wait "$pid"
+rc=$?
+kill -TERM "$ticker" 2>/dev/null
+wait "$ticker" 2>/dev/null
+exit $rc
