@@ -140,7 +140,9 @@ func (s SchedulerSpec) ProfileName() string {
 	return "kvgate"
 }
 
-func durationOr(d *metav1.Duration, def time.Duration) time.Duration {
+// DurationOr is d, or def when d is unset: how every optional duration of
+// kvgate's configuration files takes its default.
+func DurationOr(d *metav1.Duration, def time.Duration) time.Duration {
 	if d != nil {
 		return d.Duration
 	}
@@ -152,7 +154,7 @@ func (g GatewaySpec) ScrapeInterval() time.Duration {
 	if g.Scrape == nil {
 		return DefaultScrapeInterval
 	}
-	return durationOr(g.Scrape.Interval, DefaultScrapeInterval)
+	return DurationOr(g.Scrape.Interval, DefaultScrapeInterval)
 }
 
 // ScrapeTimeout bounds one scrape.
@@ -160,7 +162,7 @@ func (g GatewaySpec) ScrapeTimeout() time.Duration {
 	if g.Scrape == nil {
 		return DefaultScrapeTimeout
 	}
-	return durationOr(g.Scrape.Timeout, DefaultScrapeTimeout)
+	return DurationOr(g.Scrape.Timeout, DefaultScrapeTimeout)
 }
 
 // StaleAfter is the age at which metrics are stale.
@@ -168,7 +170,7 @@ func (g GatewaySpec) StaleAfter() time.Duration {
 	if g.Scrape == nil {
 		return DefaultStaleAfter
 	}
-	return durationOr(g.Scrape.StaleAfter, DefaultStaleAfter)
+	return DurationOr(g.Scrape.StaleAfter, DefaultStaleAfter)
 }
 
 // UnhealthyAfter is how many failed scrapes in a row make an endpoint unhealthy.

@@ -11,6 +11,8 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	sigsyaml "sigs.k8s.io/yaml"
+
+	"github.com/kvgate/kvgate/api/v1alpha1"
 )
 
 // Defaults of JWTConfig's optional fields.
@@ -209,18 +211,11 @@ func (j *JWTConfig) tenantClaim() string {
 }
 
 func (j *JWTConfig) refreshInterval() time.Duration {
-	return durationOr(j.RefreshInterval, DefaultRefreshInterval)
+	return v1alpha1.DurationOr(j.RefreshInterval, DefaultRefreshInterval)
 }
 
-func (j *JWTConfig) leeway() time.Duration { return durationOr(j.Leeway, DefaultLeeway) }
+func (j *JWTConfig) leeway() time.Duration { return v1alpha1.DurationOr(j.Leeway, DefaultLeeway) }
 
 func (j *JWTConfig) fetchTimeout() time.Duration {
-	return durationOr(j.FetchTimeout, DefaultFetchTimeout)
-}
-
-func durationOr(d *metav1.Duration, def time.Duration) time.Duration {
-	if d == nil {
-		return def
-	}
-	return d.Duration
+	return v1alpha1.DurationOr(j.FetchTimeout, DefaultFetchTimeout)
 }

@@ -13,8 +13,6 @@ package extproc
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -36,6 +34,7 @@ import (
 
 	"github.com/kvgate/kvgate/internal/gateway"
 	"github.com/kvgate/kvgate/internal/openai"
+	"github.com/kvgate/kvgate/internal/proxy"
 	"github.com/kvgate/kvgate/internal/telemetry"
 )
 
@@ -302,12 +301,12 @@ func (x *exchange) requestHeaders(msg *extprocv3.ProcessingRequest, h *extprocv3
 	x.headers = headerMap(h.GetHeaders())
 	x.rid = x.headers[requestIDHeader]
 	if x.rid == "" || len(x.rid) > 128 {
-		x.rid, x.ridSet = newRequestID(), true
+		x.rid, x.ridSet = proxy.NewRequestID(), true
 	}
 	x.subset = subsetHint(msg.GetMetadataContext())
 	if cl, err := strconv.ParseInt(x.headers["content-length"], 10, 64); err == nil && x.s.opts.BBR == nil {
 		if limit := x.s.gw.MaxBodyBytes(); limit > 0 && cl > limit {
-			return x.refuse(tooLarge(limit), false)
+			return x.refuse(proxy.TooLarge(limit), false)
 		}
 	}
 	x.reqEOS = h.GetEndOfStream()
@@ -431,7 +430,7 @@ func (x *exchange) scanAndDecide(first *extprocv3.HttpBody) error {
 			return x.refuse(bodyError(err), false)
 		}
 		if !sc.ModelFound {
-			return x.refuse(&gateway.RouteError{Status: http.StatusBadRequest, Type: openai.TypeInvalidRequest, Message: noMatchingModel}, false)
+			return x.refuse(&proxy.Refusal{Status: http.StatusBadRequest, Type: openai.TypeInvalidRequest, Message: noMatchingModel}, false)
 		}
 		model = sc.Model
 	}
@@ -470,7 +469,7 @@ const noMatchingModel = "no matching model: set the model in the request body or
 // decide picks an endpoint for the model and answers the request headers.
 func (x *exchange) decide(model string, prompt []byte) error {
 	if model == "" {
-		return x.refuse(&gateway.RouteError{Status: http.StatusBadRequest, Type: openai.TypeInvalidRequest, Message: noMatchingModel}, false)
+		return x.refuse(&proxy.Refusal{Status: http.StatusBadRequest, Type: openai.TypeInvalidRequest, Message: noMatchingModel}, false)
 	}
 	size, _ := strconv.ParseInt(x.headers["content-length"], 10, 64)
 	if size <= 0 && x.held != nil {
@@ -527,7 +526,7 @@ func (x *exchange) answerHeaders(set []*corev3.HeaderValueOption, remove []strin
 // refuse answers the request with an OpenAI error instead of routing it, and
 // ends the stream. counted says the refusal is already in the request metrics
 // (Route counts its own).
-func (x *exchange) refuse(e *gateway.RouteError, counted bool) error {
+func (x *exchange) refuse(e *proxy.Refusal, counted bool) error {
 	if x.route == nil && !counted {
 		x.s.gw.CountRefused(e.Status)
 	}
@@ -682,22 +681,12 @@ func (x *exchange) checkSize() error {
 	if limit <= 0 || x.reqBytes <= limit || x.s.opts.BBR != nil || x.status > 0 {
 		return nil
 	}
-	return x.refuse(tooLarge(limit), false)
-}
-
-func tooLarge(limit int64) *gateway.RouteError {
-	return &gateway.RouteError{Status: http.StatusRequestEntityTooLarge, Type: openai.TypeInvalidRequest, Message: fmt.Sprintf("request body exceeds %d bytes", limit)}
-}
-
-func newRequestID() string {
-	var b [12]byte
-	_, _ = rand.Read(b[:])
-	return hex.EncodeToString(b[:])
+	return x.refuse(proxy.TooLarge(limit), false)
 }
 
 // bodyError turns a body the scan could not read into a refusal.
-func bodyError(err error) *gateway.RouteError {
-	return &gateway.RouteError{Status: http.StatusBadRequest, Type: openai.TypeInvalidRequest, Message: err.Error()}
+func bodyError(err error) *proxy.Refusal {
+	return &proxy.Refusal{Status: http.StatusBadRequest, Type: openai.TypeInvalidRequest, Message: err.Error()}
 }
 
 func header(k, v string) *corev3.HeaderValueOption {

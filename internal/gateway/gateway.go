@@ -7,8 +7,6 @@ package gateway
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"log/slog"
 	"net"
@@ -332,16 +330,6 @@ func (b *broadcast) signal() {
 		b.ch = nil
 	}
 	b.mu.Unlock()
-}
-
-// requestID returns the client's x-request-id or a new one.
-func requestID(r *http.Request) string {
-	if id := r.Header.Get("X-Request-Id"); id != "" && len(id) <= 128 {
-		return id
-	}
-	var b [12]byte
-	_, _ = rand.Read(b[:])
-	return hex.EncodeToString(b[:])
 }
 
 // snapshotScratch is the memory of one request's candidate lists, reused across

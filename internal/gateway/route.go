@@ -9,6 +9,7 @@ import (
 
 	"github.com/kvgate/kvgate/internal/fleet"
 	"github.com/kvgate/kvgate/internal/openai"
+	"github.com/kvgate/kvgate/internal/proxy"
 	"github.com/kvgate/kvgate/internal/schedule"
 )
 
@@ -38,15 +39,6 @@ type RouteRequest struct {
 	// (spec.objectives) orders the requests waiting for an endpoint.
 	Objective string
 }
-
-// RouteError is a refusal: an HTTP status and an OpenAI error.
-type RouteError struct {
-	Status  int
-	Type    string
-	Message string
-}
-
-func (e *RouteError) Error() string { return strconv.Itoa(e.Status) + ": " + e.Message }
 
 // Route is one request's pick, held from the decision to the end of the response.
 // Its methods are safe for one goroutine; Finish releases what the pick reserved
@@ -132,19 +124,19 @@ func (g *Gateway) CountRefused(status int) {
 // Route picks an endpoint for a request and reserves it. The pick waits, up to
 // the configured queue timeout, for an endpoint below its in-flight limit. A
 // refusal is counted in the metrics as ServeHTTP counts it.
-func (g *Gateway) Route(ctx context.Context, req RouteRequest) (*Route, *RouteError) {
+func (g *Gateway) Route(ctx context.Context, req RouteRequest) (*Route, *proxy.Refusal) {
 	if req.Start.IsZero() {
 		req.Start = time.Now()
 	}
 	rt := g.routes.Load()
 	if rt == nil {
 		g.CountRefused(http.StatusServiceUnavailable)
-		return nil, &RouteError{http.StatusServiceUnavailable, openai.TypeServer, "the gateway has no configuration yet"}
+		return nil, &proxy.Refusal{Status: http.StatusServiceUnavailable, Type: openai.TypeServer, Message: "the gateway has no configuration yet"}
 	}
 	p := rt.byModel[req.Model]
 	if p == nil {
 		g.CountRefused(http.StatusNotFound)
-		return nil, &RouteError{http.StatusNotFound, openai.TypeNotFound, noMatchingModel}
+		return nil, &proxy.Refusal{Status: http.StatusNotFound, Type: openai.TypeNotFound, Message: noMatchingModel}
 	}
 	if t := p.spec.Timeout(); t > 0 {
 		var cancel context.CancelFunc
@@ -160,13 +152,13 @@ func (g *Gateway) Route(ctx context.Context, req RouteRequest) (*Route, *RouteEr
 	if subset != nil && len(subset) == 0 {
 		g.m.Shed.WithLabelValues(p.name, "no_endpoint").Inc()
 		g.count(p.name, req.Model, "", "503")
-		return nil, &RouteError{http.StatusServiceUnavailable, openai.TypeOverloaded, "the proxy's subset hint lists no endpoint"}
+		return nil, &proxy.Refusal{Status: http.StatusServiceUnavailable, Type: openai.TypeOverloaded, Message: "the proxy's subset hint lists no endpoint"}
 	}
 	d, code, msg := g.decide(ctx, decideArgs{rid: req.RequestID, p: p, model: req.Model, prompt: req.Prompt, subset: subset,
 		limit: limit, wait: rt.gw.QueueWait(), start: req.Start, priority: rt.priorityOf(req.Objective)}, sc, hb)
 	if code != 0 {
 		g.count(p.name, req.Model, "", strconv.Itoa(code))
-		return nil, &RouteError{code, openai.TypeOverloaded, msg}
+		return nil, &proxy.Refusal{Status: code, Type: openai.TypeOverloaded, Message: msg}
 	}
 	ranked := d.decision.Ranked
 	if n := rt.gw.Attempts(); len(ranked) > n {

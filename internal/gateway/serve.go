@@ -8,10 +8,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/url"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -22,32 +20,15 @@ import (
 	"github.com/kvgate/kvgate/internal/fleet"
 	"github.com/kvgate/kvgate/internal/openai"
 	"github.com/kvgate/kvgate/internal/prefix"
+	"github.com/kvgate/kvgate/internal/proxy"
 	"github.com/kvgate/kvgate/internal/schedule"
 )
-
-// Routes served by the data plane.
-var proxied = map[string]bool{
-	"/v1/completions":      true,
-	"/v1/chat/completions": true,
-	"/v1/embeddings":       true,
-	"/v1/responses":        true,
-}
 
 // statusClientClosed is nginx's 499: the client closed the request first.
 const statusClientClosed = 499
 
 // Message for a model no scheduler serves, as AWS's gateway words it.
 const noMatchingModel = "no matching model: set the model in the request body or the x-gateway-model-name header"
-
-// hopHeaders are connection-level headers a proxy must not forward, and
-// controlHeaders are kvgate's and the Endpoint Picker protocol's: a client never
-// picks the pod or reads the gateway's internals through them.
-var hopHeaders = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade"}
-
-func isControlHeader(name string) bool {
-	n := strings.ToLower(name)
-	return strings.HasPrefix(n, "x-gateway-destination-endpoint") || strings.HasPrefix(n, "x-kvgate-") || n == "x-gateway-inference-objective"
-}
 
 var headPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
 
@@ -63,13 +44,13 @@ var copyPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b 
 // ServeHTTP implements the OpenAI data plane.
 func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
-	rid := requestID(r)
+	rid := proxy.RequestID(r.Header)
 	w.Header().Set("X-Request-Id", rid)
 	if r.URL.Path == "/v1/models" {
 		g.serveModels(w, r)
 		return
 	}
-	if !proxied[r.URL.Path] {
+	if !proxy.Proxied(r.URL.Path) {
 		g.reject(w, nil, "", http.StatusNotFound, openai.TypeNotFound, fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path))
 		return
 	}
@@ -85,7 +66,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if r.ContentLength > rt.maxBody {
-		g.reject(w, nil, "", http.StatusRequestEntityTooLarge, openai.TypeInvalidRequest, fmt.Sprintf("request body exceeds %d bytes", rt.maxBody))
+		g.refuse(w, nil, "", proxy.TooLarge(rt.maxBody))
 		return
 	}
 	_ = http.NewResponseController(w).SetReadDeadline(start.Add(g.opts.BodyReadTimeout))
@@ -110,8 +91,9 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		sc, err := scan(body, head, rt.promptLimit)
 		if model == "" {
-			if err != nil {
-				g.rejectBody(w, rid, err)
+			if ref, ok := proxy.BodyError(err); ok {
+				g.log.Debug("reading request body", "request_id", rid, "err", err)
+				g.refuse(w, nil, "", ref)
 				return
 			}
 			if !sc.ModelFound {
@@ -316,35 +298,19 @@ func (g *Gateway) choose(ctx context.Context, p *pool, req schedule.Request, has
 	}
 }
 
-// rejectBody answers a body that could not be read up to the model.
-func (g *Gateway) rejectBody(w http.ResponseWriter, rid string, err error) {
-	var tooBig *http.MaxBytesError
-	var syntax *openai.SyntaxError
-	switch {
-	case errors.As(err, &tooBig):
-		g.reject(w, nil, "", http.StatusRequestEntityTooLarge, openai.TypeInvalidRequest, fmt.Sprintf("request body exceeds %d bytes", tooBig.Limit))
-	case errors.Is(err, os.ErrDeadlineExceeded):
-		w.Header().Set("Connection", "close")
-		g.reject(w, nil, "", http.StatusRequestTimeout, openai.TypeInvalidRequest, "the request body did not arrive in time")
-	case errors.As(err, &syntax), errors.Is(err, openai.ErrNotObject):
-		g.reject(w, nil, "", http.StatusBadRequest, openai.TypeInvalidRequest, err.Error())
-	case strings.Contains(err.Error(), "'model' must be"):
-		g.reject(w, nil, "", http.StatusBadRequest, openai.TypeInvalidRequest, err.Error())
-	default:
-		// The client went away or broke the connection while sending.
-		g.log.Debug("reading request body", "request_id", rid, "err", err)
-		g.reject(w, nil, "", http.StatusBadRequest, openai.TypeInvalidRequest, "reading request body: "+err.Error())
-	}
-}
-
 // reject answers with an OpenAI error and counts it.
 func (g *Gateway) reject(w http.ResponseWriter, p *pool, model string, code int, typ, msg string) {
+	g.refuse(w, p, model, &proxy.Refusal{Status: code, Type: typ, Message: msg})
+}
+
+// refuse answers with a refusal and counts it.
+func (g *Gateway) refuse(w http.ResponseWriter, p *pool, model string, ref *proxy.Refusal) {
 	sched := ""
 	if p != nil {
 		sched = p.name
 	}
-	g.count(sched, model, "", strconv.Itoa(code))
-	openai.WriteError(w, code, typ, msg)
+	g.count(sched, model, "", strconv.Itoa(ref.Status))
+	ref.Write(w)
 }
 
 type forwardJob struct {
@@ -442,22 +408,21 @@ func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Re
 	}
 	// No endpoint answered.
 	code, typ, msg := http.StatusBadGateway, openai.TypeServer, "no endpoint could serve the request"
-	var tooBig *http.MaxBytesError
 	cerr := j.body.clientError()
 	// The client's own errors first: a body that stalls past its read deadline
 	// also cancels the request's context (net/http does on a read error), and
 	// the client, still there, is owed its 408.
+	ref, bodyFailed := proxy.BodyError(cerr)
 	switch {
-	case errors.As(cerr, &tooBig):
-		code, typ, msg = http.StatusRequestEntityTooLarge, openai.TypeInvalidRequest, fmt.Sprintf("request body exceeds %d bytes", tooBig.Limit)
-	case errors.Is(cerr, os.ErrDeadlineExceeded):
-		w.Header().Set("Connection", "close")
-		code, typ, msg = http.StatusRequestTimeout, openai.TypeInvalidRequest, "the request body did not arrive in time"
+	case bodyFailed && ref.Status != http.StatusBadRequest:
+		g.refuse(w, j.p, j.model, ref)
+		return
 	case r.Context().Err() != nil:
 		g.count(j.p.name, j.model, "", "499")
 		return
-	case cerr != nil:
-		code, typ, msg = http.StatusBadRequest, openai.TypeInvalidRequest, "reading request body: "+cerr.Error()
+	case bodyFailed:
+		g.refuse(w, j.p, j.model, ref)
+		return
 	case ctx.Err() != nil:
 		code, msg = http.StatusGatewayTimeout, "route timeout exceeded before an endpoint answered"
 	case lastErr != nil:
@@ -483,36 +448,8 @@ func (g *Gateway) upstreamRequest(ctx context.Context, r *http.Request, j forwar
 		}
 		return rc, nil
 	}
-	for k, vs := range r.Header {
-		if isControlHeader(k) {
-			continue
-		}
-		out.Header[k] = vs
-	}
-	removeHopHeaders(out.Header)
-	out.Header.Set("X-Request-Id", j.rid)
-	if ip, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
-		if prior := r.Header.Get("X-Forwarded-For"); prior != "" {
-			ip = prior + ", " + ip
-		}
-		out.Header.Set("X-Forwarded-For", ip)
-	}
+	proxy.RequestHeaders(out.Header, r.Header, r.RemoteAddr, j.rid, proxy.IsControlHeader)
 	return out
-}
-
-// removeHopHeaders deletes the connection-level headers, including those the
-// Connection header names.
-func removeHopHeaders(h http.Header) {
-	for _, v := range h.Values("Connection") {
-		for _, name := range strings.Split(v, ",") {
-			if name = strings.TrimSpace(name); name != "" {
-				h.Del(name)
-			}
-		}
-	}
-	for _, k := range hopHeaders {
-		h.Del(k)
-	}
 }
 
 // relay streams an endpoint's response to the client, flushing server-sent events
@@ -522,7 +459,7 @@ func (g *Gateway) relay(ctx context.Context, w http.ResponseWriter, resp *http.R
 	for k, vs := range resp.Header {
 		h[k] = vs
 	}
-	removeHopHeaders(h)
+	proxy.RemoveHopHeaders(h)
 	h.Del("Content-Length") // the body is relayed as it comes
 	if resp.ContentLength >= 0 {
 		h.Set("Content-Length", strconv.FormatInt(resp.ContentLength, 10))

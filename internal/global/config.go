@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 
+	"github.com/kvgate/kvgate/api/v1alpha1"
 	"github.com/kvgate/kvgate/internal/auth"
 )
 
@@ -152,13 +153,6 @@ type RateLimit struct {
 	Timeout *metav1.Duration `json:"timeout,omitempty"`
 }
 
-func dur(d *metav1.Duration, def time.Duration) time.Duration {
-	if d == nil {
-		return def
-	}
-	return d.Duration
-}
-
 // settings are the routing knobs with their defaults applied.
 type settings struct {
 	heartbeat, heartbeatTimeout, rampUp, defaultSLO, crossRegion time.Duration
@@ -172,12 +166,12 @@ type settings struct {
 
 func (r Routing) settings() settings {
 	s := settings{
-		heartbeat:        dur(r.HeartbeatInterval, 500*time.Millisecond),
-		heartbeatTimeout: dur(r.HeartbeatTimeout, 2*time.Second),
-		rampUp:           dur(r.RampUp, 30*time.Second),
-		defaultSLO:       dur(r.DefaultTTFTSLO, 2*time.Second),
-		crossRegion:      dur(r.CrossRegionLatency, 50*time.Millisecond),
-		firstByteTimeout: dur(r.FirstByteTimeout, time.Minute),
+		heartbeat:        v1alpha1.DurationOr(r.HeartbeatInterval, 500*time.Millisecond),
+		heartbeatTimeout: v1alpha1.DurationOr(r.HeartbeatTimeout, 2*time.Second),
+		rampUp:           v1alpha1.DurationOr(r.RampUp, 30*time.Second),
+		defaultSLO:       v1alpha1.DurationOr(r.DefaultTTFTSLO, 2*time.Second),
+		crossRegion:      v1alpha1.DurationOr(r.CrossRegionLatency, 50*time.Millisecond),
+		firstByteTimeout: v1alpha1.DurationOr(r.FirstByteTimeout, time.Minute),
 		maxErrorRate:     0.25,
 		regionHeader:     "X-Kvgate-Region",
 		maxAttempts:      3,

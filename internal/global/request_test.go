@@ -403,7 +403,8 @@ func TestRegion(t *testing.T) {
 
 // TestHeaders: the client's credentials, hop-by-hop headers and kvgate's and
 // the picker protocol's control headers do not reach the member (the model
-// name does); tier 1's internals do not reach the client.
+// name does); tier 1's internals and the member's hop-by-hop headers do not
+// reach the client.
 func TestHeaders(t *testing.T) {
 	var got http.Header
 	var mu sync.Mutex
@@ -413,6 +414,10 @@ func TestHeaders(t *testing.T) {
 		mu.Unlock()
 		w.Header().Set("X-Kvgate-Endpoint", "10.0.0.7:8000")
 		w.Header().Set("X-Kvgate-Scores", "10.0.0.7:8000 0.9")
+		// Hop-by-hop on the way back: the same policy as tier 1's.
+		w.Header().Set("Connection", "X-Member-Hop")
+		w.Header().Set("X-Member-Hop", "1")
+		w.Header().Set("Proxy-Authenticate", "Basic")
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = w.Write([]byte(`{"choices":[]}`))
 	})
@@ -438,7 +443,8 @@ func TestHeaders(t *testing.T) {
 	if got.Get("X-Gateway-Model-Name") != llama || got.Get("X-Custom") != "kept" || got.Get("X-Request-Id") == "" || got.Get("X-Forwarded-For") == "" {
 		t.Errorf("headers the member should get: %v", got)
 	}
-	if resp.Header.Get("X-Kvgate-Endpoint") != "" || resp.Header.Get("X-Kvgate-Scores") != "" || resp.Header.Get("X-Kvgate-Member") != "only" {
+	if resp.Header.Get("X-Kvgate-Endpoint") != "" || resp.Header.Get("X-Kvgate-Scores") != "" || resp.Header.Get("X-Kvgate-Member") != "only" ||
+		resp.Header.Get("X-Member-Hop") != "" || resp.Header.Get("Proxy-Authenticate") != "" {
 		t.Errorf("response headers: %v", resp.Header)
 	}
 }

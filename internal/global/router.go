@@ -12,8 +12,6 @@ import (
 	"bytes"
 	"cmp"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -33,6 +31,7 @@ import (
 	"github.com/kvgate/kvgate/internal/auth"
 	"github.com/kvgate/kvgate/internal/gateway"
 	"github.com/kvgate/kvgate/internal/openai"
+	"github.com/kvgate/kvgate/internal/proxy"
 )
 
 // Admission is a rate limiter's answer for one request.
@@ -339,18 +338,10 @@ func (r *Router) Drain() {
 	r.mu.Unlock()
 }
 
-// Routes served.
-var proxied = map[string]bool{"/v1/completions": true, "/v1/chat/completions": true, "/v1/embeddings": true, "/v1/responses": true}
-
 // ServeHTTP implements the OpenAI front door.
 func (r *Router) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	start := time.Now()
-	rid := req.Header.Get("X-Request-Id")
-	if rid == "" || len(rid) > 128 {
-		var b [12]byte
-		_, _ = rand.Read(b[:])
-		rid = hex.EncodeToString(b[:])
-	}
+	rid := proxy.RequestID(req.Header)
 	w.Header().Set("X-Request-Id", rid)
 	g := r.acquire()
 	defer g.release()
@@ -368,7 +359,7 @@ func (r *Router) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	case req.URL.Path == "/v1/models" && req.Method == http.MethodGet:
 		r.serveModels(w, g)
 		return
-	case !proxied[req.URL.Path]:
+	case !proxy.Proxied(req.URL.Path):
 		r.refuse(w, "", http.StatusNotFound, openai.TypeNotFound, fmt.Sprintf("no route for %s %s", req.Method, req.URL.Path))
 		return
 	case req.Method != http.MethodPost:
@@ -377,13 +368,9 @@ func (r *Router) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		return
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, req.Body, g.s.maxBody))
-	if err != nil {
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
-			r.refuse(w, "", http.StatusRequestEntityTooLarge, openai.TypeInvalidRequest, fmt.Sprintf("request body exceeds %d bytes", tooBig.Limit))
-			return
-		}
-		r.refuse(w, "", http.StatusBadRequest, openai.TypeInvalidRequest, "reading request body: "+err.Error())
+	if ref, ok := proxy.BodyError(err); ok {
+		r.log.Debug("reading request body", "request_id", rid, "err", err)
+		r.refusal(w, "", ref)
 		return
 	}
 	var fields struct {
@@ -399,7 +386,7 @@ func (r *Router) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	}
 	var model string
 	if len(fields.Model) > 0 && string(fields.Model) != "null" && json.Unmarshal(fields.Model, &model) != nil {
-		r.refuse(w, "", http.StatusBadRequest, openai.TypeInvalidRequest, "'model' must be a string")
+		r.refuse(w, "", http.StatusBadRequest, openai.TypeInvalidRequest, openai.ErrModelNotString.Error())
 		return
 	}
 	// Limits are kept by the model the member will serve, which is the body's:
@@ -791,44 +778,27 @@ func (r *Router) upstream(ctx context.Context, req *http.Request, m *member, rid
 	if err != nil {
 		return nil, err
 	}
-	for k, vs := range req.Header {
-		if forwardable(k) {
-			out.Header[k] = vs
-		}
-	}
-	for _, v := range req.Header.Values("Connection") {
-		for _, name := range strings.Split(v, ",") {
-			out.Header.Del(strings.TrimSpace(name))
-		}
-	}
-	out.Header.Set("X-Request-Id", rid)
+	proxy.RequestHeaders(out.Header, req.Header, req.RemoteAddr, rid, withheld)
 	if objective != "" {
 		out.Header.Set("X-Gateway-Inference-Objective", objective)
-	}
-	if ip, _, err := net.SplitHostPort(req.RemoteAddr); err == nil {
-		if prior := req.Header.Get("X-Forwarded-For"); prior != "" {
-			ip = prior + ", " + ip
-		}
-		out.Header.Set("X-Forwarded-For", ip)
 	}
 	return out, nil
 }
 
-// forwardable says whether a client's header goes on to the member: not the
-// hop-by-hop ones, not the client's credentials (this router's business, not
-// the member's), and none of kvgate's or the Endpoint Picker protocol's
-// control headers but the model name — a client neither steers tier 1 nor
-// reads its internals.
-func forwardable(name string) bool {
+// withheld says whether a client's header stays here rather than going on to
+// the member: the client's credentials (this router's business, not the
+// member's), and every one of kvgate's or the Endpoint Picker protocol's
+// headers but the model name — a client neither steers tier 1 nor reads its
+// internals. (proxy.RequestHeaders drops the hop-by-hop ones.)
+func withheld(name string) bool {
 	k := http.CanonicalHeaderKey(name)
 	switch k {
-	case "Connection", "Keep-Alive", "Proxy-Connection", "Proxy-Authorization", "Proxy-Authenticate", "Te", "Trailer",
-		"Transfer-Encoding", "Upgrade", "Authorization", "Api-Key":
-		return false
-	case "X-Gateway-Model-Name":
+	case "Authorization", "Api-Key":
 		return true
+	case "X-Gateway-Model-Name":
+		return false
 	}
-	return !strings.HasPrefix(k, "X-Kvgate-") && !strings.HasPrefix(k, "X-Gateway-")
+	return strings.HasPrefix(k, "X-Kvgate-") || strings.HasPrefix(k, "X-Gateway-")
 }
 
 // relay streams a member's answer — its first bytes already read — to the
@@ -838,14 +808,12 @@ func (r *Router) relay(w http.ResponseWriter, req *http.Request, resp *http.Resp
 	defer func() { _ = resp.Body.Close() }()
 	h := w.Header()
 	for k, vs := range resp.Header {
-		switch {
-		case k == "Connection", k == "Keep-Alive", k == "Transfer-Encoding", k == "Content-Length":
-			continue
-		case strings.HasPrefix(k, "X-Kvgate-"):
-			continue // tier 1's internals (endpoint, scores) stay inside
+		if !strings.HasPrefix(k, "X-Kvgate-") { // tier 1's internals (endpoint, scores) stay inside
+			h[k] = vs
 		}
-		h[k] = vs
 	}
+	proxy.RemoveHopHeaders(h)
+	h.Del("Content-Length") // the body is relayed as it comes
 	if resp.ContentLength >= 0 {
 		h.Set("Content-Length", strconv.FormatInt(resp.ContentLength, 10))
 	}
@@ -916,8 +884,12 @@ func (r *Router) relay(w http.ResponseWriter, req *http.Request, resp *http.Resp
 }
 
 func (r *Router) refuse(w http.ResponseWriter, model string, code int, typ, msg string) {
-	r.m.Requests.WithLabelValues("", model, strconv.Itoa(code)).Inc()
-	openai.WriteError(w, code, typ, msg)
+	r.refusal(w, model, &proxy.Refusal{Status: code, Type: typ, Message: msg})
+}
+
+func (r *Router) refusal(w http.ResponseWriter, model string, ref *proxy.Refusal) {
+	r.m.Requests.WithLabelValues("", model, strconv.Itoa(ref.Status)).Inc()
+	ref.Write(w)
 }
 
 // serveModels lists the models the healthy members serve.

@@ -11,6 +11,9 @@ import (
 // ErrNotObject is returned by ScanModel when the body is not a JSON object.
 var ErrNotObject = errors.New("the body must be a JSON object")
 
+// ErrModelNotString is returned when the body's model is not a JSON string.
+var ErrModelNotString = errors.New("'model' must be a string")
+
 // SyntaxError is a body that is not the JSON it claims to be.
 type SyntaxError struct{ Err error }
 
@@ -235,7 +238,7 @@ func (s *scanner) readModel() error {
 		return err
 	}
 	if c != '"' {
-		return errors.New("'model' must be a string")
+		return ErrModelNotString
 	}
 	raw, err := s.str()
 	if err != nil {

@@ -1,0 +1,168 @@
+// Package proxy holds what both tiers do the same when they pass an OpenAI
+// request on: which paths they proxy, the request id, the header policy
+// (hop-by-hop headers both ways, kvgate's control headers, X-Forwarded-For),
+// and how a request body that cannot be read is refused.
+package proxy
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+
+	"github.com/kvgate/kvgate/internal/openai"
+)
+
+// Proxied reports whether path is an OpenAI endpoint kvgate forwards.
+func Proxied(path string) bool {
+	switch path {
+	case "/v1/completions", "/v1/chat/completions", "/v1/embeddings", "/v1/responses":
+		return true
+	}
+	return false
+}
+
+// maxRequestID is the longest client x-request-id passed on; a longer one is
+// replaced, so that logs and upstream headers stay bounded.
+const maxRequestID = 128
+
+// RequestID returns the client's X-Request-Id when it is one to pass on (1 to
+// 128 visible ASCII characters), else a new random one.
+func RequestID(h http.Header) string {
+	if id := h.Get("X-Request-Id"); ValidRequestID(id) {
+		return id
+	}
+	return NewRequestID()
+}
+
+// ValidRequestID reports whether a client's request id is one to pass on.
+func ValidRequestID(id string) bool { return id != "" && len(id) <= maxRequestID && visible(id) }
+
+// NewRequestID is a new random request id.
+func NewRequestID() string {
+	var b [12]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+func visible(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] <= ' ' || s[i] >= 0x7f {
+			return false
+		}
+	}
+	return true
+}
+
+// hopHeaders are connection-level headers (RFC 9110 §7.6.1, and the
+// non-standard ones proxies still meet) that no proxy forwards.
+var hopHeaders = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade"}
+
+// RemoveHopHeaders deletes the connection-level headers from h, including
+// those its Connection header names. Both tiers apply it to requests and
+// responses alike.
+func RemoveHopHeaders(h http.Header) { removeHop(h, h) }
+
+// removeHop deletes from dst the hop-by-hop headers and those that src's
+// Connection header names.
+func removeHop(dst, src http.Header) {
+	for _, v := range src.Values("Connection") {
+		for _, name := range strings.Split(v, ",") {
+			if name = strings.TrimSpace(name); name != "" {
+				dst.Del(name)
+			}
+		}
+	}
+	for _, k := range hopHeaders {
+		dst.Del(k)
+	}
+}
+
+// IsControlHeader reports whether name is one of kvgate's or the Endpoint
+// Picker protocol's control headers: a client never picks the pod, sets a
+// priority or reads the gateway's internals through them.
+func IsControlHeader(name string) bool {
+	n := strings.ToLower(name)
+	return strings.HasPrefix(n, "x-gateway-destination-endpoint") || strings.HasPrefix(n, "x-kvgate-") || n == "x-gateway-inference-objective"
+}
+
+// RequestHeaders fills dst with the client's headers that go upstream: all
+// but the hop-by-hop ones and those drop names, then the request id and the
+// client's address appended to X-Forwarded-For.
+func RequestHeaders(dst, src http.Header, remoteAddr, rid string, drop func(name string) bool) {
+	for k, vs := range src {
+		if drop != nil && drop(k) {
+			continue
+		}
+		dst[k] = vs
+	}
+	removeHop(dst, src)
+	dst.Set("X-Request-Id", rid)
+	if ip, _, err := net.SplitHostPort(remoteAddr); err == nil {
+		if prior := src.Get("X-Forwarded-For"); prior != "" {
+			ip = prior + ", " + ip
+		}
+		dst.Set("X-Forwarded-For", ip)
+	}
+}
+
+// Refusal is a request kvgate answers itself: an HTTP status and an OpenAI
+// error, with the Retry-After to send (0: none) and whether the connection
+// is to be closed after it.
+type Refusal struct {
+	Status  int
+	Type    string
+	Message string
+	// RetryAfter in whole seconds; 0 sends none.
+	RetryAfter int
+	// Close asks the client to open a new connection: the request's body
+	// was not read to its end.
+	Close bool
+}
+
+func (e *Refusal) Error() string { return strconv.Itoa(e.Status) + ": " + e.Message }
+
+// Write answers w with the refusal.
+func (e *Refusal) Write(w http.ResponseWriter) {
+	if e.RetryAfter > 0 {
+		w.Header().Set("Retry-After", strconv.Itoa(e.RetryAfter))
+	}
+	if e.Close {
+		w.Header().Set("Connection", "close")
+	}
+	openai.WriteError(w, e.Status, e.Type, e.Message)
+}
+
+// TooLarge is the refusal of a body larger than limit bytes.
+func TooLarge(limit int64) *Refusal {
+	return &Refusal{Status: http.StatusRequestEntityTooLarge, Type: openai.TypeInvalidRequest,
+		Message: fmt.Sprintf("request body exceeds %d bytes", limit), Close: true}
+}
+
+// BodyError is the refusal for an error reading a client's request body:
+// 413 past the size limit, 408 when it stalled past its read deadline, 400
+// for a body that is not the JSON object an OpenAI request is (the scanner's
+// own message), and 400 without Go's error text when the connection broke.
+// ok is false for a nil error.
+func BodyError(err error) (r *Refusal, ok bool) {
+	var tooBig *http.MaxBytesError
+	var syntax *openai.SyntaxError
+	switch {
+	case err == nil:
+		return nil, false
+	case errors.As(err, &tooBig):
+		return TooLarge(tooBig.Limit), true
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		return &Refusal{Status: http.StatusRequestTimeout, Type: openai.TypeInvalidRequest,
+			Message: "the request body did not arrive in time", Close: true}, true
+	case errors.As(err, &syntax), errors.Is(err, openai.ErrNotObject), errors.Is(err, openai.ErrModelNotString):
+		return &Refusal{Status: http.StatusBadRequest, Type: openai.TypeInvalidRequest, Message: err.Error()}, true
+	}
+	return &Refusal{Status: http.StatusBadRequest, Type: openai.TypeInvalidRequest,
+		Message: "the request body could not be read to its end", Close: true}, true
+}
