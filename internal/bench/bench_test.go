@@ -10,11 +10,13 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/kvgate/kvgate/internal/report"
+	"github.com/kvgate/kvgate/internal/schedule"
 	"github.com/kvgate/kvgate/internal/simserver"
 	"github.com/kvgate/kvgate/internal/simserver/simtest"
 	"github.com/kvgate/kvgate/internal/workload"
@@ -293,5 +295,17 @@ func TestSimCancelled(t *testing.T) {
 	cancel()
 	if _, _, err := RunSim(ctx, SimOptions{Fleet: s.Fleet, Policy: "kvgate"}, tr); err == nil {
 		t.Fatal("a cancelled run reported success")
+	}
+}
+
+// TestPoliciesRegistered: every policy the bench compares is a picker or a
+// profile that schedule registers, so a bench result names something a user
+// can configure.
+func TestPoliciesRegistered(t *testing.T) {
+	known := append(schedule.PickerNames(), schedule.ProfileNames()...)
+	for _, p := range Policies {
+		if !slices.Contains(known, p) {
+			t.Errorf("bench policy %q is neither a picker nor a profile (%v)", p, known)
+		}
 	}
 }

@@ -148,8 +148,7 @@ func RunSim(ctx context.Context, opts SimOptions, trace workload.Trace) ([]repor
 // whether it scores prefix affinity.
 func newPicker(opts SimOptions, adapters bool) (schedule.Picker, bool, error) {
 	if opts.Profile == nil {
-		switch opts.Policy {
-		case "round-robin", "least-request", "random", "power-of-two":
+		if schedule.IsBaseline(opts.Policy) {
 			p, err := schedule.New(opts.Policy, opts.Seed)
 			return p, false, err
 		}

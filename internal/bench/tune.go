@@ -114,7 +114,7 @@ func Tune(ctx context.Context, w io.Writer, cfg TuneConfig) (schedule.Profile, e
 	}
 	startScore := bestScore
 	fmt.Fprintf(w, "  start  %s  → %s\n", describe(best), fmtScore(cfg.Objective, bestScore))
-	dims := []string{"queue", "kvCache", "prefix", "loraAffinity", "runningRequests", "prefillQueue"}
+	dims := schedule.WeightNames()
 	if cfg.Spreads {
 		dims = append(dims, "queueSpread", "runningSpread", "prefillSpread")
 	}
@@ -202,7 +202,7 @@ func describe(p schedule.Profile) string {
 // over a profile sets all five.
 func weightsBlock(p schedule.Profile) string {
 	var parts []string
-	for _, k := range []string{"queue", "kvCache", "prefix", "loraAffinity", "runningRequests", "prefillQueue"} {
+	for _, k := range schedule.WeightNames() {
 		parts = append(parts, fmt.Sprintf("%s: %g", k, p.Weights[k]))
 	}
 	return "{" + strings.Join(parts, ", ") + "}"

@@ -94,13 +94,13 @@ type Picker interface {
 // is built with NewWeighted (the gateway does so for "kvgate").
 func New(name string, seed uint64) (Picker, error) {
 	switch name {
-	case "", "kvgate", "least-request":
+	case "", PickerKvgate, Baselines[0]:
 		return &LeastRequest{rng: newLockedRand(seed)}, nil
-	case "round-robin":
+	case Baselines[1]:
 		return &RoundRobin{}, nil
-	case "random":
+	case Baselines[2]:
 		return &Random{rng: newLockedRand(seed)}, nil
-	case "power-of-two":
+	case Baselines[3]:
 		return &PowerOfTwo{rng: newLockedRand(seed)}, nil
 	default:
 		return nil, fmt.Errorf("unknown picker %q", name)

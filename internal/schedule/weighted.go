@@ -69,7 +69,7 @@ const DefaultProfile = "chat"
 // LookupProfile returns a copy of the named profile ("kvgate" is the default
 // profile).
 func LookupProfile(name string) (Profile, error) {
-	if name == "" || name == "kvgate" {
+	if name == "" || name == PickerKvgate {
 		name = DefaultProfile
 	}
 	p, ok := profiles[name]
