@@ -21,8 +21,13 @@ pid=$!
 trap 'kill -TERM "$pid" 2>/dev/null' INT TERM
 
 (
-  trap 'exit 0' TERM
-  while sleep "$every"; do
+  # sleep in the background and wait for it: a trap interrupts wait at once,
+  # where it would wait for a foreground sleep to end.
+  trap 'kill "$nap" 2>/dev/null; exit 0' TERM
+  while :; do
+    sleep "$every" &
+    nap=$!
+    wait "$nap"
     s=$(( $(date +%s) - start ))
     printf '  … %s: still running after %dm%02ds (%s)\n' "$what" $((s / 60)) $((s % 60)) "$expected" >&2
   done
