@@ -10,9 +10,9 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	sigsyaml "sigs.k8s.io/yaml"
 
 	"github.com/kvgate/kvgate/api/v1alpha1"
+	"github.com/kvgate/kvgate/internal/config"
 )
 
 // Defaults of JWTConfig's optional fields.
@@ -96,14 +96,16 @@ type JWTConfig struct {
 	FetchTimeout *metav1.Duration `json:"fetchTimeout,omitempty"`
 }
 
-// ParseConfig decodes a YAML (or JSON) auth section strictly, refusing unknown
-// fields, and validates it.
-func ParseConfig(data []byte) (Config, error) {
+// ParseConfig decodes a YAML (or JSON) auth section strictly — an unknown
+// field or a value of the wrong kind is an error naming its path and line —
+// and validates it; name labels the errors.
+func ParseConfig(name string, data []byte) (Config, error) {
 	var cfg Config
-	if err := sigsyaml.UnmarshalStrict(data, &cfg); err != nil {
-		return Config{}, fmt.Errorf("auth config: %w", err)
+	doc, err := config.Decode(name, data, &cfg, "auth section", "apiKeys, jwt or allowAnonymous")
+	if err != nil {
+		return Config{}, err
 	}
-	if err := cfg.Validate(); err != nil {
+	if err := doc.Check(cfg.Problems("")); err != nil {
 		return Config{}, err
 	}
 	return cfg, nil
@@ -136,12 +138,26 @@ func parseHash(h string) ([sha256.Size]byte, error) {
 // Validate reports every problem of the configuration in one error, each with
 // the path of its field.
 func (c Config) Validate() error {
-	var problems []string
+	problems := c.Problems("")
+	if len(problems) == 0 {
+		return nil
+	}
+	msgs := make([]string, len(problems))
+	for i, p := range problems {
+		msgs[i] = p.Error()
+	}
+	return fmt.Errorf("invalid auth config: %s", strings.Join(msgs, "; "))
+}
+
+// Problems lists every problem of the configuration by field path, each path
+// under at (the section's own path in the file that holds it; "" at the top).
+func (c Config) Problems(at string) []v1alpha1.FieldError {
+	var problems []v1alpha1.FieldError
 	add := func(path, format string, args ...any) {
-		problems = append(problems, path+": "+fmt.Sprintf(format, args...))
+		problems = append(problems, v1alpha1.FieldError{Path: join(at, path), Message: fmt.Sprintf(format, args...)})
 	}
 	if len(c.APIKeys) == 0 && c.JWT == nil && !c.AllowAnonymous {
-		problems = append(problems, "no authentication configured: set apiKeys, jwt or allowAnonymous")
+		add("", "no authentication configured: set apiKeys, jwt or allowAnonymous")
 	}
 	seen := make(map[[sha256.Size]byte]int, len(c.APIKeys))
 	for i, k := range c.APIKeys {
@@ -163,19 +179,22 @@ func (c Config) Validate() error {
 		seen[d] = i
 	}
 	if c.JWT != nil {
-		problems = append(problems, c.JWT.problems()...)
+		c.JWT.problems(func(path, format string, args ...any) { add("jwt."+path, format, args...) })
 	}
-	if len(problems) > 0 {
-		return fmt.Errorf("invalid auth config: %s", strings.Join(problems, "; "))
-	}
-	return nil
+	return problems
 }
 
-func (j *JWTConfig) problems() []string {
-	var problems []string
-	add := func(path, format string, args ...any) {
-		problems = append(problems, "jwt."+path+": "+fmt.Sprintf(format, args...))
+func join(at, path string) string {
+	switch {
+	case at == "":
+		return path
+	case path == "":
+		return at
 	}
+	return at + "." + path
+}
+
+func (j *JWTConfig) problems(add func(path, format string, args ...any)) {
 	if j.JWKSURL == "" {
 		add("jwksURL", "required")
 	} else if u, err := url.Parse(j.JWKSURL); err != nil {
@@ -200,7 +219,6 @@ func (j *JWTConfig) problems() []string {
 	if d := j.FetchTimeout; d != nil && d.Duration <= 0 {
 		add("fetchTimeout", "must be positive, got %v", d.Duration)
 	}
-	return problems
 }
 
 func (j *JWTConfig) tenantClaim() string {

@@ -109,10 +109,10 @@ func TestConfigValidateDoesNotEchoKey(t *testing.T) {
 
 func TestParseConfig(t *testing.T) {
 	t.Run("full", func(t *testing.T) {
-		cfg, err := auth.ParseConfig([]byte(`
+		cfg, err := auth.ParseConfig("auth.yaml", []byte(`
 apiKeys:
 - tenant: acme
-  hash: ` + auth.HashKey("sk-acme") + `
+  hash: `+auth.HashKey("sk-acme")+`
 jwt:
   jwksURL: https://idp.example.com/.well-known/jwks.json
   issuer: https://idp.example.com/
@@ -133,17 +133,19 @@ allowAnonymous: true
 			t.Fatalf("parsed %+v, jwt %+v", cfg, j)
 		}
 	})
-	for name, doc := range map[string]string{
-		"unknown field":   "apiKeys: []\nallowAnonymus: true\n",
-		"nested unknown":  "jwt:\n  jwks_uri: https://idp/jwks\n",
-		"bad duration":    "jwt:\n  jwksURL: https://idp/jwks\n  refreshInterval: 5\n",
-		"fails Validate":  "apiKeys:\n- tenant: a\n  hash: sha256:00\n",
-		"wrong type":      "allowAnonymous: maybe\n",
-		"empty documents": "",
+	// Each error names the field and its line.
+	for _, c := range []struct{ name, doc, want string }{
+		{"unknown field", "apiKeys: []\nallowAnonymus: true\n", "auth.yaml:2: allowAnonymus: unknown field"},
+		{"nested unknown", "jwt:\n  jwks_uri: https://idp/jwks\n", "auth.yaml:2: jwt.jwks_uri: unknown field"},
+		{"bad duration", "jwt:\n  jwksURL: https://idp/jwks\n  refreshInterval: 5\n", "auth.yaml"},
+		{"fails Validate", "apiKeys:\n- tenant: a\n  hash: sha256:00\n", "auth.yaml:3: apiKeys[0].hash: "},
+		{"wrong type", "allowAnonymous: maybe\n", "auth.yaml:1: allowAnonymous: must be true or false"},
+		{"empty documents", "", "auth.yaml: the document is empty"},
 	} {
-		t.Run(name, func(t *testing.T) {
-			if _, err := auth.ParseConfig([]byte(doc)); err == nil {
-				t.Fatalf("ParseConfig(%q) passed", doc)
+		t.Run(c.name, func(t *testing.T) {
+			_, err := auth.ParseConfig("auth.yaml", []byte(c.doc))
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("ParseConfig(%q): %v, want an error with %q", c.doc, err, c.want)
 			}
 		})
 	}

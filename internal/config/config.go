@@ -64,8 +64,34 @@ func Load(path string) (*v1alpha1.InferenceGatewayConfig, error) {
 	return Parse(path, data)
 }
 
-// Parse decodes and checks a document; name labels the errors.
+// Parse decodes and checks an InferenceGatewayConfig; name labels the errors.
 func Parse(name string, data []byte) (*v1alpha1.InferenceGatewayConfig, error) {
+	var cfg v1alpha1.InferenceGatewayConfig
+	doc, err := Decode(name, data, &cfg, "InferenceGatewayConfig", "apiVersion, kind, metadata and spec")
+	if err != nil {
+		return nil, err
+	}
+	errs := Kind(cfg.APIVersion, cfg.Kind, v1alpha1.APIVersion, v1alpha1.Kind)
+	if err := doc.Check(append(errs, cfg.Validate()...)); err != nil {
+		return nil, err
+	}
+	return &cfg, nil
+}
+
+// Document is a file Decode read, kept for the lines of problems found after
+// decoding.
+type Document struct {
+	name string
+	root *yaml.Node // the document's top mapping
+}
+
+// Decode reads the one YAML (or JSON) document in data into out, strictly:
+// an unknown field or a value of the wrong kind is a problem naming its
+// field path and line, and every one is reported at once; so is a file with
+// no document, or more than one. what names the document and fields its
+// top-level fields, for messages. Every configuration file kvgate reads goes
+// through here.
+func Decode(name string, data []byte, out any, what, fields string) (*Document, error) {
 	fail := func(ps ...Problem) error { return &Error{File: name, Problems: ps} }
 	var root yaml.Node
 	dec := yaml.NewDecoder(bytes.NewReader(data))
@@ -78,37 +104,49 @@ func Parse(name string, data []byte) (*v1alpha1.InferenceGatewayConfig, error) {
 		if err != nil {
 			return nil, fail(yamlProblem(err))
 		}
-		return nil, fail(Problem{Line: line, Message: "the file holds more than one document; kvgate reads exactly one InferenceGatewayConfig"})
+		return nil, fail(Problem{Line: line, Message: "the file holds more than one document; kvgate reads exactly one " + what})
 	}
 	if root.Kind == 0 || len(root.Content) == 0 {
 		return nil, fail(Problem{Message: "the document is empty"})
 	}
 	doc := root.Content[0]
 	if doc.Kind != yaml.MappingNode {
-		return nil, fail(Problem{Line: doc.Line, Message: "the document must be a mapping with apiVersion, kind, metadata and spec"})
+		return nil, fail(Problem{Line: doc.Line, Message: "the document must be a mapping with " + fields})
 	}
 	var problems []Problem
-	walk(doc, reflect.TypeFor[v1alpha1.InferenceGatewayConfig](), "", &problems)
+	walk(doc, reflect.TypeOf(out), "", &problems)
 	if len(problems) > 0 {
 		return nil, fail(problems...)
 	}
-	var cfg v1alpha1.InferenceGatewayConfig
-	if err := sigsyaml.UnmarshalStrict(data, &cfg); err != nil {
+	if err := sigsyaml.UnmarshalStrict(data, out); err != nil {
 		return nil, fail(Problem{Message: err.Error()})
 	}
-	if cfg.APIVersion != v1alpha1.APIVersion {
-		problems = append(problems, Problem{Line: lineOf(doc, "apiVersion"), Path: "apiVersion", Message: fmt.Sprintf("is %q, want %q", cfg.APIVersion, v1alpha1.APIVersion)})
+	return &Document{name: name, root: doc}, nil
+}
+
+// Check is nil when errs is empty, else an *Error listing each with the line
+// of its field (or of the nearest parent the file has).
+func (d *Document) Check(errs []v1alpha1.FieldError) error {
+	if len(errs) == 0 {
+		return nil
 	}
-	if cfg.Kind != v1alpha1.Kind {
-		problems = append(problems, Problem{Line: lineOf(doc, "kind"), Path: "kind", Message: fmt.Sprintf("is %q, want %q", cfg.Kind, v1alpha1.Kind)})
+	e := &Error{File: d.name}
+	for _, fe := range errs {
+		e.Problems = append(e.Problems, Problem{Line: lineOf(d.root, fe.Path), Path: fe.Path, Message: fe.Message})
 	}
-	for _, fe := range cfg.Validate() {
-		problems = append(problems, Problem{Line: lineOf(doc, fe.Path), Path: fe.Path, Message: fe.Message})
+	return e
+}
+
+// Kind checks a document's apiVersion and kind.
+func Kind(apiVersion, kind, wantAPIVersion, wantKind string) []v1alpha1.FieldError {
+	var errs []v1alpha1.FieldError
+	if apiVersion != wantAPIVersion {
+		errs = append(errs, v1alpha1.FieldError{Path: "apiVersion", Message: fmt.Sprintf("is %q, want %q", apiVersion, wantAPIVersion)})
 	}
-	if len(problems) > 0 {
-		return nil, fail(problems...)
+	if kind != wantKind {
+		errs = append(errs, v1alpha1.FieldError{Path: "kind", Message: fmt.Sprintf("is %q, want %q", kind, wantKind)})
 	}
-	return &cfg, nil
+	return errs
 }
 
 var yamlLine = regexp.MustCompile(`line (\d+)`)

@@ -10,10 +10,10 @@ import (
 
 	"golang.org/x/net/http/httpguts"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"sigs.k8s.io/yaml"
 
 	"github.com/kvgate/kvgate/api/v1alpha1"
 	"github.com/kvgate/kvgate/internal/auth"
+	"github.com/kvgate/kvgate/internal/config"
 )
 
 // Kind and APIVersion of the global router's configuration document.
@@ -203,142 +203,183 @@ func Load(path string) (*Config, error) {
 	return Parse(path, data)
 }
 
-// Parse decodes a configuration strictly (an unknown field is an error) and
-// validates it.
+// Parse decodes a configuration strictly — an unknown field or a value of
+// the wrong kind is an error naming its path and line — and validates it.
 func Parse(name string, data []byte) (*Config, error) {
 	var c Config
-	if err := yaml.UnmarshalStrict(data, &c); err != nil {
-		return nil, fmt.Errorf("%s: %w", name, err)
+	doc, err := config.Decode(name, data, &c, Kind, "apiVersion, kind, metadata and spec")
+	if err != nil {
+		return nil, err
 	}
-	if err := c.Validate(); err != nil {
-		return nil, fmt.Errorf("%s: %w", name, err)
+	if err := doc.Check(c.problems()); err != nil {
+		return nil, err
 	}
 	return &c, nil
 }
 
-// Validate reports every problem with the configuration.
+// Validate reports every problem with the configuration in one error.
 func (c *Config) Validate() error {
 	var errs []error
-	add := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
-	if c.APIVersion != APIVersion || c.Kind != Kind {
-		add("apiVersion/kind: want %s %s, got %q %q", APIVersion, Kind, c.APIVersion, c.Kind)
-	}
-	if len(c.Spec.Members) == 0 {
-		add("spec.members: at least one member is needed")
-	}
-	names := map[string]bool{}
-	for i, m := range c.Spec.Members {
-		at := fmt.Sprintf("spec.members[%d]", i)
-		if m.Name == "" {
-			add("%s.name: required", at)
-		} else if names[m.Name] {
-			add("%s.name: %q is used twice", at, m.Name)
-		}
-		names[m.Name] = true
-		for field, u := range map[string]string{"url": m.URL, "adminURL": m.AdminURL} {
-			if pu, err := url.Parse(u); err != nil || (pu.Scheme != "http" && pu.Scheme != "https") || pu.Host == "" {
-				add("%s.%s: want an http(s) URL, got %q", at, field, u)
-			}
-		}
-		switch {
-		case m.PricePerMillionTokens != nil && m.PricePerGPUHour != nil:
-			add("%s: set pricePerMillionTokens or pricePerGPUHour, not both", at)
-		case m.PricePerMillionTokens != nil && *m.PricePerMillionTokens < 0:
-			add("%s.pricePerMillionTokens: must be ≥ 0", at)
-		case m.PricePerGPUHour != nil && (*m.PricePerGPUHour < 0 || m.TokensPerGPUHour == nil || *m.TokensPerGPUHour <= 0):
-			add("%s: pricePerGPUHour needs a positive tokensPerGPUHour", at)
-		}
-		if m.Weight != nil && *m.Weight <= 0 {
-			add("%s.weight: must be > 0", at)
-		}
-	}
-	models := map[string]bool{}
-	for i, m := range c.Spec.Models {
-		if m.Name == "" || models[m.Name] {
-			add("spec.models[%d].name: required and unique, got %q", i, m.Name)
-		}
-		models[m.Name] = true
-		if m.TTFTSLO != nil && m.TTFTSLO.Duration <= 0 {
-			add("spec.models[%d].ttftSLO: must be > 0", i)
-		}
-		if m.Limits != nil {
-			errs = append(errs, m.Limits.validate(fmt.Sprintf("spec.models[%d].limits", i))...)
-		}
-	}
-	tenants := map[string]bool{}
-	for i, tn := range c.Spec.Tenants {
-		if tn.Name == "" || tn.Name == "*" || tenants[tn.Name] {
-			add("spec.tenants[%d].name: required, unique and not \"*\" (which names the model-wide limits), got %q", i, tn.Name)
-		}
-		if tn.TTFTSLO != nil && tn.TTFTSLO.Duration <= 0 {
-			add("spec.tenants[%d].ttftSLO: must be > 0", i)
-		}
-		// Sent as a header to every member: a value the HTTP client refuses
-		// would fail each attempt as if the member were down.
-		if o := tn.Objective; o != "" && (len(o) > 253 || strings.TrimSpace(o) != o || !httpguts.ValidHeaderFieldValue(o)) {
-			add("spec.tenants[%d].objective: must be a printable header value of at most 253 characters without surrounding spaces, got %q", i, o)
-		}
-		tenants[tn.Name] = true
-		seen := map[string]bool{}
-		for j, l := range tn.Limits {
-			if l.Model == "" || seen[l.Model] {
-				add("spec.tenants[%d].limits[%d].model: required and unique (\"*\" for all models), got %q", i, j, l.Model)
-			}
-			seen[l.Model] = true
-			errs = append(errs, l.validate(fmt.Sprintf("spec.tenants[%d].limits[%d]", i, j))...)
-		}
-	}
-	r := c.Spec.Routing
-	for field, d := range map[string]*metav1.Duration{"heartbeatInterval": r.HeartbeatInterval, "heartbeatTimeout": r.HeartbeatTimeout,
-		"defaultTTFTSLO": r.DefaultTTFTSLO} {
-		if d != nil && d.Duration <= 0 {
-			add("spec.routing.%s: must be > 0", field)
-		}
-	}
-	for field, d := range map[string]*metav1.Duration{"rampUp": r.RampUp, "crossRegionLatency": r.CrossRegionLatency, "firstByteTimeout": r.FirstByteTimeout} {
-		if d != nil && d.Duration < 0 {
-			add("spec.routing.%s: must be ≥ 0", field)
-		}
-	}
-	if st := r.settings(); st.heartbeat > 0 && st.heartbeatTimeout > 0 && st.heartbeatTimeout < st.heartbeat {
-		add("spec.routing.heartbeatTimeout: must be at least heartbeatInterval, or every member flaps")
-	}
-	if r.MaxBodyBytes != nil && *r.MaxBodyBytes <= 0 {
-		add("spec.routing.maxBodyBytes: must be > 0")
-	}
-	if r.MaxAttempts != nil && (*r.MaxAttempts < 1 || *r.MaxAttempts > 10) {
-		add("spec.routing.maxAttempts: must be 1..10")
-	}
-	if r.MaxErrorRate != nil && (*r.MaxErrorRate <= 0 || *r.MaxErrorRate > 1) {
-		add("spec.routing.maxErrorRate: must be in (0, 1]")
-	}
-	if a := c.Spec.Auth; a != nil {
-		if err := a.Validate(); err != nil {
-			add("spec.auth: %w", err)
-		}
-	}
-	if rl := c.Spec.RateLimit; rl != nil {
-		if rl.Redis == "" {
-			add("spec.rateLimit.redis: required (host:port)")
-		}
-		if rl.DefaultMaxTokens != nil && *rl.DefaultMaxTokens <= 0 {
-			add("spec.rateLimit.defaultMaxTokens: must be > 0")
-		}
-		if rl.Timeout != nil && rl.Timeout.Duration <= 0 {
-			add("spec.rateLimit.timeout: must be > 0")
-		}
-		if rl.FailMode != "" && rl.FailMode != "open" && rl.FailMode != "closed" {
-			add("spec.rateLimit.failMode: \"open\" or \"closed\", got %q", rl.FailMode)
-		}
+	for _, fe := range c.problems() {
+		errs = append(errs, fe)
 	}
 	return errors.Join(errs...)
 }
 
-func (l Limits) validate(at string) []error {
-	if l.RequestsPerMinute < 0 || l.TokensPerMinute < 0 {
-		return []error{fmt.Errorf("%s: limits must be ≥ 0", at)}
+// problems are every problem with the configuration, by field path: one small
+// validator a section.
+func (c *Config) problems() []v1alpha1.FieldError {
+	p := &problems{}
+	p.errs = config.Kind(c.APIVersion, c.Kind, APIVersion, Kind)
+	validateMembers(p, c.Spec.Members)
+	validateModels(p, c.Spec.Models)
+	validateTenants(p, c.Spec.Tenants)
+	validateRouting(p, c.Spec.Routing)
+	if a := c.Spec.Auth; a != nil {
+		p.errs = append(p.errs, a.Problems("spec.auth")...)
 	}
-	return nil
+	validateRateLimit(p, c.Spec.RateLimit)
+	return p.errs
+}
+
+// problems collects field errors.
+type problems struct{ errs []v1alpha1.FieldError }
+
+func (p *problems) add(path, format string, args ...any) {
+	p.errs = append(p.errs, v1alpha1.FieldError{Path: path, Message: fmt.Sprintf(format, args...)})
+}
+
+func validateMembers(p *problems, members []Member) {
+	if len(members) == 0 {
+		p.add("spec.members", "at least one member is needed")
+	}
+	names := map[string]bool{}
+	for i, m := range members {
+		at := fmt.Sprintf("spec.members[%d]", i)
+		if m.Name == "" {
+			p.add(at+".name", "required")
+		} else if names[m.Name] {
+			p.add(at+".name", "%q is used twice", m.Name)
+		}
+		names[m.Name] = true
+		for _, f := range []struct{ field, url string }{{"url", m.URL}, {"adminURL", m.AdminURL}} {
+			if pu, err := url.Parse(f.url); err != nil || (pu.Scheme != "http" && pu.Scheme != "https") || pu.Host == "" {
+				p.add(at+"."+f.field, "want an http(s) URL, got %q", f.url)
+			}
+		}
+		switch {
+		case m.PricePerMillionTokens != nil && m.PricePerGPUHour != nil:
+			p.add(at, "set pricePerMillionTokens or pricePerGPUHour, not both")
+		case m.PricePerMillionTokens != nil && *m.PricePerMillionTokens < 0:
+			p.add(at+".pricePerMillionTokens", "must be ≥ 0")
+		case m.PricePerGPUHour != nil && (*m.PricePerGPUHour < 0 || m.TokensPerGPUHour == nil || *m.TokensPerGPUHour <= 0):
+			p.add(at, "pricePerGPUHour needs a positive tokensPerGPUHour")
+		}
+		if m.Weight != nil && *m.Weight <= 0 {
+			p.add(at+".weight", "must be > 0")
+		}
+	}
+}
+
+func validateModels(p *problems, models []ModelPolicy) {
+	seen := map[string]bool{}
+	for i, m := range models {
+		at := fmt.Sprintf("spec.models[%d]", i)
+		if m.Name == "" || seen[m.Name] {
+			p.add(at+".name", "required and unique, got %q", m.Name)
+		}
+		seen[m.Name] = true
+		if m.TTFTSLO != nil && m.TTFTSLO.Duration <= 0 {
+			p.add(at+".ttftSLO", "must be > 0")
+		}
+		if m.Limits != nil {
+			m.Limits.validate(p, at+".limits")
+		}
+	}
+}
+
+func validateTenants(p *problems, tenants []Tenant) {
+	seen := map[string]bool{}
+	for i, tn := range tenants {
+		at := fmt.Sprintf("spec.tenants[%d]", i)
+		if tn.Name == "" || tn.Name == "*" || seen[tn.Name] {
+			p.add(at+".name", "required, unique and not \"*\" (which names the model-wide limits), got %q", tn.Name)
+		}
+		if tn.TTFTSLO != nil && tn.TTFTSLO.Duration <= 0 {
+			p.add(at+".ttftSLO", "must be > 0")
+		}
+		// Sent as a header to every member: a value the HTTP client refuses
+		// would fail each attempt as if the member were down.
+		if o := tn.Objective; o != "" && (len(o) > 253 || strings.TrimSpace(o) != o || !httpguts.ValidHeaderFieldValue(o)) {
+			p.add(at+".objective", "must be a printable header value of at most 253 characters without surrounding spaces, got %q", o)
+		}
+		seen[tn.Name] = true
+		models := map[string]bool{}
+		for j, l := range tn.Limits {
+			lat := fmt.Sprintf("%s.limits[%d]", at, j)
+			if l.Model == "" || models[l.Model] {
+				p.add(lat+".model", "required and unique (\"*\" for all models), got %q", l.Model)
+			}
+			models[l.Model] = true
+			l.validate(p, lat)
+		}
+	}
+}
+
+func validateRouting(p *problems, r Routing) {
+	for _, d := range []struct {
+		field string
+		d     *metav1.Duration
+		zero  bool // 0 allowed
+	}{
+		{"heartbeatInterval", r.HeartbeatInterval, false}, {"heartbeatTimeout", r.HeartbeatTimeout, false},
+		{"defaultTTFTSLO", r.DefaultTTFTSLO, false}, {"rampUp", r.RampUp, true},
+		{"crossRegionLatency", r.CrossRegionLatency, true}, {"firstByteTimeout", r.FirstByteTimeout, true},
+	} {
+		switch {
+		case d.d == nil:
+		case d.zero && d.d.Duration < 0:
+			p.add("spec.routing."+d.field, "must be ≥ 0")
+		case !d.zero && d.d.Duration <= 0:
+			p.add("spec.routing."+d.field, "must be > 0")
+		}
+	}
+	if st := r.settings(); st.heartbeat > 0 && st.heartbeatTimeout > 0 && st.heartbeatTimeout < st.heartbeat {
+		p.add("spec.routing.heartbeatTimeout", "must be at least heartbeatInterval, or every member flaps")
+	}
+	if r.MaxBodyBytes != nil && *r.MaxBodyBytes <= 0 {
+		p.add("spec.routing.maxBodyBytes", "must be > 0")
+	}
+	if r.MaxAttempts != nil && (*r.MaxAttempts < 1 || *r.MaxAttempts > 10) {
+		p.add("spec.routing.maxAttempts", "must be 1..10")
+	}
+	if r.MaxErrorRate != nil && (*r.MaxErrorRate <= 0 || *r.MaxErrorRate > 1) {
+		p.add("spec.routing.maxErrorRate", "must be in (0, 1]")
+	}
+}
+
+func validateRateLimit(p *problems, rl *RateLimit) {
+	if rl == nil {
+		return
+	}
+	if rl.Redis == "" {
+		p.add("spec.rateLimit.redis", "required (host:port)")
+	}
+	if rl.DefaultMaxTokens != nil && *rl.DefaultMaxTokens <= 0 {
+		p.add("spec.rateLimit.defaultMaxTokens", "must be > 0")
+	}
+	if rl.Timeout != nil && rl.Timeout.Duration <= 0 {
+		p.add("spec.rateLimit.timeout", "must be > 0")
+	}
+	if rl.FailMode != "" && rl.FailMode != "open" && rl.FailMode != "closed" {
+		p.add("spec.rateLimit.failMode", "\"open\" or \"closed\", got %q", rl.FailMode)
+	}
+}
+
+func (l Limits) validate(p *problems, at string) {
+	if l.RequestsPerMinute < 0 || l.TokensPerMinute < 0 {
+		p.add(at, "limits must be ≥ 0")
+	}
 }
 
 // Price is the member's price per million tokens (0 when unset).

@@ -9,18 +9,19 @@ func TestParse(t *testing.T) {
 	const head = "apiVersion: gateway.kvgate.io/v1alpha1\nkind: GlobalRouterConfig\nspec:\n"
 	const member = "  members:\n  - {name: a, url: 'http://a:8080', adminURL: 'http://a:9090', pricePerMillionTokens: 1}\n"
 	for _, tc := range []struct {
-		name, doc, want string // want: "" for valid, else a piece of the error
+		name, doc, want string // want: "" for valid, else a piece of the error, with its line
 	}{
 		{"minimal", head + member, ""},
 		{"the example", "", ""},
-		{"unknown field", head + member + "  routng: {}\n", `unknown field "routng"`},
+		{"unknown field", head + member + "  routng: {}\n", "test.yaml:6: spec.routng: unknown field"},
 		{"no members", head + "  members: []\n", "at least one member"},
-		{"wrong kind", strings.Replace(head, "GlobalRouterConfig", "Gateway", 1) + member, "apiVersion/kind"},
-		{"bad URL", head + "  members:\n  - {name: a, url: 'a:8080', adminURL: 'http://a:9090'}\n", "members[0].url"},
+		{"wrong type", head + member + "  routing: {maxAttempts: three}\n", "test.yaml:6: spec.routing.maxAttempts: must be an integer"},
+		{"wrong kind", strings.Replace(head, "GlobalRouterConfig", "Gateway", 1) + member, `test.yaml:2: kind: is "Gateway", want "GlobalRouterConfig"`},
+		{"bad URL", head + "  members:\n  - {name: a, url: 'a:8080', adminURL: 'http://a:9090'}\n", "test.yaml:5: spec.members[0].url: want an http(s) URL"},
 		{"duplicate member", head + member + "  - {name: a, url: 'http://b:8080', adminURL: 'http://b:9090'}\n", "used twice"},
 		{"two prices", head + "  members:\n  - {name: a, url: 'http://a', adminURL: 'http://a', pricePerMillionTokens: 1, pricePerGPUHour: 2, tokensPerGPUHour: 9}\n", "not both"},
 		{"GPU-hour price without tokens", head + "  members:\n  - {name: a, url: 'http://a', adminURL: 'http://a', pricePerGPUHour: 2}\n", "tokensPerGPUHour"},
-		{"zero heartbeat", head + member + "  routing: {heartbeatInterval: 0s}\n", "heartbeatInterval: must be > 0"},
+		{"zero heartbeat", head + member + "  routing: {heartbeatInterval: 0s}\n", "test.yaml:6: spec.routing.heartbeatInterval: must be > 0"},
 		{"timeout under the interval", head + member + "  routing: {heartbeatInterval: 2s, heartbeatTimeout: 1s}\n", "at least heartbeatInterval"},
 		{"timeout under the default interval", head + member + "  routing: {heartbeatTimeout: 100ms}\n", "at least heartbeatInterval"},
 		{"negative first-byte timeout", head + member + "  routing: {firstByteTimeout: -1s}\n", "firstByteTimeout: must be ≥ 0"},
@@ -32,7 +33,7 @@ func TestParse(t *testing.T) {
 		{"negative limit", head + member + "  tenants: [{name: acme, limits: [{model: '*', requestsPerMinute: -1}]}]\n", "must be ≥ 0"},
 		{"bad fail mode", head + member + "  rateLimit: {redis: 'r:6379', failMode: maybe}\n", "failMode"},
 		{"rate limit without redis", head + member + "  rateLimit: {failMode: open}\n", "rateLimit.redis"},
-		{"bad key hash", head + member + "  auth: {apiKeys: [{tenant: acme, hash: 'sha256:zz'}]}\n", "spec.auth"},
+		{"bad key hash", head + member + "  auth: {apiKeys: [{tenant: acme, hash: 'sha256:zz'}]}\n", "test.yaml:6: spec.auth.apiKeys[0].hash"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var err error
