@@ -8,7 +8,7 @@ import (
 	"io"
 )
 
-// ErrNotObject is returned by ScanModel when the body is not a JSON object.
+// ErrNotObject is returned by Scan when the body is not a JSON object.
 var ErrNotObject = errors.New("the body must be a JSON object")
 
 // ErrModelNotString is returned when the body's model is not a JSON string.
@@ -24,7 +24,7 @@ func malformed(format string, args ...any) error {
 	return &SyntaxError{Err: fmt.Errorf(format, args...)}
 }
 
-// scanChunk is how much ScanModel reads at a time.
+// scanChunk is how much Scan reads at a time.
 const scanChunk = 16 << 10
 
 // Scanned is what Scan found at the head of a body.
