@@ -23,7 +23,9 @@ build:
 ## KVGATE_SKIP=kube,helm,redis (or all) runs without those real parts and says so at the end.
 test:
 	@rc=0; $(MAKE) --no-print-directory -k unit lint verify-generate || rc=$$?; ./hack/skipped.sh; \
-	  if [ $$rc = 0 ]; then echo "make test: passed"; else echo "make test: FAILED (see above)" >&2; fi; exit $$rc
+	  if [ $$rc != 0 ]; then echo "make test: FAILED (see above)" >&2; \
+	  elif [ -n "$$KVGATE_SKIP" ]; then echo "make test: passed, without the parts listed above"; \
+	  else echo "make test: passed"; fi; exit $$rc
 
 ## generate: the CRD (config/crd/bases) and deep-copy functions from api/v1alpha1.
 generate:
