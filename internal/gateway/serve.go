@@ -426,7 +426,8 @@ func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Re
 	case ctx.Err() != nil:
 		code, msg = http.StatusGatewayTimeout, "route timeout exceeded before an endpoint answered"
 	case lastErr != nil:
-		msg += ": " + lastErr.Error()
+		// The endpoint's address and Go's error text stay in the log.
+		g.log.Warn("no endpoint could serve the request", "request_id", j.rid, "scheduler", j.p.name, "err", lastErr)
 	}
 	g.reject(w, j.p, j.model, code, typ, msg)
 }
@@ -517,7 +518,8 @@ func (g *Gateway) relay(ctx context.Context, w http.ResponseWriter, resp *http.R
 		code = "499" // the client went away; its upstream request is cancelled with it
 	case readErr != nil:
 		g.m.StreamErrors.WithLabelValues(j.p.name).Inc()
-		msg, status := "the model server failed mid-response: "+readErr.Error(), http.StatusBadGateway
+		// The error's text (addresses, Go's wording) stays in the log below.
+		msg, status := "the model server failed mid-response", http.StatusBadGateway
 		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
 			msg, status = "route timeout exceeded mid-response", http.StatusGatewayTimeout
 		}
