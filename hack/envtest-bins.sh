@@ -17,7 +17,7 @@ set -euo pipefail
 K8S_VERSION=${ENVTEST_K8S_VERSION:-v1.35.4}   # k8s.io/kubernetes; matches k8s.io/apimachinery v0.35.4 in go.mod
 ETCD_VERSION=${ENVTEST_ETCD_VERSION:-v3.6.16} # go.etcd.io/etcd/server/v3; kubernetes 1.35 is tested against etcd 3.6
 # How long each first build took on a 2-core machine (printed while it runs).
-KUBE_TIME="~8 min on 2 cores, longer on a busy machine" ETCD_TIME="~1 min on 2 cores"
+KUBE_TIME="4.5-8 min on 2 cores, longer on a busy machine" ETCD_TIME="~1.5 min on 2 cores"
 ASSETS_DIR=${KVGATE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kvgate}/envtest/$K8S_VERSION-$ETCD_VERSION
 
 progress=$(cd "$(dirname "$0")" && pwd)/progress.sh
