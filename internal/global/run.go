@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"reflect"
+	"runtime"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -238,9 +239,11 @@ func (d *deps) limiter(c *RateLimit) (*ratelimit.Limiter, func(), error) {
 	// The limiter bounds each call itself (rateLimit.timeout); the client's own
 	// timeouts only keep a dead connection from lingering.
 	// No retries inside go-redis (of a command, or of a refused dial): the
-	// limiter decides what a failure means and probes again itself.
+	// limiter decides what a failure means and probes again itself. A pool
+	// larger than go-redis's 10 per CPU: every admitted request makes a call,
+	// and on a busy node calls last long enough to queue for a connection.
 	client := redis.NewClient(&redis.Options{Addr: c.Redis, DialTimeout: time.Second, ReadTimeout: 2 * time.Second,
-		WriteTimeout: 2 * time.Second, MaxRetries: -1, DialerRetries: 1})
+		WriteTimeout: 2 * time.Second, MaxRetries: -1, DialerRetries: 1, PoolSize: 64 * runtime.GOMAXPROCS(0)})
 	// 200 ms, not the limiter's 50: under load a slow answer is not an outage,
 	// and in fail-closed mode an outage refuses everyone.
 	ro := ratelimit.Options{FailMode: mode, Logger: d.log, Metrics: d.rlm, Timeout: 200 * time.Millisecond}

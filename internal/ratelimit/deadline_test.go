@@ -1,8 +1,17 @@
 package ratelimit
 
 import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 func TestDeadline(t *testing.T) {
@@ -53,4 +62,28 @@ func TestDeadline(t *testing.T) {
 			t.Errorf("wait %v after a long run of 1 ms answers, want the 50 ms floor", got)
 		}
 	})
+}
+
+// TestTimedOut: timeouts are congestion or silence, counted toward "no answer
+// in MaxTimeout"; refusals and broken connections mark Redis down at once.
+func TestTimedOut(t *testing.T) {
+	dialTimeout := &net.OpError{Op: "dial", Net: "tcp", Err: os.ErrDeadlineExceeded}
+	for _, c := range []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"pool timeout", fmt.Errorf("reserve: %w", redis.ErrPoolTimeout), true},
+		{"call deadline", context.DeadlineExceeded, true},
+		{"dial timeout", dialTimeout, true},
+		{"connection refused", &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}, false},
+		{"connection reset", io.EOF, false},
+		{"error reply", errors.New("ERR unknown command"), false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if got := timedOut(c.err); got != c.want {
+				t.Errorf("timedOut(%v) = %v, want %v", c.err, got, c.want)
+			}
+		})
+	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -285,10 +286,11 @@ func (l *Limiter) run(ctx context.Context, op string, s *redis.Script, keys []st
 		case errors.Is(err, context.Canceled):
 			// A probe dropped because its caller stopped waiting: counted
 			// there, as unanswered.
-		case errors.Is(err, redis.ErrPoolTimeout), errors.Is(err, context.DeadlineExceeded):
-			// Every connection busy for the pool's timeout, or no answer in
-			// MaxTimeout: this process is congested or Redis slow, which is
-			// not an outage while other calls are being answered.
+		case timedOut(err):
+			// Every connection busy for the pool's timeout, a dial or read
+			// that timed out, no answer in MaxTimeout: this process is
+			// congested or Redis slow, which is not an outage while other
+			// calls are being answered (a silent Redis is one after MaxTimeout).
 			l.health.unanswered(start, now)
 		default:
 			l.m.RedisDuration.WithLabelValues(op).Observe(took.Seconds())
@@ -320,6 +322,15 @@ func (l *Limiter) run(ctx context.Context, op string, s *redis.Script, keys []st
 		return nil, fmt.Errorf("ratelimit: redis %s: %w", op, r.err)
 	}
 	return r.v, nil
+}
+
+// timedOut reports whether err is a timeout rather than an answer or a
+// refusal: go-redis's pool timeout, a network timeout (dial or read), or the
+// call's own deadline.
+func timedOut(err error) bool {
+	var ne net.Error
+	return errors.Is(err, redis.ErrPoolTimeout) || errors.Is(err, context.DeadlineExceeded) ||
+		(errors.As(err, &ne) && ne.Timeout())
 }
 
 // result fills res from a decision and counts it.
