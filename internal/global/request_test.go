@@ -382,9 +382,21 @@ func TestRegion(t *testing.T) {
 	me.Region, mw.Region = "us-east-1", "us-west-2"
 	routing := steadyRouting()
 	routing.Region = "us-west-2"
-	_, base := startRouter(t, routerConfig(routing, me, mw), Options{})
+	r, base := startRouter(t, routerConfig(routing, me, mw), Options{})
 	for _, tc := range []struct{ header, want string }{{"us-east-1", "east"}, {"", "west"}} {
 		for range 5 {
+			// Each request after a heartbeat has counted the ones before: a
+			// member's predicted TTFT grows with the requests sent since its
+			// last heartbeat, and five inside one would spill the next to the
+			// other region at random, by design (on a fast machine it did).
+			waittest.Until(t, 10*time.Second, "a heartbeat since the last request", func() bool {
+				for _, m := range r.gen.Load().members {
+					if m.sent.Load() != 0 {
+						return false
+					}
+				}
+				return true
+			})
 			req, _ := http.NewRequest("POST", base+"/v1/chat/completions", strings.NewReader(chatBody("")))
 			if tc.header != "" {
 				req.Header.Set("X-Kvgate-Region", tc.header)
