@@ -263,7 +263,8 @@ func (l *Limiter) run(ctx context.Context, op string, s *redis.Script, keys []st
 	start := l.timeNow()
 	var cctx context.Context
 	var cancel context.CancelFunc
-	if l.health.isDown() {
+	detached := !l.health.isDown()
+	if !detached {
 		cctx, cancel = context.WithCancel(ctx)
 	} else {
 		cctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), l.opts.MaxTimeout)
@@ -312,8 +313,10 @@ func (l *Limiter) run(ctx context.Context, op string, s *redis.Script, keys []st
 	case <-ctx.Done():
 		r.err = ctx.Err()
 	}
-	if l.health.isDown() {
-		cancel() // (a no-op for a detached call that already ended)
+	// A probe ends with its caller; so does a detached call still waiting
+	// for a connection once Redis is down.
+	if !detached || l.health.isDown() {
+		cancel()
 	}
 	if r.err != nil {
 		if ctx.Err() == nil {
