@@ -1,10 +1,12 @@
 package global
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -499,5 +501,39 @@ func TestTenantObjective(t *testing.T) {
 	defer mu.Unlock()
 	if len(got) != 2 || got[0] != "batch" || got[1] != "" {
 		t.Fatalf("objectives the member saw: %q, want [batch, none]", got)
+	}
+}
+
+// TestStalledBody: a client that stops sending its body gets 408 once the
+// body read timeout passes; an answer that takes longer than that timeout,
+// its body long read, is not cut by it.
+func TestStalledBody(t *testing.T) {
+	f := startFake(t, func(w http.ResponseWriter, _ *http.Request) {
+		time.Sleep(600 * time.Millisecond)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"choices":[]}`))
+	})
+	_, base := startRouter(t, routerConfig(steadyRouting(), f.member("only", 1)), Options{BodyReadTimeout: 300 * time.Millisecond})
+
+	conn, err := net.Dial("tcp", strings.TrimPrefix(base, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = conn.Close() }()
+	_, _ = io.WriteString(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"model\":")
+	_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	start := time.Now()
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatalf("no answer to a stalled body: %v", err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusRequestTimeout || !strings.Contains(string(b), "did not arrive in time") {
+		t.Errorf("stalled body: %d %s after %v", resp.StatusCode, b, time.Since(start))
+	}
+
+	resp2, body := send(t, base, "", chatBody(""))
+	if resp2.StatusCode != 200 {
+		t.Errorf("an answer slower than the body timeout: %d %s", resp2.StatusCode, body)
 	}
 }

@@ -65,6 +65,9 @@ type Options struct {
 	Limiter Limiter             // nil: no rate limiting
 	// Transport reaches the members (default: a pooled transport).
 	Transport http.RoundTripper
+	// BodyReadTimeout bounds receiving a request body (default 60s, as in
+	// kvgate serve): a client that stops sending gets 408, not a held request.
+	BodyReadTimeout time.Duration
 }
 
 // Router is the global router's data plane.
@@ -367,6 +370,9 @@ func (r *Router) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		r.refuse(w, "", http.StatusMethodNotAllowed, openai.TypeInvalidRequest, "method "+req.Method+" not allowed; use POST")
 		return
 	}
+	// net/http clears the deadline once the body is read, before it watches
+	// the connection for the client going away.
+	_ = http.NewResponseController(w).SetReadDeadline(start.Add(cmp.Or(r.opts.BodyReadTimeout, time.Minute)))
 	body, err := io.ReadAll(http.MaxBytesReader(w, req.Body, g.s.maxBody))
 	if ref, ok := proxy.BodyError(err); ok {
 		r.log.Debug("reading request body", "request_id", rid, "err", err)
