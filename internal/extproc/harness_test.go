@@ -58,7 +58,7 @@ func startServer(t testing.TB, cfg *v1alpha1.InferenceGatewayConfig, opts Option
 	if opts.Logger == nil {
 		opts.Logger = quiet
 	}
-	s := New(gw, opts)
+	s := New(gw.Router, opts)
 	gs := grpc.NewServer(ServerOptions()...)
 	extprocv3.RegisterExternalProcessorServer(gs, s)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

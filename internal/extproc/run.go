@@ -50,7 +50,7 @@ func Run(ctx context.Context, o RunOptions) error {
 	o.Server.Frontend = func(ctx context.Context, g *gateway.Gateway) (gateway.Frontend, error) {
 		opts := o.ExtProc
 		opts.Logger = o.Server.Logger
-		return newFrontend(ctx, New(g, opts), o.HealthListen, o.TLS)
+		return newFrontend(ctx, New(g.Router, opts), o.HealthListen, o.TLS)
 	}
 	return gateway.Run(ctx, o.Server)
 }

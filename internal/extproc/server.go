@@ -32,9 +32,9 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
 
-	"github.com/kvgate/kvgate/internal/gateway"
 	"github.com/kvgate/kvgate/internal/openai"
 	"github.com/kvgate/kvgate/internal/proxy"
+	"github.com/kvgate/kvgate/internal/route"
 	"github.com/kvgate/kvgate/internal/telemetry"
 )
 
@@ -92,7 +92,7 @@ type Options struct {
 // Server is the ext_proc service.
 type Server struct {
 	extprocv3.UnimplementedExternalProcessorServer
-	gw   *gateway.Gateway
+	gw   *route.Router
 	opts Options
 	log  *slog.Logger
 	m    *telemetry.ExtProc
@@ -101,7 +101,7 @@ type Server struct {
 var _ extprocv3.ExternalProcessorServer = (*Server)(nil)
 
 // New returns an Endpoint Picker over gw (or a Body-Based Router with opts.BBR).
-func New(gw *gateway.Gateway, opts Options) *Server {
+func New(gw *route.Router, opts Options) *Server {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
@@ -165,13 +165,13 @@ type exchange struct {
 	eosAt    time.Time // when the body's last chunk arrived, until it is sent back
 	held     *bytes.Buffer
 	stash    *extprocv3.ProcessingRequest // a message read ahead by the body scan
-	route    *gateway.Route
+	route    *route.Route
 
 	// Response direction.
 	status   int
 	streamed bool // the response is a stream of server-sent events
 	respEOS  bool
-	usage    *gateway.UsageReader
+	usage    *route.UsageReader
 }
 
 var heldPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
@@ -188,18 +188,18 @@ func (x *exchange) close() {
 }
 
 // finalOutcome is the outcome of a routed request whose stream ended.
-func (x *exchange) finalOutcome() gateway.Outcome {
-	o := gateway.Outcome{Status: x.status}
+func (x *exchange) finalOutcome() route.Outcome {
+	o := route.Outcome{Status: x.status}
 	switch {
 	case x.status == 0:
 		// No response was shown to the processor: Envoy skips response headers
 		// for it, or the request ended before them.
-		o.Status = gateway.StatusUnseen
+		o.Status = route.StatusUnseen
 	case !x.respEOS:
 		// The response started and its stream ended early. Envoy closes and then
 		// resets the ext_proc stream both when the client goes away and when the
 		// upstream breaks, so which of the two it was cannot be told here.
-		o.Status = gateway.StatusIncomplete
+		o.StreamError = true
 	}
 	if x.usage != nil {
 		o.PromptTokens, o.CompletionTokens, o.UsageSeen = x.usage.Usage()
@@ -430,7 +430,7 @@ func (x *exchange) scanAndDecide(first *extprocv3.HttpBody) error {
 			return x.refuse(bodyError(err), false)
 		}
 		if !sc.ModelFound {
-			return x.refuse(&proxy.Refusal{Status: http.StatusBadRequest, Type: openai.TypeInvalidRequest, Message: noMatchingModel}, false)
+			return x.refuse(&proxy.Refusal{Status: http.StatusBadRequest, Type: openai.TypeInvalidRequest, Message: route.NoMatchingModel}, false)
 		}
 		model = sc.Model
 	}
@@ -463,19 +463,16 @@ func (x *exchange) release(r *chunkReader) error {
 	return nil
 }
 
-// noMatchingModel is the refusal of a request without a model, worded as serve's.
-const noMatchingModel = "no matching model: set the model in the request body or the x-gateway-model-name header"
-
 // decide picks an endpoint for the model and answers the request headers.
 func (x *exchange) decide(model string, prompt []byte) error {
 	if model == "" {
-		return x.refuse(&proxy.Refusal{Status: http.StatusBadRequest, Type: openai.TypeInvalidRequest, Message: noMatchingModel}, false)
+		return x.refuse(&proxy.Refusal{Status: http.StatusBadRequest, Type: openai.TypeInvalidRequest, Message: route.NoMatchingModel}, false)
 	}
 	size, _ := strconv.ParseInt(x.headers["content-length"], 10, 64)
 	if size <= 0 && x.held != nil {
 		size = int64(x.held.Len())
 	}
-	route, rerr := x.s.gw.Route(x.ctx, gateway.RouteRequest{RequestID: x.rid, Model: model, Prompt: prompt, BodyBytes: size, Subset: x.subset, Start: x.start,
+	route, rerr := x.s.gw.Route(x.ctx, route.Request{RequestID: x.rid, Model: model, Prompt: prompt, BodyBytes: size, Subset: x.subset, Start: x.start,
 		Objective: x.headers[objectiveHeader]})
 	if rerr != nil {
 		if x.ctx.Err() != nil {
@@ -533,7 +530,7 @@ func (x *exchange) refuse(e *proxy.Refusal, counted bool) error {
 	if x.route != nil {
 		// Refused while the body streamed, after the pick: the endpoint never
 		// answered, so the request is not counted against it.
-		x.route.Finish(gateway.Outcome{Status: e.Status, Unanswered: true})
+		x.route.Finish(route.Outcome{Status: e.Status, Unanswered: true})
 		x.route = nil
 	}
 	x.outcome("refused")
@@ -567,7 +564,7 @@ func (x *exchange) responseHeaders(msg *extprocv3.ProcessingRequest, h *extprocv
 	if x.route != nil {
 		x.route.Serve(servedEndpoint(msg.GetMetadataContext()))
 		x.streamed = strings.HasPrefix(hm["content-type"], "text/event-stream")
-		x.usage = gateway.NewUsageReader(x.streamed)
+		x.usage = route.NewUsageReader(x.streamed)
 		set = append(set, header(endpointHeader, x.route.Served()), header(schedulerHeader, x.route.Scheduler()))
 	}
 	if h.GetEndOfStream() || x.responseBodyMode == filterv3.ProcessingMode_NONE {

@@ -325,7 +325,7 @@ func TestExplainHeader(t *testing.T) {
 	g, base := startGateway(t, gatewayConfig(scheduler("p", llama, a, b)))
 	// Both scraped, so neither is filtered out as unhealthy.
 	waittest.Until(t, 5*time.Second, "both scraped", func() bool {
-		s := g.fleet.Snapshot([]string{a, b})
+		s := g.Snapshot([]string{a, b})
 		return s[0].Healthy && s[1].Healthy
 	})
 	resp, _, _ := call(t, "POST", base+"/v1/chat/completions", chat(llama), "X-Kvgate-Explain", "1")
@@ -460,7 +460,7 @@ func TestGPUAwarePicking(t *testing.T) {
 		}()
 	}
 	waittest.Until(t, 3*time.Second, "both endpoints scraped, busy running 2", func() bool {
-		s := g.fleet.Snapshot([]string{idle, busy})
+		s := g.Snapshot([]string{idle, busy})
 		return len(s) == 2 && s[0].Scraped && s[1].Running == 2
 	})
 	var mu sync.Mutex

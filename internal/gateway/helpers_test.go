@@ -85,7 +85,7 @@ func servedBy(into *string) option.RequestOption {
 // counter reads a kvgate metric with the given labels (0 when absent).
 func counter(t testing.TB, g *Gateway, name string, labels ...string) float64 {
 	t.Helper()
-	return promtest.Value(t, g.m.Registry, name, labels...)
+	return promtest.Value(t, g.Metrics().Registry, name, labels...)
 }
 
 type apiError struct {

@@ -132,7 +132,7 @@ func TestLoadedEndpointGetsLessTraffic(t *testing.T) {
 			stop := load(t, busy, tc.n, tc.body)
 			defer stop()
 			waittest.Until(t, 10*time.Second, "the load to show in busy's metrics", func() bool {
-				s := g.fleet.Snapshot([]string{busy})[0]
+				s := g.Snapshot([]string{busy})[0]
 				return s.Scraped && string(s.Dialect) == string(tc.dialect) && tc.ready(s.Waiting, s.KVUsage)
 			})
 			served := map[string]int{}
@@ -164,7 +164,7 @@ func TestAdapterGoesToItsHolder(t *testing.T) {
 	load(t, other, 1, long(llama))
 	load(t, full, 1, long("chat-lora"))
 	waittest.Until(t, 10*time.Second, "adapters to show in metrics", func() bool {
-		s := g.fleet.Snapshot([]string{holder, other, full})
+		s := g.Snapshot([]string{holder, other, full})
 		return len(s[0].RunningAdapters) == 1 && s[1].Running == 1 && len(s[2].RunningAdapters) == 1
 	})
 	served := map[string]int{}
@@ -191,7 +191,7 @@ func TestPrefixAffinity(t *testing.T) {
 		return fmt.Sprintf(`{"model":%q,"messages":[{"role":"system","content":%q},{"role":"user","content":"question %d"}],"max_tokens":2}`, llama, system, i)
 	}
 	waittest.Until(t, 5*time.Second, "endpoints scraped", func() bool {
-		for _, s := range g.fleet.Snapshot(addrs) {
+		for _, s := range g.Snapshot(addrs) {
 			if !s.Scraped {
 				return false
 			}
@@ -217,7 +217,7 @@ func TestPrefixAffinity(t *testing.T) {
 	// A deep queue on the holder (saturated at 5 waiting) makes another endpoint
 	// better; the group moves there and sticks again.
 	load(t, first, 7, chat(llama, `"max_tokens":20000`, `"ignore_eos":true`))
-	waittest.Until(t, 10*time.Second, "the holder's queue to show", func() bool { return g.fleet.Snapshot([]string{first})[0].Waiting >= 5 })
+	waittest.Until(t, 10*time.Second, "the holder's queue to show", func() bool { return g.Snapshot([]string{first})[0].Waiting >= 5 })
 	served = map[string]int{}
 	for i := range 10 {
 		served[post(t, base, ask(100+i))]++
@@ -242,7 +242,7 @@ func TestBurstSpreads(t *testing.T) {
 	cfg.Spec.Gateway.Scrape = &v1alpha1.ScrapeSpec{Interval: &metav1.Duration{Duration: 10 * time.Second}, StaleAfter: &metav1.Duration{Duration: time.Minute}}
 	g, base := startGateway(t, cfg)
 	waittest.Until(t, 5*time.Second, "the first scrape", func() bool {
-		for _, s := range g.fleet.Snapshot(addrs) {
+		for _, s := range g.Snapshot(addrs) {
 			if !s.Scraped {
 				return false
 			}
@@ -272,14 +272,14 @@ func TestStaleEndpoints(t *testing.T) {
 	cfg.Spec.Gateway.Scrape = &v1alpha1.ScrapeSpec{StaleAfter: &metav1.Duration{Duration: 300 * time.Millisecond}, UnhealthyAfter: &hundred}
 	g, base := startGateway(t, cfg)
 	waittest.Until(t, 5*time.Second, "both scraped", func() bool {
-		s := g.fleet.Snapshot([]string{addrA, addrB})
+		s := g.Snapshot([]string{addrA, addrB})
 		return s[0].Scraped && s[1].Scraped
 	})
 	if err := a.SetFaults(simserver.Faults{MetricsErrorStatus: 500}); err != nil {
 		t.Fatal(err)
 	}
 	waittest.Until(t, 5*time.Second, "a stale", func() bool {
-		s := g.fleet.Snapshot([]string{addrA})[0]
+		s := g.Snapshot([]string{addrA})[0]
 		return s.Stale && s.Healthy
 	})
 	served := burst(t, base, 20, func(int) string { return chat(llama) })
@@ -290,7 +290,7 @@ func TestStaleEndpoints(t *testing.T) {
 		t.Fatal(err)
 	}
 	waittest.Until(t, 5*time.Second, "both stale", func() bool {
-		s := g.fleet.Snapshot([]string{addrA, addrB})
+		s := g.Snapshot([]string{addrA, addrB})
 		return s[0].Stale && s[1].Stale
 	})
 	served = burst(t, base, 40, func(int) string { return chat(llama, `"max_tokens":30`, `"ignore_eos":true`) })

@@ -14,7 +14,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kvgate/kvgate/api/v1alpha1"
-	"github.com/kvgate/kvgate/internal/schedule"
+	"github.com/kvgate/kvgate/internal/proxy"
+	"github.com/kvgate/kvgate/internal/route"
 	"github.com/kvgate/kvgate/internal/simserver"
 	"github.com/kvgate/kvgate/internal/waittest"
 )
@@ -36,7 +37,7 @@ func TestObjectivePriority(t *testing.T) {
 		_, _ = io.Copy(io.Discard, r.Body)
 		mu.Lock()
 		order = append(order, r.Header.Get("X-Who"))
-		if v := r.Header.Get(ObjectiveHeader); v != "" {
+		if v := r.Header.Get(proxy.ObjectiveHeader); v != "" {
 			leaked = append(leaked, v)
 		}
 		mu.Unlock()
@@ -63,7 +64,7 @@ func TestObjectivePriority(t *testing.T) {
 	send := func(who, objective string) {
 		h := []string{"X-Who", who}
 		if objective != "" {
-			h = append(h, ObjectiveHeader, objective)
+			h = append(h, proxy.ObjectiveHeader, objective)
 		}
 		resp, _, _ := call(t, "POST", base+"/v1/chat/completions", chat("m"), h...)
 		results <- result{who, resp.StatusCode}
@@ -85,7 +86,7 @@ func TestObjectivePriority(t *testing.T) {
 	// A high-priority request waits first, then five of priority 0 (without an
 	// objective, or naming one not configured): the freed slot goes to the
 	// high one whether the waiters are woken first-come or last-come.
-	waiters := func() int { return int(g.waiting.n.Load()) }
+	waiters := func() int { return g.Waiting() }
 	go send("high-1", "chat")
 	waittest.Until(t, 2*time.Second, "high-1 waiting", func() bool { return waiters() == 1 })
 	for i := range 5 {
@@ -136,37 +137,6 @@ func TestObjectivePriority(t *testing.T) {
 	}
 }
 
-func TestWaitQueue(t *testing.T) {
-	a, b := &endpoint{addr: "a"}, &endpoint{addr: "b"}
-	p := &pool{endpoints: []*endpoint{a, b}}
-	cands := func() []schedule.Endpoint { return []schedule.Endpoint{{Address: "a"}, {Address: "b"}} }
-	addrs := func(c []schedule.Endpoint) (s []string) {
-		for _, e := range c {
-			s = append(s, e.Address)
-		}
-		return s
-	}
-	var q waitQueue
-	q.add([]*endpoint{a, b}, 0)
-	q.add([]*endpoint{a}, 5) // a higher one that can use a only (a subset hint)
-	if got := addrs(q.usable(p, cands(), 0)); !slices.Equal(got, []string{"b"}) {
-		t.Fatalf("priority 0 may use %v, want [b]: a is for the 5 waiting", got)
-	}
-	if got := addrs(q.usable(p, cands(), 5)); !slices.Equal(got, []string{"a", "b"}) {
-		t.Fatalf("priority 5 may use %v, want both", got)
-	}
-	q.add([]*endpoint{a}, 5)
-	if q.remove([]*endpoint{a}, 5) {
-		t.Fatal("another 5 still waits for a: the 0 must keep deferring, no wake-up")
-	}
-	if !q.remove([]*endpoint{a}, 5) {
-		t.Fatal("the last 5 left a with the 0 waiting: it must look again")
-	}
-	if q.remove([]*endpoint{a, b}, 0) || q.n.Load() != 0 || len(q.by) != 0 {
-		t.Fatalf("after everyone left: %d waiting, %v kept", q.n.Load(), q.by)
-	}
-}
-
 // TestObjectivePrioritySubset: a higher-priority request waiting for an
 // endpoint it alone may use (the proxy's subset hint) holds back nobody from
 // the other endpoints — neither a priority-0 request nor a sheddable one, which
@@ -179,42 +149,42 @@ func TestObjectivePrioritySubset(t *testing.T) {
 	cfg.Spec.Objectives = []v1alpha1.ObjectiveSpec{{Name: "batch", Priority: -1}, {Name: "chat", Priority: 10}}
 	g, _ := startGateway(t, cfg)
 	ctx := context.Background()
-	route := func(objective string, subset ...string) (*Route, time.Duration) {
+	pick := func(objective string, subset ...string) (*route.Route, time.Duration) {
 		t.Helper()
 		start := time.Now()
-		r, err := g.Route(ctx, RouteRequest{Model: "m", Objective: objective, Subset: subset})
+		r, err := g.Route(ctx, route.Request{Model: "m", Objective: objective, Subset: subset})
 		if err != nil {
 			t.Fatalf("objective %q subset %v: %v", objective, subset, err)
 		}
 		return r, time.Since(start)
 	}
-	holdA, _ := route("", a)
-	high := make(chan *Route, 1)
-	go func() { r, _ := route("chat", a); high <- r }()
-	waittest.Until(t, 2*time.Second, "the high-priority request waiting for a", func() bool { return g.waiting.n.Load() == 1 })
+	holdA, _ := pick("", a)
+	high := make(chan *route.Route, 1)
+	go func() { r, _ := pick("chat", a); high <- r }()
+	waittest.Until(t, 2*time.Second, "the high-priority request waiting for a", func() bool { return g.Waiting() == 1 })
 
-	low, took := route("")
+	low, took := pick("")
 	if low.Served() != b || took > time.Second {
 		t.Fatalf("priority 0 got %s after %v, want b at once", low.Served(), took)
 	}
-	low.Finish(Outcome{Status: http.StatusOK})
-	shed, took := route("batch")
+	low.Finish(route.Outcome{Status: http.StatusOK})
+	shed, took := pick("batch")
 	if shed.Served() != b || took > time.Second {
 		t.Fatalf("sheddable got %s after %v, want b at once", shed.Served(), took)
 	}
-	shed.Finish(Outcome{Status: http.StatusOK})
+	shed.Finish(route.Outcome{Status: http.StatusOK})
 
-	holdA.Finish(Outcome{Status: http.StatusOK})
+	holdA.Finish(route.Outcome{Status: http.StatusOK})
 	select {
 	case r := <-high:
 		if r.Served() != a {
 			t.Fatalf("the high-priority request got %s, want a", r.Served())
 		}
-		r.Finish(Outcome{Status: http.StatusOK})
+		r.Finish(route.Outcome{Status: http.StatusOK})
 	case <-time.After(3 * time.Second):
 		t.Fatal("the high-priority request was not given a when it freed")
 	}
-	if n := g.waiting.n.Load(); n != 0 {
+	if n := g.Waiting(); n != 0 {
 		t.Fatalf("%d still registered as waiting", n)
 	}
 }
@@ -259,7 +229,7 @@ func BenchmarkObjectives(b *testing.B) {
 					}
 					req, _ := http.NewRequest("POST", base+"/v1/chat/completions",
 						strings.NewReader(chat(llama, `"max_tokens":64`, `"ignore_eos":true`, `"stream":true`)))
-					req.Header.Set(ObjectiveHeader, objective)
+					req.Header.Set(proxy.ObjectiveHeader, objective)
 					resp, err := http.DefaultClient.Do(req)
 					r := res{chat: chatReq}
 					if err == nil {

@@ -176,7 +176,7 @@ func TestClientInputStaysClient(t *testing.T) {
 	if resp.StatusCode != 404 {
 		t.Errorf("invalid UTF-8 model header: %d", resp.StatusCode)
 	}
-	fams, _ := g.m.Registry.Gather()
+	fams, _ := g.Metrics().Registry.Gather()
 	for _, f := range fams {
 		if f.GetName() == "kvgate_requests_total" && len(f.GetMetric()) > 2 {
 			t.Errorf("unknown models created %d series", len(f.GetMetric()))

@@ -64,7 +64,7 @@ func Run(ctx context.Context, o ServerOptions) error {
 		if err := g.Apply(cfg); err != nil {
 			return err
 		}
-		g.m.Reloads.WithLabelValues("success").Inc()
+		g.Metrics().Reloads.WithLabelValues("success").Inc()
 		schedulers = len(cfg.Spec.Schedulers)
 	}
 	apiLn, adminLn, err := serving.Listen(o.Listen, o.AdminListen)
@@ -115,10 +115,10 @@ func (g *Gateway) reload(path string, data []byte, err error, log *slog.Logger) 
 	}
 	if perr != nil {
 		g.RecordRejected(perr)
-		g.m.Reloads.WithLabelValues("failure").Inc()
+		g.Metrics().Reloads.WithLabelValues("failure").Inc()
 		log.Error("configuration rejected; the previous one keeps serving", "err", perr)
 		return
 	}
-	g.m.Reloads.WithLabelValues("success").Inc()
+	g.Metrics().Reloads.WithLabelValues("success").Inc()
 	log.Info("configuration reloaded", "schedulers", len(cfg.Spec.Schedulers))
 }

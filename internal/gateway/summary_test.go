@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvgate/kvgate/internal/route"
 	"github.com/kvgate/kvgate/internal/simserver"
 	"github.com/kvgate/kvgate/internal/waittest"
 )
@@ -16,7 +17,7 @@ import (
 func TestSummary(t *testing.T) {
 	_, a := startSim(t, llama, simserver.Options{})
 	g, base := startGateway(t, gatewayConfig(scheduler("llama", llama, a), scheduler("qwen", qwen, "127.0.0.1:1")))
-	waittest.Until(t, 5*time.Second, "the endpoint scraped", func() bool { return g.fleet.Snapshot([]string{a})[0].Scraped })
+	waittest.Until(t, 5*time.Second, "the endpoint scraped", func() bool { return g.Snapshot([]string{a})[0].Scraped })
 	for range 5 {
 		post(t, base, chat(llama, `"stream":true`)) // streamed: their first bytes are TTFTs
 	}
@@ -26,7 +27,7 @@ func TestSummary(t *testing.T) {
 	if rec.Code != http.StatusOK {
 		t.Fatalf("status %d", rec.Code)
 	}
-	var s Summary
+	var s route.Summary
 	if err := json.Unmarshal(rec.Body.Bytes(), &s); err != nil {
 		t.Fatal(err)
 	}
@@ -39,28 +40,5 @@ func TestSummary(t *testing.T) {
 	}
 	if q.Model != qwen || q.ReadyEndpoints != 0 || q.Requests != 1 || q.ErrorRate != 1 {
 		t.Errorf("qwen: %+v", q)
-	}
-}
-
-// TestRecentWindow: old buckets leave the window, and the quantile comes from
-// the bins within 25%.
-func TestRecentWindow(t *testing.T) {
-	var r recent
-	t0 := time.Unix(1_000_000, 0)
-	for i := range 100 {
-		r.ttft(t0, time.Duration(i+1)*time.Millisecond*10) // 10 ms .. 1 s
-		r.result(t0, "200")
-	}
-	r.result(t0, "502")
-	r.result(t0, "429")
-	w := r.read(t0.Add(time.Second))
-	if w.total != 102 || w.errors != 1 || w.shed != 1 || w.ttftCount != 100 {
-		t.Fatalf("window %+v", w)
-	}
-	if p95 := w.ttftQuantile(0.95); p95 < 0.95 || p95 > 0.95*1.25 {
-		t.Errorf("p95 %.3f s, want about 0.95", p95)
-	}
-	if later := r.read(t0.Add(recentWindow + recentBucket)); later.total != 0 || later.ttftCount != 0 {
-		t.Errorf("after the window: %+v", later)
 	}
 }

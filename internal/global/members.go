@@ -13,7 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/kvgate/kvgate/internal/gateway"
+	"github.com/kvgate/kvgate/internal/route"
 )
 
 // member is one tier-1 gateway as the router knows it: its configuration, its
@@ -29,7 +29,7 @@ type member struct {
 	sent atomic.Int64
 
 	mu      sync.Mutex
-	summary gateway.Summary
+	summary route.Summary
 	lastOK  time.Time // last good heartbeat
 	lastErr string
 	// healthy as of the last evaluation; a change to healthy after the first
@@ -82,7 +82,7 @@ type view struct {
 	// fresh: its last good heartbeat is recent, whether or not it is ejected.
 	fresh   bool
 	ramp    float64
-	summary gateway.Summary
+	summary route.Summary
 	lastOK  time.Time
 	lastErr string
 	sent    int64
@@ -116,7 +116,7 @@ func (m *member) evaluate(now time.Time, s settings) view {
 }
 
 // heartbeat records one summary read.
-func (m *member) heartbeat(now time.Time, sum gateway.Summary, err error) {
+func (m *member) heartbeat(now time.Time, sum route.Summary, err error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if err != nil {
@@ -161,13 +161,13 @@ func (m *member) succeeded() {
 }
 
 // modelLoad finds a model (or adapter) in a summary.
-func modelLoad(s gateway.Summary, model string) (gateway.ModelSummary, bool) {
+func modelLoad(s route.Summary, model string) (route.ModelSummary, bool) {
 	for _, ms := range s.Models {
 		if ms.Model == model || slices.Contains(ms.Adapters, model) {
 			return ms, true
 		}
 	}
-	return gateway.ModelSummary{}, false
+	return route.ModelSummary{}, false
 }
 
 // poll reads a member's summary every interval until ctx ends.
@@ -199,10 +199,10 @@ func (m *member) poll(ctx context.Context, client *http.Client, s settings, log 
 	}
 }
 
-func fetchSummary(ctx context.Context, client *http.Client, url string, timeout time.Duration) (gateway.Summary, error) {
+func fetchSummary(ctx context.Context, client *http.Client, url string, timeout time.Duration) (route.Summary, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	var s gateway.Summary
+	var s route.Summary
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return s, err

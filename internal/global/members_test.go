@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvgate/kvgate/internal/gateway"
+	"github.com/kvgate/kvgate/internal/route"
 )
 
 // TestMemberHealth: the heartbeat, draining, ejection and ramp rules, on a
@@ -12,7 +12,7 @@ import (
 func TestMemberHealth(t *testing.T) {
 	s := settings{heartbeatTimeout: 2 * time.Second, rampUp: 10 * time.Second}
 	t0 := time.Unix(1_000_000, 0)
-	up := gateway.Summary{Models: []gateway.ModelSummary{{Model: llama, ReadyEndpoints: 1}}}
+	up := route.Summary{Models: []route.ModelSummary{{Model: llama, ReadyEndpoints: 1}}}
 	m := newMember(Member{Name: "a"})
 	m.born = t0
 	if m.evaluate(t0, s).healthy {

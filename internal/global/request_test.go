@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/internal/auth"
-	"github.com/kvgate/kvgate/internal/gateway"
+	"github.com/kvgate/kvgate/internal/route"
 	"github.com/kvgate/kvgate/internal/simserver"
 	"github.com/kvgate/kvgate/internal/waittest"
 )
@@ -36,7 +36,7 @@ func startFake(t testing.TB, api http.HandlerFunc) *fakeMember {
 			http.Error(w, "down", http.StatusServiceUnavailable)
 			return
 		}
-		_ = json.NewEncoder(w).Encode(gateway.Summary{Time: time.Now(), Models: []gateway.ModelSummary{{Model: llama, ReadyEndpoints: 1, Endpoints: 1}}})
+		_ = json.NewEncoder(w).Encode(route.Summary{Time: time.Now(), Models: []route.ModelSummary{{Model: llama, ReadyEndpoints: 1, Endpoints: 1}}})
 	}))
 	t.Cleanup(func() {
 		f.api.CloseClientConnections()

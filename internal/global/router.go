@@ -29,9 +29,9 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/internal/auth"
-	"github.com/kvgate/kvgate/internal/gateway"
 	"github.com/kvgate/kvgate/internal/openai"
 	"github.com/kvgate/kvgate/internal/proxy"
+	"github.com/kvgate/kvgate/internal/route"
 )
 
 // Admission is a rate limiter's answer for one request.
@@ -827,7 +827,7 @@ func (r *Router) relay(w http.ResponseWriter, req *http.Request, resp *http.Resp
 	w.WriteHeader(resp.StatusCode)
 	st.served = true
 	sse := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
-	usage := gateway.NewUsageReader(sse)
+	usage := route.NewUsageReader(sse)
 	rc := http.NewResponseController(w)
 	code := strconv.Itoa(resp.StatusCode)
 	settle := func() {

@@ -166,3 +166,7 @@ func BodyError(err error) (r *Refusal, ok bool) {
 	return &Refusal{Status: http.StatusBadRequest, Type: openai.TypeInvalidRequest,
 		Message: "the request body could not be read to its end", Close: true}, true
 }
+
+// ObjectiveHeader names the request's objective (the Gateway API Inference
+// Extension's InferenceObjective), whose priority spec.objectives gives.
+const ObjectiveHeader = "X-Gateway-Inference-Objective"

@@ -1,4 +1,4 @@
-package gateway
+package route
 
 import (
 	"math"
@@ -52,8 +52,8 @@ type ModelSummary struct {
 }
 
 // Summary returns the gateway's load summary.
-func (g *Gateway) Summary() Summary {
-	now := time.Now()
+func (g *Router) Summary() Summary {
+	now := g.now()
 	out := Summary{Time: now.UTC(), Draining: g.draining.Load(), WindowSeconds: recentWindow.Seconds(), Models: []ModelSummary{}}
 	rt := g.routes.Load()
 	if rt == nil {
@@ -92,47 +92,35 @@ func (g *Gateway) Summary() Summary {
 	return out
 }
 
-func (g *Gateway) serveSummary(w http.ResponseWriter, _ *http.Request) {
-	w.Header().Set("Cache-Control", "no-store")
-	writeJSON(w, g.Summary())
-}
-
 // count counts a request in the metrics and in its scheduler's recent window.
-func (g *Gateway) count(sched, model, endpoint, code string) {
-	g.countAs(sched, model, endpoint, code, code)
-}
-
-// countAs is count with another outcome for the window: a stream that broke
-// after its 200 went out is a 200 in the metrics but a failure for the load
-// summary.
-func (g *Gateway) countAs(sched, model, endpoint, code, window string) {
+func (g *Router) count(sched, model, endpoint, code string) {
 	g.m.Requests.WithLabelValues(sched, model, endpoint, code).Inc()
 	if sched != "" {
-		g.recentOf(sched).result(time.Now(), window)
+		g.recentOf(sched).result(g.now(), code)
 	}
 }
 
 // observeDuration records a finished request's duration in the metrics and,
 // when it succeeded, in the recent window.
-func (g *Gateway) observeDuration(sched, code string, d time.Duration) {
+func (g *Router) observeDuration(sched, code string, d time.Duration) {
 	g.m.Duration.WithLabelValues(sched).Observe(d.Seconds())
 	if code == "200" {
-		g.recentOf(sched).duration(time.Now(), d)
+		g.recentOf(sched).duration(g.now(), d)
 	}
 }
 
 // observeTTFT records a time to first byte in the metrics and, for a streamed
 // response, in the recent window: a whole JSON body's first byte comes with its
 // last, which says nothing of how soon a stream would have started.
-func (g *Gateway) observeTTFT(sched string, d time.Duration, streamed bool) {
+func (g *Router) observeTTFT(sched string, d time.Duration, streamed bool) {
 	g.m.TTFT.WithLabelValues(sched).Observe(d.Seconds())
 	if streamed {
-		g.recentOf(sched).ttft(time.Now(), d)
+		g.recentOf(sched).ttft(g.now(), d)
 	}
 }
 
 // recentOf returns a scheduler's recent window; windows outlive reloads.
-func (g *Gateway) recentOf(sched string) *recent {
+func (g *Router) recentOf(sched string) *recent {
 	if r, ok := g.recents.Load(sched); ok {
 		return r.(*recent)
 	}
@@ -200,7 +188,7 @@ func (r *recent) result(now time.Time, code string) {
 	switch {
 	case status == http.StatusTooManyRequests || status == http.StatusServiceUnavailable:
 		b.shed.Add(1)
-	case status >= 500, code == "incomplete":
+	case status >= 500, code == "stream_error":
 		b.errors.Add(1)
 	}
 }

@@ -1,6 +1,7 @@
-package gateway
+package route
 
 import (
+	"log/slog"
 	"testing"
 	"time"
 )
@@ -9,7 +10,7 @@ import (
 // and the load summary's window (count, TTFT, duration), from parallel
 // goroutines as requests finish.
 func BenchmarkRequestAccounting(b *testing.B) {
-	g := New(Options{Logger: quiet})
+	g := New(Options{Logger: slog.New(slog.DiscardHandler)})
 	defer g.Close()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {

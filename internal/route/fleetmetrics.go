@@ -1,4 +1,4 @@
-package gateway
+package route
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
@@ -8,13 +8,13 @@ import (
 
 // fleetCollector exports the fleet's view of every endpoint at scrape time.
 type fleetCollector struct {
-	g                               *Gateway
+	g                               *Router
 	healthy, stale, age, queue, kvu *prometheus.Desc
 	prefixBlocks, prefixBytes       *prometheus.Desc
 	scrapeErrors, prefill           *prometheus.Desc
 }
 
-func newFleetCollector(g *Gateway) *fleetCollector {
+func newFleetCollector(g *Router) *fleetCollector {
 	labels := []string{"scheduler", "endpoint"}
 	return &fleetCollector{
 		g:       g,

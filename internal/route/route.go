@@ -1,4 +1,4 @@
-package gateway
+package route
 
 import (
 	"context"
@@ -19,8 +19,8 @@ import (
 // same pools, pickers, prefix index and fleet accounting serve both `kvgate serve`
 // and `kvgate epp`.
 
-// RouteRequest is what a pick needs.
-type RouteRequest struct {
+// Request is what a pick needs.
+type Request struct {
 	RequestID string
 	// Model is the requested model or adapter name.
 	Model string
@@ -38,19 +38,26 @@ type RouteRequest struct {
 	// Objective is the x-gateway-inference-objective header, whose priority
 	// (spec.objectives) orders the requests waiting for an endpoint.
 	Objective string
+	// Explain keeps every candidate's scores in the Route (Scores).
+	Explain bool
 }
 
 // Route is one request's pick, held from the decision to the end of the response.
 // Its methods are safe for one goroutine; Finish releases what the pick reserved
 // and must be called exactly once (later calls do nothing).
 type Route struct {
-	g     *Gateway
+	g     *Router
 	p     *pool
 	model string
 	start time.Time
 	// Endpoints are the ranked addresses: the first is reserved for the request,
 	// the others are fallbacks for the data plane's retries.
 	Endpoints []string
+	// Scores renders the candidates' scores, when the request asked (Explain).
+	Scores string
+	// RetryBuffer is how much of a request body may be kept to send it again
+	// to a fallback (spec.gateway.retryBufferBytes).
+	RetryBuffer int64
 
 	served       *endpoint
 	ticket       fleet.Ticket
@@ -70,7 +77,7 @@ func (r *Route) Served() string { return r.served.addr }
 
 // PromptLimit is how many bytes of a prompt's head the configuration's prefix
 // indexes hash: a caller reading a body need not read further for the pick.
-func (g *Gateway) PromptLimit() int {
+func (g *Router) PromptLimit() int {
 	if rt := g.routes.Load(); rt != nil {
 		return rt.promptLimit
 	}
@@ -78,7 +85,7 @@ func (g *Gateway) PromptLimit() int {
 }
 
 // MaxBodyBytes is the configured request body limit (bbr.maxRequestBodyBytes).
-func (g *Gateway) MaxBodyBytes() int64 {
+func (g *Router) MaxBodyBytes() int64 {
 	if rt := g.routes.Load(); rt != nil {
 		return rt.maxBody
 	}
@@ -87,7 +94,7 @@ func (g *Gateway) MaxBodyBytes() int64 {
 
 // Ready says whether the gateway can route: it has a configuration, is not
 // draining, and knows at least one endpoint.
-func (g *Gateway) Ready() bool {
+func (g *Router) Ready() bool {
 	rt := g.routes.Load()
 	if rt == nil || g.draining.Load() {
 		return false
@@ -97,7 +104,7 @@ func (g *Gateway) Ready() bool {
 
 // BaseModel returns the base model of a model or adapter name the configuration
 // routes (itself for a base model), and whether it routes it.
-func (g *Gateway) BaseModel(name string) (string, bool) {
+func (g *Router) BaseModel(name string) (string, bool) {
 	if rt := g.routes.Load(); rt != nil {
 		if p := rt.byModel[name]; p != nil {
 			return p.spec.ModelName, true
@@ -108,7 +115,7 @@ func (g *Gateway) BaseModel(name string) (string, bool) {
 
 // OnlyModel is the model of the configuration's only scheduler, for requests
 // that name none, when there is exactly one.
-func (g *Gateway) OnlyModel() (string, bool) {
+func (g *Router) OnlyModel() (string, bool) {
 	if rt := g.routes.Load(); rt != nil && len(rt.pools) == 1 {
 		return rt.pools[0].spec.ModelName, true
 	}
@@ -117,26 +124,26 @@ func (g *Gateway) OnlyModel() (string, bool) {
 
 // CountRefused counts a request refused before it had a pool (a body that could
 // not be read), as ServeHTTP's refusals are.
-func (g *Gateway) CountRefused(status int) {
+func (g *Router) CountRefused(status int) {
 	g.count("", "", "", strconv.Itoa(status))
 }
 
 // Route picks an endpoint for a request and reserves it. The pick waits, up to
 // the configured queue timeout, for an endpoint below its in-flight limit. A
 // refusal is counted in the metrics as ServeHTTP counts it.
-func (g *Gateway) Route(ctx context.Context, req RouteRequest) (*Route, *proxy.Refusal) {
+func (g *Router) Route(ctx context.Context, req Request) (*Route, *proxy.Refusal) {
 	if req.Start.IsZero() {
-		req.Start = time.Now()
+		req.Start = g.now()
 	}
 	rt := g.routes.Load()
 	if rt == nil {
 		g.CountRefused(http.StatusServiceUnavailable)
-		return nil, &proxy.Refusal{Status: http.StatusServiceUnavailable, Type: openai.TypeServer, Message: "the gateway has no configuration yet"}
+		return nil, &proxy.Refusal{Status: http.StatusServiceUnavailable, Type: openai.TypeServer, Message: "the gateway has no configuration yet", RetryAfter: 1}
 	}
 	p := rt.byModel[req.Model]
 	if p == nil {
 		g.CountRefused(http.StatusNotFound)
-		return nil, &proxy.Refusal{Status: http.StatusNotFound, Type: openai.TypeNotFound, Message: noMatchingModel}
+		return nil, &proxy.Refusal{Status: http.StatusNotFound, Type: openai.TypeNotFound, Message: NoMatchingModel}
 	}
 	if t := p.spec.Timeout(); t > 0 {
 		var cancel context.CancelFunc
@@ -158,14 +165,21 @@ func (g *Gateway) Route(ctx context.Context, req RouteRequest) (*Route, *proxy.R
 		limit: limit, wait: rt.gw.QueueWait(), start: req.Start, priority: rt.priorityOf(req.Objective)}, sc, hb)
 	if code != 0 {
 		g.count(p.name, req.Model, "", strconv.Itoa(code))
-		return nil, &proxy.Refusal{Status: code, Type: openai.TypeOverloaded, Message: msg}
+		ref := &proxy.Refusal{Status: code, Type: openai.TypeOverloaded, Message: msg}
+		if code != http.StatusGatewayTimeout && code != statusClientClosed {
+			ref.RetryAfter = 1 // busy or empty now, worth another try soon
+		}
+		return nil, ref
 	}
 	ranked := d.decision.Ranked
 	if n := rt.gw.Attempts(); len(ranked) > n {
 		ranked = ranked[:n]
 	}
 	r := &Route{g: g, p: p, model: req.Model, start: req.Start, served: d.first, limit: limit,
-		promptTokens: int(req.BodyBytes / 4), Endpoints: make([]string, 0, len(ranked))}
+		promptTokens: int(req.BodyBytes / 4), Endpoints: make([]string, 0, len(ranked)), RetryBuffer: rt.gw.RetryBuffer()}
+	if req.Explain {
+		r.Scores = explain(d.decision)
+	}
 	// The reserved endpoint leads even if another ranked higher but was full.
 	r.Endpoints = append(r.Endpoints, d.first.addr)
 	for _, c := range ranked {
@@ -190,20 +204,30 @@ func (g *Gateway) Route(ctx context.Context, req RouteRequest) (*Route, *proxy.R
 }
 
 // Serve moves the request's accounting to the endpoint the data plane reports it
-// used, when that is not the pick (a fallback after a failed attempt). An
+// used, when that is not the pick (a fallback after a failed attempt). The data
+// plane already sent it there, so the slot is taken whatever the limit. An
 // address outside the pool is ignored.
 func (r *Route) Serve(addr string) {
+	if r.move(addr, 0) {
+		r.g.m.Retries.WithLabelValues(r.p.name, "fallback").Inc()
+	}
+}
+
+// Retry moves the request to the next endpoint a front is about to try, if that
+// endpoint has a free slot; it reports whether it did.
+func (r *Route) Retry(addr string) bool { return r.move(addr, r.limit) }
+
+// move releases the served endpoint and reserves addr's slot, below limit (0:
+// any), with its fleet ticket and prefix record.
+func (r *Route) move(addr string, limit int) bool {
 	if r.finished || addr == "" || addr == r.served.addr {
-		return
+		return false
 	}
 	ep := r.p.endpoint(addr)
-	if ep == nil {
-		return
+	if ep == nil || !ep.tryAcquire(limit) {
+		return false
 	}
 	r.release()
-	r.g.m.Retries.WithLabelValues(r.p.name, "fallback").Inc()
-	// The data plane already sent it there: the slot is taken whatever the limit.
-	ep.tryAcquire(0)
 	r.served = ep
 	r.ticket = r.g.fleet.Dispatched(addr, r.promptTokens)
 	if len(r.hashes) > 0 {
@@ -213,7 +237,22 @@ func (r *Route) Serve(addr string) {
 		}
 		r.g.prefix.Record(addr, r.hashes, capacity)
 	}
+	return true
 }
+
+// Deadline is when the scheduler's routeTimeout ends the request, if it has one.
+func (r *Route) Deadline() (time.Time, bool) {
+	if t := r.p.spec.Timeout(); t > 0 {
+		return r.start.Add(t), true
+	}
+	return time.Time{}, false
+}
+
+// Transport is the scheduler's upstream transport.
+func (r *Route) Transport() http.RoundTripper { return r.p.transport }
+
+// Model is the model or adapter the request named.
+func (r *Route) Model() string { return r.model }
 
 // FirstByte records the first byte of the response body: the prefill is done.
 // streamed says the response is a stream of events (its first byte is the
@@ -224,31 +263,27 @@ func (r *Route) FirstByte(streamed bool) {
 	}
 	r.firstByte = true
 	r.g.fleet.FirstToken(r.ticket)
-	r.g.observeTTFT(r.p.name, time.Since(r.start), streamed)
+	r.g.observeTTFT(r.p.name, r.g.now().Sub(r.start), streamed)
 }
 
-// Statuses of Outcome beyond HTTP's, counted in kvgate_requests_total's code
-// label as "incomplete" and "unseen".
-const (
-	// StatusIncomplete: the response started and ended early (the client went
-	// away or the upstream broke).
-	StatusIncomplete = -1
-	// StatusUnseen: the data plane never showed the response.
-	StatusUnseen = -2
-)
+// StatusUnseen is an Outcome's status when the data plane never showed the
+// response; it is counted as code "unseen".
+const StatusUnseen = -1
 
 // Outcome is how a routed request ended.
 type Outcome struct {
-	// Status is the HTTP status the endpoint answered, or StatusIncomplete or
-	// StatusUnseen; 0 counts as 499: the request ended before a response (the
-	// client went away).
+	// Status is the HTTP status the endpoint answered, or StatusUnseen; 0 counts
+	// as 499: the request ended before a response (the client went away).
 	Status int
 	// Unanswered says the request was refused after the pick, before the
 	// endpoint answered (a body over the limit): it is not counted against the
 	// endpoint.
 	Unanswered bool
-	// StreamError says the response broke after bytes reached the client.
+	// StreamError says the response broke after it started: counted as code
+	// "stream_error" whatever its status, and as a failure in the load summary.
 	StreamError bool
+	// ClientGone says the client went away while the response streamed (code 499).
+	ClientGone bool
 	// Usage, when Seen, is the token usage the endpoint reported.
 	PromptTokens, CompletionTokens int64
 	UsageSeen                      bool
@@ -269,10 +304,11 @@ func (r *Route) Finish(o Outcome) {
 	}
 	code := "499"
 	switch {
+	case o.ClientGone:
+	case o.StreamError:
+		code = "stream_error"
 	case o.Status > 0:
 		code = strconv.Itoa(o.Status)
-	case o.Status == StatusIncomplete:
-		code = "incomplete"
 	case o.Status == StatusUnseen:
 		code = "unseen"
 	}
@@ -281,7 +317,7 @@ func (r *Route) Finish(o Outcome) {
 		endpoint = ""
 	}
 	r.g.count(r.p.name, r.model, endpoint, code)
-	r.g.observeDuration(r.p.name, code, time.Since(r.start))
+	r.g.observeDuration(r.p.name, code, r.g.now().Sub(r.start))
 	r.release()
 	r.finished = true
 }

@@ -1,4 +1,4 @@
-package gateway
+package route
 
 import (
 	"sync"
@@ -6,10 +6,6 @@ import (
 
 	"github.com/kvgate/kvgate/internal/schedule"
 )
-
-// ObjectiveHeader names the request's objective (the Gateway API Inference
-// Extension's InferenceObjective), whose priority spec.objectives gives.
-const ObjectiveHeader = "X-Gateway-Inference-Objective"
 
 // priorityOf is the priority of the objective a request names: 0 when it names
 // none or one the configuration does not list.

@@ -1,0 +1,180 @@
+package route
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/kvgate/kvgate/internal/prefix"
+	"github.com/kvgate/kvgate/internal/schedule"
+)
+
+// NoMatchingModel answers a request for a model no scheduler serves, worded as
+// AWS's gateway words it.
+const NoMatchingModel = "no matching model: set the model in the request body or the x-gateway-model-name header"
+
+// statusClientClosed is nginx's 499: the client closed the request first.
+const statusClientClosed = 499
+
+// hashPool holds prompt block-hash slices.
+var hashPool = sync.Pool{New: func() any { s := make([]uint64, 0, prefix.DefaultMaxBlocks); return &s }}
+
+// decideArgs are the inputs of one routing decision.
+type decideArgs struct {
+	rid    string
+	p      *pool
+	model  string
+	prompt []byte // the raw head of the prompt, for prefix affinity
+	// subset, when not nil, restricts the pick to these addresses (the Endpoint
+	// Picker protocol's subset hint).
+	subset []string
+	limit  int
+	wait   time.Duration
+	start  time.Time
+	// priority orders waiting requests (spec.objectives); below 0 a request
+	// is refused rather than wait.
+	priority int32
+}
+
+// decided is a pick: the ranked decision, the candidates as the picker saw them
+// (they live in the scratch the decision was made with), the prompt's block
+// hashes and the reserved first endpoint.
+type decided struct {
+	decision schedule.Decision
+	cands    []schedule.Endpoint
+	hashes   []uint64
+	first    *endpoint
+}
+
+// decide hashes the prompt's head, waits for admission and picks, reserving the
+// best endpoint. It returns the status and message of a refusal, or code 0.
+func (g *Router) decide(ctx context.Context, a decideArgs, sc *snapshotScratch, hb *[]uint64) (decided, int, string) {
+	p := a.p
+	req := schedule.Request{Model: a.model}
+	if a.model != p.spec.ModelName {
+		req.Adapter = a.model
+	}
+	var d decided
+	if pc := p.prefix; pc.blockChars > 0 && len(a.prompt) >= pc.blockChars {
+		d.hashes = prefix.Hashes((*hb)[:0], a.prompt, pc.blockChars, pc.maxBlocks, pc.seeds[a.model])
+		*hb = d.hashes
+	}
+	var code int
+	var msg string
+	d.decision, d.cands, d.first, code, msg = g.choose(ctx, p, req, d.hashes, a, sc)
+	if code != 0 {
+		return d, code, msg
+	}
+	g.m.Decision.Observe(g.now().Sub(a.start).Seconds())
+	if n := g.decisions.Add(1); n%uint64(g.opts.DecisionLogEvery) == 0 && g.log.Enabled(ctx, slog.LevelDebug) {
+		g.log.Debug("decision", "request_id", a.rid, "scheduler", p.name, "model", a.model, "chosen", d.first.addr,
+			"candidates", explain(d.decision), "sampled_every", g.opts.DecisionLogEvery)
+	}
+	if p.prefix.blockChars > 0 {
+		if i := slices.IndexFunc(d.cands, func(e schedule.Endpoint) bool { return e.Address == d.first.addr }); i >= 0 {
+			g.m.PrefixMatch.WithLabelValues(p.name).Observe(d.cands[i].PrefixMatch)
+		}
+	}
+	return d, 0, ""
+}
+
+// choose waits, up to a.wait, for an endpoint of p below a.limit, ranks the
+// candidates and reserves the best one it can. It returns the decision and the
+// reserved endpoint, or the status and message of a refusal.
+func (g *Router) choose(ctx context.Context, p *pool, req schedule.Request, hashes []uint64, a decideArgs, sc *snapshotScratch) (schedule.Decision, []schedule.Endpoint, *endpoint, int, string) {
+	limit := a.limit
+	if len(p.endpoints) == 0 {
+		g.m.Shed.WithLabelValues(p.name, "no_endpoint").Inc()
+		return schedule.Decision{}, nil, nil, http.StatusServiceUnavailable, fmt.Sprintf("no ready endpoint for model %q", p.spec.ModelName)
+	}
+	if a.subset != nil && !slices.ContainsFunc(p.endpoints, func(e *endpoint) bool { return slices.Contains(a.subset, e.addr) }) {
+		g.m.Shed.WithLabelValues(p.name, "no_endpoint").Inc()
+		return schedule.Decision{}, nil, nil, http.StatusServiceUnavailable, fmt.Sprintf("no endpoint of model %q is in the proxy's subset hint", p.spec.ModelName)
+	}
+	var timer *time.Timer
+	expired := false
+	// A request registers as waiting, for the endpoints it could use, once it
+	// has to wait — or at once when others already wait, so that a freed slot
+	// it is more important for is not taken by one woken meanwhile. Sheddable
+	// requests never wait.
+	var usable []*endpoint
+	registered := false
+	register := func() {
+		if registered || a.priority < 0 {
+			return
+		}
+		for _, e := range p.endpoints {
+			if a.subset == nil || slices.Contains(a.subset, e.addr) {
+				usable = append(usable, e)
+			}
+		}
+		g.waiting.add(usable, a.priority)
+		registered = true
+	}
+	defer func() {
+		if registered && g.waiting.remove(usable, a.priority) {
+			g.freed.signal() // those that let this one go first look again
+		}
+	}()
+	if g.waiting.n.Load() > 0 {
+		register()
+	}
+	for {
+		woken := g.freed.wait()
+		// A request lets the more important ones waiting for an endpoint take
+		// it first.
+		if cands := g.waiting.usable(p, p.snapshot(g.fleet, g.prefix, hashes, limit, a.subset, sc), a.priority); len(cands) > 0 {
+			d := p.picker.Pick(req, cands)
+			for _, c := range d.Ranked {
+				if ep := p.endpoint(c.Address); ep != nil && ep.tryAcquire(limit) {
+					return d, cands, ep, 0, ""
+				}
+			}
+		}
+		if a.priority < 0 {
+			g.m.Shed.WithLabelValues(p.name, "sheddable").Inc()
+			return schedule.Decision{}, nil, nil, http.StatusTooManyRequests, fmt.Sprintf("every endpoint of model %q is busy and the request's objective is sheddable; retry later", p.spec.ModelName)
+		}
+		if expired {
+			g.m.Shed.WithLabelValues(p.name, "saturated").Inc()
+			return schedule.Decision{}, nil, nil, http.StatusTooManyRequests, fmt.Sprintf("every endpoint of model %q is at its limit of %d requests in flight; retry later", p.spec.ModelName, limit)
+		}
+		if timer == nil {
+			timer = time.NewTimer(a.wait)
+			defer timer.Stop()
+		}
+		register()
+		select {
+		case <-woken:
+		case <-timer.C:
+			expired = true // one last look before refusing
+		case <-ctx.Done():
+			if errors.Is(ctx.Err(), context.Canceled) {
+				return schedule.Decision{}, nil, nil, statusClientClosed, "the client went away while waiting for an endpoint"
+			}
+			return schedule.Decision{}, nil, nil, http.StatusGatewayTimeout, "route timeout exceeded while waiting for an endpoint"
+		}
+	}
+}
+
+// explain renders the candidates' scores for x-kvgate-scores:
+// "addr score k=v k=v, addr score ...".
+func explain(d schedule.Decision) string {
+	var b strings.Builder
+	for i, c := range d.Ranked {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "%s %.3f", c.Address, c.Score)
+		for k, v := range c.Scores.All() {
+			fmt.Fprintf(&b, " %s=%.3f", k, v)
+		}
+	}
+	return b.String()
+}

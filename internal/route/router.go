@@ -1,0 +1,454 @@
+// Package route is kvgate's routing core, shared by every front (`kvgate serve`'s
+// HTTP handler, `kvgate epp`'s Envoy picker and the virtual-time benchmark): the
+// pools built from an InferenceGatewayConfig, their endpoints and admission
+// (in-flight limits, the priority wait queue), the decision (request → snapshot →
+// picker → ranked endpoints) and the bookkeeping after it (prefix index, fleet
+// accounting, first token, finish, the load summary). It knows nothing of HTTP
+// handlers: a front calls Route, then the Route's methods as the response goes.
+package route
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvgate/kvgate/api/v1alpha1"
+	"github.com/kvgate/kvgate/internal/engine"
+	"github.com/kvgate/kvgate/internal/fleet"
+	"github.com/kvgate/kvgate/internal/prefix"
+	"github.com/kvgate/kvgate/internal/schedule"
+	"github.com/kvgate/kvgate/internal/telemetry"
+)
+
+// Options configure a Router.
+type Options struct {
+	Logger  *slog.Logger
+	Metrics *telemetry.Gateway
+	Seed    uint64
+	// Fleet tunes the metric scrapers (interval, staleness, ...); its Now is the
+	// router's clock, and External feeds metrics by Observe instead of scrapes
+	// (the virtual-time benchmark).
+	Fleet fleet.Config
+	// DecisionLogEvery logs one decision in this many, with every candidate's
+	// scores, at debug level (default 100; 1 logs all).
+	DecisionLogEvery int
+}
+
+// Router routes OpenAI requests to model-server pools. Apply installs a
+// configuration; requests in flight keep the one they started with.
+type Router struct {
+	opts   Options
+	log    *slog.Logger
+	m      *telemetry.Gateway
+	routes atomic.Pointer[routes]
+
+	mu         sync.Mutex
+	endpoints  map[string]*endpoint // by scheduler and address; they outlive reloads
+	lastErr    error
+	lastReload time.Time
+	draining   atomic.Bool
+	decisions  atomic.Uint64 // for the sampled decision log
+	// freed is signalled whenever a request releases an endpoint. It lives on the
+	// gateway, not on a configuration, so that a request that started before a
+	// reload still wakes the requests waiting after it.
+	freed broadcast
+	// waiting orders the requests waiting for an endpoint by priority.
+	waiting waitQueue
+	// fleet scrapes every configured endpoint's metrics.
+	fleet *fleet.Fleet
+	// prefix remembers which prompt blocks went to which endpoint; chains are
+	// seeded by model, so pools share it without mixing.
+	prefix    *prefix.Index
+	fleetCtx  context.Context
+	stopFleet context.CancelFunc
+	// recents holds each scheduler's recent request window (*recent), for
+	// the load summary.
+	recents sync.Map
+}
+
+// routes is one applied configuration, immutable once built.
+type routes struct {
+	cfg     *v1alpha1.InferenceGatewayConfig
+	byModel map[string]*pool // model names and adapter names
+	pools   []*pool
+	maxBody int64
+	gw      v1alpha1.GatewaySpec
+	// promptLimit is how much of a prompt the pools' prefix indexes hash, 0 when
+	// none does.
+	promptLimit int
+	// objectives are the priorities of spec.objectives, by name.
+	objectives map[string]int32
+}
+
+// pool is one scheduler: its endpoints, picker and upstream transport.
+type pool struct {
+	name      string
+	spec      v1alpha1.SchedulerSpec
+	endpoints []*endpoint
+	byAddr    map[string]*endpoint
+	picker    schedule.Picker
+	transport *http.Transport
+	prefix    prefixConfig
+}
+
+// prefixConfig is a pool's prefix-affinity setup; blockChars 0 turns it off.
+type prefixConfig struct {
+	blockChars, maxBlocks, capacity int
+	seeds                           map[string]uint64 // by model or adapter name
+}
+
+// capacityOf is how many prompt blocks an endpoint's KV cache holds: its token
+// capacity over about four characters a token, or the configured default.
+func (c prefixConfig) capacityOf(m engine.Metrics) int {
+	if m.NumBlocks > 0 && m.BlockSize > 0 {
+		return max(1, m.NumBlocks*m.BlockSize*4/c.blockChars)
+	}
+	return c.capacity
+}
+
+// endpoint is one model server as this gateway sees it.
+type endpoint struct {
+	addr     string
+	inFlight atomic.Int64
+	gauge    prometheus.Gauge
+}
+
+// tryAcquire takes an in-flight slot if the endpoint is below limit (0: no limit).
+// The check and the increment are one atomic step, so concurrent requests cannot
+// overshoot the limit.
+func (e *endpoint) tryAcquire(limit int) bool {
+	for {
+		n := e.inFlight.Load()
+		if limit > 0 && n >= int64(limit) {
+			return false
+		}
+		if e.inFlight.CompareAndSwap(n, n+1) {
+			e.gauge.Set(float64(n + 1))
+			return true
+		}
+	}
+}
+
+func (e *endpoint) release() { e.gauge.Set(float64(e.inFlight.Add(-1))) }
+
+// New returns a gateway with no configuration; it answers 503 until Apply.
+func New(opts Options) *Router {
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.Metrics == nil {
+		opts.Metrics = telemetry.NewGateway()
+	}
+	if opts.DecisionLogEvery <= 0 {
+		opts.DecisionLogEvery = 100
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	g := &Router{opts: opts, log: opts.Logger, m: opts.Metrics, endpoints: map[string]*endpoint{},
+		fleet: fleet.New(opts.Fleet), prefix: prefix.New(), fleetCtx: ctx, stopFleet: cancel}
+	// A registry shared by several gateways (tests) keeps the first one's collector.
+	_ = opts.Metrics.Registry.Register(newFleetCollector(g))
+	return g
+}
+
+// Close stops the gateway's scrapers.
+func (g *Router) Close() {
+	g.fleet.Close()
+	g.stopFleet()
+}
+
+// Metrics returns the gateway's metrics.
+func (g *Router) Metrics() *telemetry.Gateway { return g.m }
+
+// Apply installs a validated configuration atomically. Endpoints that stay keep
+// their in-flight counts; requests in flight finish on the configuration they
+// started with.
+func (g *Router) Apply(cfg *v1alpha1.InferenceGatewayConfig) error {
+	if errs := cfg.Validate(); len(errs) > 0 {
+		return fmt.Errorf("invalid configuration: %w", errs[0])
+	}
+	gw := cfg.Spec.Gateway
+	rt := &routes{cfg: cfg, byModel: map[string]*pool{}, maxBody: cfg.Spec.BBR.MaxBodyBytes(), gw: gw, objectives: map[string]int32{}}
+	for _, o := range cfg.Spec.Objectives {
+		rt.objectives[o.Name] = o.Priority
+	}
+	if len(cfg.Spec.Objectives) > 0 && gw.InFlightLimit() == 0 {
+		// Nobody waits without a limit, so priorities never come into play.
+		g.log.Warn("spec.objectives has no effect without spec.gateway.maxInFlightPerEndpoint: with no limit no request waits or is shed")
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for i, sc := range cfg.Spec.Schedulers {
+		picker, err := newPicker(sc, g.opts.Seed+uint64(i))
+		if err != nil {
+			return fmt.Errorf("scheduler %s: %w", sc.Name, err)
+		}
+		p := &pool{name: sc.Name, spec: sc, picker: picker, transport: newTransport(gw, sc.H2C())}
+		if usesPrefix(sc) {
+			p.prefix = prefixConfig{blockChars: sc.PrefixBlockChars(), maxBlocks: sc.PrefixMaxBlocks(), capacity: sc.PrefixCapacity(),
+				seeds: map[string]uint64{sc.ModelName: prefix.Seed(sc.ModelName, "")}}
+			for _, a := range sc.LoRAAdapters {
+				p.prefix.seeds[a] = prefix.Seed(sc.ModelName, a)
+			}
+			rt.promptLimit = max(rt.promptLimit, p.prefix.blockChars*p.prefix.maxBlocks)
+		}
+		for _, addr := range sc.Endpoints {
+			key := sc.Name + "|" + addr
+			ep, ok := g.endpoints[key]
+			if !ok {
+				ep = &endpoint{addr: addr, gauge: g.m.InFlight.WithLabelValues(sc.Name, addr)}
+				g.endpoints[key] = ep
+			}
+			p.endpoints = append(p.endpoints, ep)
+			if p.byAddr == nil {
+				p.byAddr = map[string]*endpoint{}
+			}
+			p.byAddr[addr] = ep
+		}
+		rt.pools = append(rt.pools, p)
+		rt.byModel[sc.ModelName] = p
+		for _, a := range sc.LoRAAdapters {
+			rt.byModel[a] = p
+		}
+	}
+	// Endpoints no longer configured and idle are forgotten, with their gauge.
+	keep := map[string]bool{}
+	for _, p := range rt.pools {
+		for _, e := range p.endpoints {
+			keep[p.name+"|"+e.addr] = true
+		}
+	}
+	for key, e := range g.endpoints {
+		if !keep[key] && e.inFlight.Load() == 0 {
+			name, addr, _ := strings.Cut(key, "|")
+			g.m.InFlight.DeleteLabelValues(name, addr)
+			delete(g.endpoints, key)
+		}
+	}
+	var targets []fleet.Target
+	inUse := map[string]bool{}
+	for _, p := range rt.pools {
+		for _, e := range p.endpoints {
+			targets = append(targets, fleet.Target{Addr: e.addr, Dialect: engine.Dialect(p.spec.EngineType)})
+			inUse[e.addr] = true
+		}
+	}
+	// What went to an endpoint that left says nothing about one that may later
+	// reuse its address.
+	if prev := g.routes.Load(); prev != nil {
+		for _, p := range prev.pools {
+			for _, e := range p.endpoints {
+				if !inUse[e.addr] {
+					g.prefix.Forget(e.addr)
+				}
+			}
+		}
+	}
+	g.fleet.SetConfig(g.fleetConfig(gw))
+	g.fleet.Sync(g.fleetCtx, targets)
+	old := g.routes.Swap(rt)
+	g.lastErr, g.lastReload = nil, time.Now()
+	g.m.ConfigAccepted.Set(1)
+	if old != nil {
+		// Idle connections of the old transports go; busy ones finish their request.
+		for _, p := range old.pools {
+			p.transport.CloseIdleConnections()
+		}
+	}
+	return nil
+}
+
+// RecordRejected notes a configuration that failed to load, for /debug/config and
+// the metrics; the previous configuration keeps serving.
+func (g *Router) RecordRejected(err error) {
+	g.mu.Lock()
+	g.lastErr, g.lastReload = err, time.Now()
+	g.mu.Unlock()
+	g.m.ConfigAccepted.Set(0)
+}
+
+// Drain marks the gateway as shutting down: /readyz fails from now on.
+func (g *Router) Drain() { g.draining.Store(true) }
+
+// newTransport builds the upstream transport of a pool, sized for thousands of
+// concurrent streams.
+func newTransport(gw v1alpha1.GatewaySpec, h2c bool) *http.Transport {
+	d := &net.Dialer{Timeout: gw.Connect(), KeepAlive: 30 * time.Second}
+	t := &http.Transport{
+		DialContext:         d.DialContext,
+		MaxIdleConns:        0, // no global cap
+		MaxIdleConnsPerHost: 1024,
+		MaxConnsPerHost:     0,
+		// Shorter than the keep-alive of the model servers' HTTP stacks (uvicorn: 5 s),
+		// so the gateway never sends a request on a connection the server is closing.
+		IdleConnTimeout:       4 * time.Second,
+		ResponseHeaderTimeout: gw.HeaderTimeout(),
+		DisableCompression:    true, // bodies pass through as the server sent them
+		WriteBufferSize:       32 << 10,
+		ReadBufferSize:        32 << 10,
+	}
+	if h2c {
+		var p http.Protocols
+		p.SetUnencryptedHTTP2(true)
+		t.Protocols = &p
+	}
+	return t
+}
+
+// broadcast wakes every waiter each time it is signalled.
+type broadcast struct {
+	mu sync.Mutex
+	ch chan struct{}
+}
+
+func (b *broadcast) wait() <-chan struct{} {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.ch == nil {
+		b.ch = make(chan struct{})
+	}
+	return b.ch
+}
+
+func (b *broadcast) signal() {
+	b.mu.Lock()
+	if b.ch != nil {
+		close(b.ch)
+		b.ch = nil
+	}
+	b.mu.Unlock()
+}
+
+// snapshotScratch is the memory of one request's candidate lists, reused across
+// requests.
+type snapshotScratch struct {
+	eps     []schedule.Endpoint
+	addrs   []string
+	snaps   []fleet.Snapshot
+	matched []int
+}
+
+var snapshotPool = sync.Pool{New: func() any { return new(snapshotScratch) }}
+
+// snapshot lists a pool's endpoints below limit for the picker, with their
+// scraped metrics and, for a prompt's block hashes, their prefix affinity. The
+// list lives in sc. A non-nil subset keeps only the endpoints it names.
+func (p *pool) snapshot(fl *fleet.Fleet, idx *prefix.Index, hashes []uint64, limit int, subset []string, sc *snapshotScratch) []schedule.Endpoint {
+	out, addrs := sc.eps[:0], sc.addrs[:0]
+	for _, e := range p.endpoints {
+		n := int(e.inFlight.Load())
+		if limit > 0 && n >= limit {
+			continue
+		}
+		if subset != nil && !slices.Contains(subset, e.addr) {
+			continue
+		}
+		out = append(out, schedule.Endpoint{Address: e.addr, InFlight: n})
+		addrs = append(addrs, e.addr)
+	}
+	// Aligned with addrs: one lookup per endpoint on the request path.
+	sc.snaps = fl.AppendSnapshots(sc.snaps[:0], addrs)
+	for i := range sc.snaps {
+		s := &sc.snaps[i]
+		out[i].Signals = schedule.Signals{Metrics: s.Metrics, HasMetrics: s.Scraped, Healthy: s.Healthy, Stale: s.Stale, PrefillTokens: float64(s.PrefillTokens)}
+	}
+	if len(hashes) > 0 {
+		if cap(sc.matched) < len(addrs) {
+			sc.matched = make([]int, len(addrs))
+		}
+		matched := sc.matched[:len(addrs)]
+		idx.Match(hashes, addrs, matched)
+		for i, n := range matched {
+			out[i].PrefixMatch = float64(n) / float64(len(hashes))
+		}
+	}
+	sc.eps, sc.addrs = out, addrs
+	return out
+}
+
+// fleetConfig is the scrapers' configuration: the gateway's options with the
+// configuration file's settings on top.
+func (g *Router) fleetConfig(gw v1alpha1.GatewaySpec) fleet.Config {
+	c := g.opts.Fleet
+	if sp := gw.Scrape; sp != nil {
+		if sp.Interval != nil {
+			c.Interval = gw.ScrapeInterval()
+		}
+		if sp.Timeout != nil {
+			c.Timeout = gw.ScrapeTimeout()
+		}
+		if sp.StaleAfter != nil {
+			c.StaleAfter = gw.StaleAfter()
+		}
+		if sp.UnhealthyAfter != nil {
+			c.UnhealthyAfter = gw.UnhealthyAfter()
+		}
+	}
+	return c
+}
+
+// usesPrefix says whether a scheduler's picker scores prefix affinity.
+func usesPrefix(sc v1alpha1.SchedulerSpec) bool {
+	pr, err := profile(sc)
+	return err == nil && sc.PickerName() == "kvgate" && pr.Weights["prefix"] > 0
+}
+
+// newPicker builds a scheduler's picker: the GPU-aware weighted picker for
+// "kvgate" (the default), or a baseline.
+func newPicker(sc v1alpha1.SchedulerSpec, seed uint64) (schedule.Picker, error) {
+	if sc.PickerName() != "kvgate" {
+		return schedule.New(sc.PickerName(), seed)
+	}
+	pr, err := profile(sc)
+	if err != nil {
+		return nil, err
+	}
+	return schedule.NewWeighted(pr, schedule.Thresholds{Queue: float64(sc.SaturationQueue()), KVUsage: sc.SaturationKV()}, seed), nil
+}
+
+// profile is a scheduler's profile with its own weights on top.
+func profile(sc v1alpha1.SchedulerSpec) (schedule.Profile, error) {
+	pr, err := schedule.LookupProfile(sc.ProfileName())
+	if err != nil {
+		return pr, err
+	}
+	w := pr.Weights
+	if sw := sc.Weights; sw != nil {
+		for name, v := range sw.ByName() {
+			if v != nil {
+				w[name] = float64(*v)
+			}
+		}
+	}
+	if len(sc.LoRAAdapters) > 0 {
+		pr = pr.WithAdapters()
+	}
+	return pr, nil
+}
+
+func (p *pool) endpoint(addr string) *endpoint {
+	if p.byAddr != nil {
+		return p.byAddr[addr]
+	}
+	i := slices.IndexFunc(p.endpoints, func(e *endpoint) bool { return e.addr == addr })
+	if i < 0 {
+		return nil
+	}
+	return p.endpoints[i]
+}
+
+// now is the router's clock: the fleet's, which the virtual-time benchmark sets.
+func (g *Router) now() time.Time {
+	if g.opts.Fleet.Now != nil {
+		return g.opts.Fleet.Now()
+	}
+	return time.Now()
+}

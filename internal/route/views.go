@@ -1,0 +1,103 @@
+package route
+
+import (
+	"slices"
+	"time"
+
+	"github.com/kvgate/kvgate/api/v1alpha1"
+	"github.com/kvgate/kvgate/internal/fleet"
+	"github.com/kvgate/kvgate/internal/openai"
+)
+
+// SchedulerView is one scheduler in /debug/fleet.
+type SchedulerView struct {
+	Scheduler string         `json:"scheduler"`
+	Model     string         `json:"model"`
+	Adapters  []string       `json:"adapters,omitempty"`
+	Picker    string         `json:"picker"`
+	Endpoints []EndpointView `json:"endpoints"`
+}
+
+type EndpointView struct {
+	Address  string `json:"address"`
+	InFlight int64  `json:"inFlight"`
+	// From the endpoint's scraped metrics, with this gateway's dispatches since the
+	// last scrape folded into waiting and KV usage.
+	Scraped bool    `json:"scraped"`
+	Healthy bool    `json:"healthy"`
+	Stale   bool    `json:"stale"`
+	AgeMs   float64 `json:"ageMs"`
+	Dialect string  `json:"dialect,omitempty"`
+	Waiting float64 `json:"waiting"`
+	Running float64 `json:"running"`
+	KVUsage float64 `json:"kvUsage"`
+	// Estimates from this gateway's own dispatches.
+	Pending       int    `json:"pending"`       // dispatched since the last scrape
+	PrefillTokens int    `json:"prefillTokens"` // prompt tokens awaiting their first token
+	PrefixBlocks  int    `json:"prefixBlocks"`  // prompt blocks the prefix index holds for it
+	ScrapeErrors  uint64 `json:"scrapeErrors"`
+	LastError     string `json:"lastError,omitempty"`
+}
+
+// FleetView is every scheduler's endpoints as the picker sees them now.
+func (g *Router) FleetView() []SchedulerView {
+	out := []SchedulerView{}
+	if rt := g.routes.Load(); rt != nil {
+		for _, p := range rt.pools {
+			v := SchedulerView{Scheduler: p.name, Model: p.spec.ModelName, Adapters: slices.Clone(p.spec.LoRAAdapters), Picker: p.spec.PickerName(), Endpoints: []EndpointView{}}
+			for _, e := range p.endpoints {
+				ev := EndpointView{Address: e.addr, InFlight: e.inFlight.Load()}
+				if snaps := g.fleet.Snapshot([]string{e.addr}); len(snaps) == 1 {
+					sn := snaps[0]
+					ev.Scraped, ev.Healthy, ev.Stale, ev.AgeMs = sn.Scraped, sn.Healthy, sn.Stale, float64(sn.Age.Microseconds())/1000
+					ev.Dialect, ev.Waiting, ev.Running, ev.KVUsage, ev.LastError = string(sn.Dialect), sn.Waiting, sn.Running, sn.KVUsage, sn.LastError
+					ev.Pending, ev.PrefillTokens, ev.ScrapeErrors = sn.Pending, sn.PrefillTokens, sn.ScrapeErrors
+				}
+				ev.PrefixBlocks = g.prefix.EntriesOf(e.addr)
+				v.Endpoints = append(v.Endpoints, ev)
+			}
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+// Models lists every model and adapter the configuration routes, in the OpenAI
+// list's terms.
+func (g *Router) Models() []openai.Model {
+	var data []openai.Model
+	if rt := g.routes.Load(); rt != nil {
+		created := rt.cfg.CreationTimestamp.Unix()
+		for _, p := range rt.pools {
+			data = append(data, openai.Model{ID: p.spec.ModelName, Object: "model", Created: created, OwnedBy: "kvgate"})
+			for _, a := range p.spec.LoRAAdapters {
+				data = append(data, openai.Model{ID: a, Object: "model", Created: created, OwnedBy: "kvgate", Parent: &p.spec.ModelName})
+			}
+		}
+	}
+	return data
+}
+
+// Draining says whether Drain was called.
+func (g *Router) Draining() bool { return g.draining.Load() }
+
+// Configured says whether a configuration was applied.
+func (g *Router) Configured() bool { return g.routes.Load() != nil }
+
+// ConfigStatus is the configuration serving now (nil before the first) and the
+// time and error of the last attempt to load one.
+func (g *Router) ConfigStatus() (active *v1alpha1.InferenceGatewayConfig, lastReload time.Time, lastErr error) {
+	g.mu.Lock()
+	lastErr, lastReload = g.lastErr, g.lastReload
+	g.mu.Unlock()
+	if rt := g.routes.Load(); rt != nil {
+		active = rt.cfg
+	}
+	return active, lastReload, lastErr
+}
+
+// Snapshot is the fleet's view of addrs now, as the picker reads it.
+func (g *Router) Snapshot(addrs []string) []fleet.Snapshot { return g.fleet.Snapshot(addrs) }
+
+// Waiting counts the requests waiting for a free endpoint slot.
+func (g *Router) Waiting() int { return int(g.waiting.n.Load()) }
