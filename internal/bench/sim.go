@@ -5,20 +5,25 @@
 package bench
 
 import (
+	"bytes"
 	"container/heap"
 	"context"
 	"encoding/binary"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"net/http"
 	"slices"
 	"time"
 
+	"github.com/kvgate/kvgate/api/v1alpha1"
 	"github.com/kvgate/kvgate/internal/engine"
 	"github.com/kvgate/kvgate/internal/fleet"
 	"github.com/kvgate/kvgate/internal/prefix"
 	"github.com/kvgate/kvgate/internal/report"
+	"github.com/kvgate/kvgate/internal/route"
 	"github.com/kvgate/kvgate/internal/schedule"
 	"github.com/kvgate/kvgate/internal/sim"
 	"github.com/kvgate/kvgate/internal/simserver"
@@ -41,6 +46,22 @@ type SimOptions struct {
 	Seed                       uint64
 	// probe, in tests, receives the server each request was routed to.
 	probe func(server []int)
+	// record, in tests, receives every event the router saw, in virtual order.
+	record func(simEvent)
+}
+
+// simEvent is one call the run made into the routing core: a scrape's metrics,
+// a pick (its request and the endpoint chosen), a first token or a finish.
+type simEvent struct {
+	kind      string // "scrape", "route", "first", "finish"
+	at        time.Duration
+	addr      string // scrape: the endpoint; route: the pick
+	metrics   engine.Metrics
+	tag       int
+	model     string
+	prompt    []byte
+	bodyBytes int64
+	outcome   route.Outcome
 }
 
 // blockTokens is the engines' KV block; the prefix index's 64-character blocks
@@ -67,14 +88,9 @@ func RunSim(ctx context.Context, opts SimOptions, trace workload.Trace) ([]repor
 	if err != nil {
 		return nil, sim.Stats{}, err
 	}
-	adapters := slices.ContainsFunc(trace, func(r workload.Request) bool { return r.Adapter != "" })
-	picker, usesPrefix, err := newPicker(opts, adapters)
-	if err != nil {
-		return nil, sim.Stats{}, err
-	}
-	r := &simRun{opts: opts, picker: picker, usesPrefix: usesPrefix, index: prefix.New(),
-		recs: make([]report.Record, len(trace)), ticket: make([]uint64, len(trace)), server: make([]int, len(trace)),
+	r := &simRun{opts: opts, trace: trace, recs: make([]report.Record, len(trace)), routes: make([]*route.Route, len(trace)), server: make([]int, len(trace)),
 		rng: rand.New(rand.NewPCG(opts.Seed, 0x5c4a)), byAddr: map[string]int{}}
+	var addrs []string
 	for i, o := range servers {
 		e, err := sim.New(o.Engine)
 		if err != nil {
@@ -83,16 +99,30 @@ func RunSim(ctx context.Context, opts SimOptions, trace workload.Trace) ([]repor
 		r.engines = append(r.engines, e)
 		r.eps = append(r.eps, &simEndpoint{addr: fmt.Sprintf("sim-%d:8000", i), lora: len(o.LoRAModules) > 0 || o.Engine.MaxLoRAs > 0})
 		r.byAddr[r.eps[i].addr] = i
+		addrs = append(addrs, r.eps[i].addr)
 		// Scrapers start at random phases, as independent goroutines would.
 		heap.Push(&r.scrapes, scrapeAt{at: time.Duration(r.rng.Int64N(int64(opts.ScrapeInterval))), ep: i})
+	}
+	// The routing core `serve` runs, on the virtual clock, its metrics fed by
+	// the simulated scrapes below instead of HTTP ones.
+	cfg, err := simConfig(opts, trace, addrs)
+	if err != nil {
+		return nil, sim.Stats{}, err
+	}
+	r.router = route.New(route.Options{Logger: slog.New(slog.DiscardHandler), Seed: opts.Seed, Profile: opts.Profile,
+		Fleet: fleet.Config{Interval: opts.ScrapeInterval, StaleAfter: opts.StaleAfter, UnhealthyAfter: unhealthyAfter, BlockSize: blockTokens,
+			Now: func() time.Time { return epoch.Add(r.now) }, External: true}})
+	defer r.router.Close()
+	if err := r.router.Apply(cfg); err != nil {
+		return nil, sim.Stats{}, fmt.Errorf("policy %q: %w", opts.Policy, err)
 	}
 	arrivals := make([]sim.Arrival, len(trace))
 	var ids []uint64
 	var text []byte
 	for i, q := range trace {
-		// The prompt as text of one 64-character block per 16-token block, hashed
-		// by the gateway's own prefix code: the engine caches these hashes, and the
-		// gateway's index, seeded alike, matches on the first 256 of them.
+		// The prompt as text of one 64-character block per 16-token block: the
+		// engine caches these blocks' hashes, and the gateway's index, seeded
+		// alike, hashes the same text's head when it routes.
 		ids = workload.BlockIDs(ids[:0], q.Prompt, blockTokens)
 		text = blockText(text[:0], ids)
 		hashes := prefix.Hashes(nil, text, blockChars, len(ids), prefix.Seed(q.Model, q.Adapter))
@@ -103,7 +133,11 @@ func RunSim(ctx context.Context, opts SimOptions, trace workload.Trace) ([]repor
 	}
 	f := sim.NewFleet(r.engines)
 	r.fleet = f
-	f.OnFirstToken = func(i int, s *sim.Seq) { r.eps[i].acct.FirstToken(r.ticket[s.Req.Tag]) }
+	f.OnFirstToken = func(_ int, s *sim.Seq) {
+		r.now = s.FirstToken
+		r.routes[s.Req.Tag].FirstByte(true)
+		r.event(simEvent{kind: "first", tag: int(s.Req.Tag)})
+	}
 	// Scrapes are timed events: each reads its engine as it was at the scrape's
 	// time, never ahead of it.
 	f.Adapters = slices.ContainsFunc(r.eps, func(e *simEndpoint) bool { return e.lora })
@@ -121,7 +155,7 @@ func RunSim(ctx context.Context, opts SimOptions, trace workload.Trace) ([]repor
 		if routed++; routed%1024 == 0 && ctx.Err() != nil {
 			return -1
 		}
-		return r.route(a, trace[a.Req.Tag])
+		return r.route(ctx, a)
 	}, r.finished); err != nil {
 		return nil, sim.Stats{}, err
 	}
@@ -144,112 +178,108 @@ func RunSim(ctx context.Context, opts SimOptions, trace workload.Trace) ([]repor
 	return r.recs, total, nil
 }
 
-// newPicker builds the policy's picker as `serve` builds a scheduler's, and says
-// whether it scores prefix affinity.
-func newPicker(opts SimOptions, adapters bool) (schedule.Picker, bool, error) {
-	if opts.Profile == nil {
-		if schedule.IsBaseline(opts.Policy) {
-			p, err := schedule.New(opts.Policy, opts.Seed)
-			return p, false, err
+// simConfig is the InferenceGatewayConfig `serve` would run for the policy: one
+// scheduler over the simulated endpoints, serving the trace's model and
+// adapters, with the policy as its picker (a baseline) or its profile.
+func simConfig(opts SimOptions, trace workload.Trace, addrs []string) (*v1alpha1.InferenceGatewayConfig, error) {
+	if len(trace) == 0 {
+		return nil, errors.New("empty trace")
+	}
+	sc := v1alpha1.SchedulerSpec{Name: "bench", ModelName: trace[0].Model, Endpoints: addrs}
+	switch {
+	case opts.Profile != nil: // kvgate's picker with the given profile
+	case schedule.IsBaseline(opts.Policy):
+		sc.Picker = opts.Policy
+	default:
+		if _, err := schedule.LookupProfile(opts.Policy); err != nil {
+			return nil, fmt.Errorf("unknown policy %q", opts.Policy)
+		}
+		sc.Profile = opts.Policy
+	}
+	seen := map[string]bool{}
+	for _, q := range trace {
+		if q.Model != sc.ModelName {
+			return nil, fmt.Errorf("the trace names models %q and %q: a simulated fleet serves one", sc.ModelName, q.Model)
+		}
+		if q.Adapter != "" && !seen[q.Adapter] {
+			seen[q.Adapter] = true
+			sc.LoRAAdapters = append(sc.LoRAAdapters, q.Adapter)
 		}
 	}
-	pr := schedule.Profile{}
-	if opts.Profile != nil {
-		pr = *opts.Profile
-	} else {
-		var err error
-		if pr, err = schedule.LookupProfile(opts.Policy); err != nil {
-			return nil, false, fmt.Errorf("unknown policy %q", opts.Policy)
-		}
-	}
-	if adapters {
-		pr = pr.WithAdapters()
-	}
-	return schedule.NewWeighted(pr, schedule.Thresholds{}, opts.Seed), pr.Weights["prefix"] > 0, nil
+	cfg := &v1alpha1.InferenceGatewayConfig{Spec: v1alpha1.InferenceGatewayConfigSpec{Schedulers: []v1alpha1.SchedulerSpec{sc}}}
+	cfg.APIVersion, cfg.Kind = v1alpha1.GroupVersion.String(), "InferenceGatewayConfig"
+	cfg.Name = "bench"
+	return cfg, nil
 }
 
 type simEndpoint struct {
-	addr     string
-	lora     bool
-	acct     fleet.Accounting
-	inFlight int
+	addr string
+	lora bool
 }
 
 type simRun struct {
-	opts       SimOptions
-	picker     schedule.Picker
-	usesPrefix bool
-	index      *prefix.Index
-	engines    []*sim.Engine
-	eps        []*simEndpoint
-	scrapes    scrapeHeap
-	fleet      *sim.Fleet
-	rng        *rand.Rand
-	byAddr     map[string]int
+	opts    SimOptions
+	trace   workload.Trace
+	router  *route.Router
+	engines []*sim.Engine
+	eps     []*simEndpoint
+	scrapes scrapeHeap
+	fleet   *sim.Fleet
+	rng     *rand.Rand
+	byAddr  map[string]int
+	// now is the virtual time, the router's clock.
+	now time.Duration
 
 	recs   []report.Record
-	ticket []uint64 // per request: its dispatch id
-	server []int    // per request: the engine serving it
+	routes []*route.Route // per request, from its pick to its end
+	server []int          // per request: the engine serving it
 
 	// reused per request
-	cands []schedule.Endpoint
-	addrs []string
-	match []int
+	ids  []uint64
+	text []byte
 }
 
-// epoch anchors virtual time for the accounting, which works in wall-clock times.
+// epoch anchors virtual time for the router, which works in wall-clock times.
 var epoch = time.Unix(1_700_000_000, 0)
 
-// route is the gateway's decision for one arrival at virtual time a.At.
-func (r *simRun) route(a sim.Arrival, q workload.Request) int {
-	now := a.At
-	// The hashes of the prompt's head, as the gateway computes them from the
-	// first 256 blocks its scanner hands over.
-	var hashes []uint64
-	if r.usesPrefix {
-		hashes = a.Req.BlockHashes[:min(len(a.Req.BlockHashes), prefix.DefaultMaxBlocks)]
-	}
-	r.cands, r.addrs = r.cands[:0], r.addrs[:0]
-	wall := epoch.Add(now)
-	for _, e := range r.eps {
-		s := e.acct.Snapshot(e.addr, wall, r.opts.StaleAfter, unhealthyAfter)
-		r.cands = append(r.cands, schedule.Endpoint{Address: e.addr, InFlight: e.inFlight,
-			Signals: schedule.Signals{Metrics: s.Metrics, HasMetrics: s.Scraped, Healthy: s.Healthy, Stale: s.Stale, PrefillTokens: float64(s.PrefillTokens)}})
-		r.addrs = append(r.addrs, e.addr)
-	}
-	if len(hashes) > 0 {
-		r.match = slices.Grow(r.match[:0], len(r.addrs))[:len(r.addrs)]
-		r.index.Match(hashes, r.addrs, r.match)
-		for i, n := range r.match {
-			r.cands[i].PrefixMatch = float64(n) / float64(len(hashes))
-		}
-	}
-	req := schedule.Request{Model: q.Model, Adapter: q.Adapter}
-	d := r.picker.Pick(req, r.cands)
-	i := r.indexOf(d.Ranked[0].Address)
-	e, eng := r.eps[i], r.engines[i]
+// route is the gateway's decision for one arrival at virtual time a.At, made by
+// the routing core from the prompt's text as `serve` reads it from a body.
+func (r *simRun) route(ctx context.Context, a sim.Arrival) int {
+	r.now = a.At
 	tag := int(a.Req.Tag)
-	// A prompt the server cannot hold is its 400, not a routing matter: the
-	// gateway does not retry client errors.
-	if a.Req.PromptTokens+a.Req.OutputTokens > eng.MaxModelLen() {
+	q := r.trace[tag]
+	// The head of the prompt the gateway's scanner hands over: the first 256
+	// blocks.
+	r.ids = workload.BlockIDs(r.ids[:0], q.Prompt, blockTokens)
+	r.text = blockText(r.text[:0], r.ids[:min(len(r.ids), prefix.DefaultMaxBlocks)])
+	model := q.Model
+	if q.Adapter != "" {
+		model = q.Adapter
+	}
+	req := route.Request{Model: model, Prompt: r.text, BodyBytes: int64(a.Req.PromptTokens) * 4, Start: epoch.Add(a.At)}
+	rt, ref := r.router.Route(ctx, req)
+	if ref != nil {
 		r.recs[tag].Error = true
 		return -1
 	}
-	r.ticket[tag] = e.acct.Dispatch(wall, a.Req.PromptTokens, blockTokens)
-	r.server[tag] = i
-	e.inFlight++
-	if len(hashes) > 0 {
-		c := eng.NumBlocks() * blockTokens * 4 / blockChars
-		r.index.Record(e.addr, hashes, c)
+	i := r.byAddr[rt.Endpoints[0]]
+	r.event(simEvent{kind: "route", tag: tag, addr: rt.Endpoints[0], model: model, prompt: req.Prompt, bodyBytes: req.BodyBytes})
+	// A prompt the server cannot hold is its 400, not a routing matter: the
+	// gateway does not retry client errors.
+	if a.Req.PromptTokens+a.Req.OutputTokens > r.engines[i].MaxModelLen() {
+		r.finish(tag, rt, route.Outcome{Status: http.StatusBadRequest})
+		r.recs[tag].Error = true
+		return -1
 	}
+	r.routes[tag] = rt
+	r.server[tag] = i
 	return i
 }
-
-func (r *simRun) indexOf(addr string) int { return r.byAddr[addr] }
 
 // scrape runs the scrape due at now: the engine's gauges as they were at that
 // moment, then schedules the endpoint's next one.
 func (r *simRun) scrape(now time.Duration) {
+	r.now = now
 	s := heap.Pop(&r.scrapes).(scrapeAt)
 	e, eng := r.eps[s.ep], r.engines[s.ep]
 	g := r.fleet.GaugesAt(s.ep, now)
@@ -259,26 +289,45 @@ func (r *simRun) scrape(now time.Duration) {
 	if e.lora {
 		m.HasLoRA, m.MaxLoRA, m.RunningAdapters, m.WaitingAdapters = true, max(1, cfg.MaxLoRAs), g.RunningAdapters, g.WaitingAdapters
 	}
-	e.acct.Observed(m, engine.VLLM, epoch.Add(now))
+	r.router.Observe(e.addr, m, engine.VLLM, epoch.Add(now))
+	r.event(simEvent{kind: "scrape", addr: e.addr, metrics: m})
 	iv := r.opts.ScrapeInterval
 	next := s.at + iv + time.Duration((r.rng.Float64()-0.5)*0.2*float64(iv))
 	heap.Push(&r.scrapes, scrapeAt{at: next, ep: s.ep})
 }
 
-func (r *simRun) finished(i int, s *sim.Seq) {
+func (r *simRun) finished(_ int, s *sim.Seq) {
 	tag := int(s.Req.Tag)
-	e := r.eps[i]
-	e.acct.Complete(r.ticket[tag])
-	e.inFlight--
+	r.now = s.Done
+	rt := r.routes[tag]
 	rec := &r.recs[tag]
 	rec.CachedTokens = s.CachedTokens
 	rec.OutputTokens = s.Generated
 	if s.Finish == sim.FinishAbort || s.FirstToken == 0 {
+		r.finish(tag, rt, route.Outcome{StreamError: true})
 		rec.Error = true
 		return
 	}
+	r.finish(tag, rt, route.Outcome{Status: http.StatusOK})
 	rec.TTFT = s.FirstToken - s.Arrival
 	rec.E2E = s.Done - s.Arrival
+}
+
+func (r *simRun) finish(tag int, rt *route.Route, o route.Outcome) {
+	rt.Finish(o)
+	r.routes[tag] = nil
+	r.event(simEvent{kind: "finish", tag: tag, outcome: o})
+}
+
+// event passes an event to the test's recorder, if any.
+func (r *simRun) event(e simEvent) {
+	if r.opts.record != nil {
+		e.at = r.now
+		if e.prompt != nil {
+			e.prompt = bytes.Clone(e.prompt)
+		}
+		r.opts.record(e)
+	}
 }
 
 // blockText appends one 64-character block of text per block identity: what the

@@ -23,6 +23,9 @@ type Config struct {
 	UnhealthyAfter int           // consecutive failures that make an endpoint unhealthy; default 3
 	BlockSize      int           // tokens per KV block when the server does not say; default 16
 	Now            func() time.Time
+	// External: nothing is scraped; the endpoints' metrics arrive by Observe
+	// (the virtual-time benchmark, whose engines are in process).
+	External bool
 }
 
 func (c Config) withDefaults() Config {
@@ -272,6 +275,10 @@ func (f *Fleet) Sync(ctx context.Context, targets []Target) {
 		ectx, cancel := context.WithCancel(ctx)
 		e := &endpoint{addr: a, cancel: cancel, done: make(chan struct{}), want: d}
 		f.endpoints[a] = e
+		if f.cfg.Load().External {
+			close(e.done)
+			continue
+		}
 		go f.scrapeLoop(ectx, e)
 	}
 	f.mu.Unlock()
@@ -357,6 +364,16 @@ func (f *Fleet) Dispatched(addr string, promptTokens int) Ticket {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return Ticket{addr: addr, id: e.acct.Dispatch(cfg.Now(), promptTokens, cfg.BlockSize)}
+}
+
+// Observe records metrics read from addr by a scrape that began at started, as
+// the fleet's own scrapers do; an address the fleet does not hold is ignored.
+func (f *Fleet) Observe(addr string, m engine.Metrics, d engine.Dialect, started time.Time) {
+	if e := f.get(addr); e != nil {
+		e.mu.Lock()
+		e.acct.Observed(m, d, started)
+		e.mu.Unlock()
+	}
 }
 
 // FirstToken records that the request of a ticket produced its first byte of

@@ -154,3 +154,24 @@ func TestAccounting(t *testing.T) {
 		})
 	}
 }
+
+// TestExternal: an External fleet scrapes nothing; Observe feeds its metrics,
+// with the dispatch accounting folded in as for scraped ones.
+func TestExternal(t *testing.T) {
+	now := time.Unix(1_700_000_000, 0)
+	f := New(Config{External: true, Now: func() time.Time { return now }})
+	defer f.Close()
+	// An address nothing listens on: a scraper would mark it failing.
+	f.Sync(context.Background(), []Target{{Addr: "127.0.0.1:1"}})
+	f.Observe("127.0.0.1:1", engine.Metrics{Waiting: 2, NumBlocks: 100, BlockSize: 16}, engine.VLLM, now)
+	f.Observe("10.0.0.9:1", engine.Metrics{Waiting: 9}, engine.VLLM, now) // not in the fleet: ignored
+	now = now.Add(time.Second)
+	f.Dispatched("127.0.0.1:1", 160)
+	s := f.Snapshot([]string{"127.0.0.1:1", "10.0.0.9:1"})
+	if !s[0].Scraped || !s[0].Healthy || s[0].Failures != 0 || s[0].Waiting != 3 || s[0].KVUsage != 0.1 || s[0].Age != time.Second {
+		t.Errorf("observed endpoint: %+v", s[0])
+	}
+	if s[1].Scraped {
+		t.Errorf("an address outside the fleet reads as scraped: %+v", s[1])
+	}
+}

@@ -67,7 +67,7 @@ func decisionPool(b *testing.B, n int) (*pool, *fleet.Fleet, *prefix.Index) {
 		addrs = append(addrs, fmt.Sprintf("10.0.%d.%d:8000", i/250, i%250+1))
 	}
 	sc := scheduler("p", llama, addrs...)
-	picker, err := newPicker(sc, 1)
+	picker, err := newPicker(sc, nil, 1)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -11,6 +11,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"slices"
@@ -38,6 +39,9 @@ type Options struct {
 	// router's clock, and External feeds metrics by Observe instead of scrapes
 	// (the virtual-time benchmark).
 	Fleet fleet.Config
+	// Profile, when set, replaces the profile of every scheduler whose picker
+	// is kvgate's, weights included (kvgate tune's candidates).
+	Profile *schedule.Profile
 	// DecisionLogEvery logs one decision in this many, with every candidate's
 	// scores, at debug level (default 100; 1 logs all).
 	DecisionLogEvery int
@@ -187,12 +191,12 @@ func (g *Router) Apply(cfg *v1alpha1.InferenceGatewayConfig) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	for i, sc := range cfg.Spec.Schedulers {
-		picker, err := newPicker(sc, g.opts.Seed+uint64(i))
+		picker, err := newPicker(sc, g.opts.Profile, g.opts.Seed+uint64(i))
 		if err != nil {
 			return fmt.Errorf("scheduler %s: %w", sc.Name, err)
 		}
 		p := &pool{name: sc.Name, spec: sc, picker: picker, transport: newTransport(gw, sc.H2C())}
-		if usesPrefix(sc) {
+		if usesPrefix(sc, g.opts.Profile) {
 			p.prefix = prefixConfig{blockChars: sc.PrefixBlockChars(), maxBlocks: sc.PrefixMaxBlocks(), capacity: sc.PrefixCapacity(),
 				seeds: map[string]uint64{sc.ModelName: prefix.Seed(sc.ModelName, "")}}
 			for _, a := range sc.LoRAAdapters {
@@ -396,18 +400,18 @@ func (g *Router) fleetConfig(gw v1alpha1.GatewaySpec) fleet.Config {
 }
 
 // usesPrefix says whether a scheduler's picker scores prefix affinity.
-func usesPrefix(sc v1alpha1.SchedulerSpec) bool {
-	pr, err := profile(sc)
-	return err == nil && sc.PickerName() == "kvgate" && pr.Weights["prefix"] > 0
+func usesPrefix(sc v1alpha1.SchedulerSpec, override *schedule.Profile) bool {
+	pr, err := profile(sc, override)
+	return err == nil && sc.PickerName() == schedule.PickerKvgate && pr.Weights["prefix"] > 0
 }
 
 // newPicker builds a scheduler's picker: the GPU-aware weighted picker for
 // "kvgate" (the default), or a baseline.
-func newPicker(sc v1alpha1.SchedulerSpec, seed uint64) (schedule.Picker, error) {
-	if sc.PickerName() != "kvgate" {
+func newPicker(sc v1alpha1.SchedulerSpec, override *schedule.Profile, seed uint64) (schedule.Picker, error) {
+	if sc.PickerName() != schedule.PickerKvgate {
 		return schedule.New(sc.PickerName(), seed)
 	}
-	pr, err := profile(sc)
+	pr, err := profile(sc, override)
 	if err != nil {
 		return nil, err
 	}
@@ -415,16 +419,22 @@ func newPicker(sc v1alpha1.SchedulerSpec, seed uint64) (schedule.Picker, error) 
 }
 
 // profile is a scheduler's profile with its own weights on top.
-func profile(sc v1alpha1.SchedulerSpec) (schedule.Profile, error) {
-	pr, err := schedule.LookupProfile(sc.ProfileName())
-	if err != nil {
-		return pr, err
-	}
-	w := pr.Weights
-	if sw := sc.Weights; sw != nil {
-		for name, v := range sw.ByName() {
-			if v != nil {
-				w[name] = float64(*v)
+func profile(sc v1alpha1.SchedulerSpec, override *schedule.Profile) (schedule.Profile, error) {
+	var pr schedule.Profile
+	if override != nil {
+		pr = *override
+		pr.Weights = maps.Clone(override.Weights)
+	} else {
+		var err error
+		if pr, err = schedule.LookupProfile(sc.ProfileName()); err != nil {
+			return pr, err
+		}
+		w := pr.Weights
+		if sw := sc.Weights; sw != nil {
+			for name, v := range sw.ByName() {
+				if v != nil {
+					w[name] = float64(*v)
+				}
 			}
 		}
 	}

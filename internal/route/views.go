@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/api/v1alpha1"
+	"github.com/kvgate/kvgate/internal/engine"
 	"github.com/kvgate/kvgate/internal/fleet"
 	"github.com/kvgate/kvgate/internal/openai"
 )
@@ -101,3 +102,9 @@ func (g *Router) Snapshot(addrs []string) []fleet.Snapshot { return g.fleet.Snap
 
 // Waiting counts the requests waiting for a free endpoint slot.
 func (g *Router) Waiting() int { return int(g.waiting.n.Load()) }
+
+// Observe feeds an endpoint's metrics read elsewhere (the virtual-time
+// benchmark's engines), for a fleet configured External.
+func (g *Router) Observe(addr string, m engine.Metrics, d engine.Dialect, started time.Time) {
+	g.fleet.Observe(addr, m, d, started)
+}
