@@ -28,7 +28,7 @@ var hashPool = sync.Pool{New: func() any { s := make([]uint64, 0, prefix.Default
 // decideArgs are the inputs of one routing decision.
 type decideArgs struct {
 	rid    string
-	p      *pool
+	p      *scheduler
 	model  string
 	prompt []byte // the raw head of the prompt, for prefix affinity
 	// subset, when not nil, restricts the pick to these addresses (the Endpoint
@@ -87,7 +87,7 @@ func (g *Router) decide(ctx context.Context, a decideArgs, sc *snapshotScratch, 
 // choose waits, up to a.wait, for an endpoint of p below a.limit, ranks the
 // candidates and reserves the best one it can. It returns the decision and the
 // reserved endpoint, or the status and message of a refusal.
-func (g *Router) choose(ctx context.Context, p *pool, req schedule.Request, hashes []uint64, a decideArgs, sc *snapshotScratch) (schedule.Decision, []schedule.Endpoint, *endpoint, int, string) {
+func (g *Router) choose(ctx context.Context, p *scheduler, req schedule.Request, hashes []uint64, a decideArgs, sc *snapshotScratch) (schedule.Decision, []schedule.Endpoint, *endpoint, int, string) {
 	limit := a.limit
 	if len(p.endpoints) == 0 {
 		g.m.Shed.WithLabelValues(p.name, "no_endpoint").Inc()

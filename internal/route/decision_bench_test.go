@@ -14,13 +14,13 @@ import (
 
 // BenchmarkDecision times one routing decision as serve makes it for an 8k-token
 // chat prompt: hashing the prompt's head, the fleet snapshot, the prefix match
-// across the pool and the weighted picker. The index holds the prompt's full
+// across the scheduler and the weighted picker. The index holds the prompt's full
 // prefix on four endpoints and a part of it on a quarter of the others. It reports
 // the median and p99 of single decisions besides the mean.
 func BenchmarkDecision(b *testing.B) {
 	for _, n := range []int{64, 1024} {
 		b.Run(fmt.Sprintf("endpoints=%d", n), func(b *testing.B) {
-			p, fl, idx := decisionPool(b, n)
+			p, fl, idx := decisionScheduler(b, n)
 			prompt := []byte(`[{"role":"system","content":"` + strings.Repeat("You answer questions about the attached contract. ", 700) + `"}]`)
 			if len(prompt) < 32000 {
 				b.Fatal("prompt shorter than 8k tokens")
@@ -59,19 +59,19 @@ func BenchmarkDecision(b *testing.B) {
 	}
 }
 
-// decisionPool builds a pool of n endpoints with the default picker, a fleet that
+// decisionScheduler builds a scheduler of n endpoints with the default picker, a fleet that
 // does not scrape (every endpoint reads as never scraped) and an empty index.
-func decisionPool(b *testing.B, n int) (*pool, *fleet.Fleet, *prefix.Index) {
+func decisionScheduler(b *testing.B, n int) (*scheduler, *fleet.Fleet, *prefix.Index) {
 	var addrs []string
 	for i := range n {
 		addrs = append(addrs, fmt.Sprintf("10.0.%d.%d:8000", i/250, i%250+1))
 	}
-	sc := scheduler("p", llama, addrs...)
+	sc := schedulerSpec("p", llama, addrs...)
 	picker, err := newPicker(sc, nil, 1)
 	if err != nil {
 		b.Fatal(err)
 	}
-	p := &pool{name: "p", spec: sc, picker: picker,
+	p := &scheduler{name: "p", spec: sc, picker: picker,
 		prefix: prefixConfig{blockChars: sc.PrefixBlockChars(), maxBlocks: sc.PrefixMaxBlocks(), capacity: sc.PrefixCapacity(),
 			seeds: map[string]uint64{llama: prefix.Seed(llama, "")}}}
 	for _, a := range addrs {

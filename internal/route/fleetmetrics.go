@@ -53,7 +53,7 @@ func (c *fleetCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		return 0
 	}
-	for _, p := range rt.pools {
+	for _, p := range rt.schedulers {
 		addrs := make([]string, len(p.endpoints))
 		for i, e := range p.endpoints {
 			addrs[i] = e.addr

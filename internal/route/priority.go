@@ -65,7 +65,7 @@ func (q *waitQueue) remove(eps []*endpoint, prio int32) (wake bool) {
 
 // usable drops from cands the endpoints a request of a higher priority than
 // prio waits for: the request lets it take them first.
-func (q *waitQueue) usable(p *pool, cands []schedule.Endpoint, prio int32) []schedule.Endpoint {
+func (q *waitQueue) usable(p *scheduler, cands []schedule.Endpoint, prio int32) []schedule.Endpoint {
 	if q.n.Load() == 0 {
 		return cands
 	}

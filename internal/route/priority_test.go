@@ -9,7 +9,7 @@ import (
 
 func TestWaitQueue(t *testing.T) {
 	a, b := &endpoint{addr: "a"}, &endpoint{addr: "b"}
-	p := &pool{endpoints: []*endpoint{a, b}}
+	p := &scheduler{endpoints: []*endpoint{a, b}}
 	cands := func() []schedule.Endpoint { return []schedule.Endpoint{{Address: "a"}, {Address: "b"}} }
 	addrs := func(c []schedule.Endpoint) (s []string) {
 		for _, e := range c {

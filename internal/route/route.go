@@ -16,7 +16,7 @@ import (
 // This file is the gateway's routing core as other data planes use it: an Envoy
 // ext_proc Endpoint Picker asks for a pick, learns later which endpoint Envoy
 // really sent the request to, and reports the response's progress, so that the
-// same pools, pickers, prefix index and fleet accounting serve both `kvgate serve`
+// same schedulers, pickers, prefix index and fleet accounting serve both `kvgate serve`
 // and `kvgate epp`.
 
 // Request is what a pick needs.
@@ -47,7 +47,7 @@ type Request struct {
 // and must be called exactly once (later calls do nothing).
 type Route struct {
 	g     *Router
-	p     *pool
+	p     *scheduler
 	model string
 	start time.Time
 	// Endpoints are the ranked addresses: the first is reserved for the request,
@@ -99,7 +99,7 @@ func (g *Router) Ready() bool {
 	if rt == nil || g.draining.Load() {
 		return false
 	}
-	return slices.ContainsFunc(rt.pools, func(p *pool) bool { return len(p.endpoints) > 0 })
+	return slices.ContainsFunc(rt.schedulers, func(p *scheduler) bool { return len(p.endpoints) > 0 })
 }
 
 // BaseModel returns the base model of a model or adapter name the configuration
@@ -116,13 +116,13 @@ func (g *Router) BaseModel(name string) (string, bool) {
 // OnlyModel is the model of the configuration's only scheduler, for requests
 // that name none, when there is exactly one.
 func (g *Router) OnlyModel() (string, bool) {
-	if rt := g.routes.Load(); rt != nil && len(rt.pools) == 1 {
-		return rt.pools[0].spec.ModelName, true
+	if rt := g.routes.Load(); rt != nil && len(rt.schedulers) == 1 {
+		return rt.schedulers[0].spec.ModelName, true
 	}
 	return "", false
 }
 
-// CountRefused counts a request refused before it had a pool (a body that could
+// CountRefused counts a request refused before it had a scheduler (a body that could
 // not be read), as ServeHTTP's refusals are.
 func (g *Router) CountRefused(status int) {
 	g.count("", "", "", strconv.Itoa(status))
@@ -206,7 +206,7 @@ func (g *Router) Route(ctx context.Context, req Request) (*Route, *proxy.Refusal
 // Serve moves the request's accounting to the endpoint the data plane reports it
 // used, when that is not the pick (a fallback after a failed attempt). The data
 // plane already sent it there, so the slot is taken whatever the limit. An
-// address outside the pool is ignored.
+// address outside the scheduler is ignored.
 func (r *Route) Serve(addr string) {
 	if r.move(addr, 0) {
 		r.g.m.Retries.WithLabelValues(r.p.name, "fallback").Inc()

@@ -1,6 +1,6 @@
 // Package route is kvgate's routing core, shared by every front (`kvgate serve`'s
 // HTTP handler, `kvgate epp`'s Envoy picker and the virtual-time benchmark): the
-// pools built from an InferenceGatewayConfig, their endpoints and admission
+// schedulers built from an InferenceGatewayConfig, their endpoints and admission
 // (in-flight limits, the priority wait queue), the decision (request → snapshot →
 // picker → ranked endpoints) and the bookkeeping after it (prefix index, fleet
 // accounting, first token, finish, the load summary). It knows nothing of HTTP
@@ -47,7 +47,7 @@ type Options struct {
 	DecisionLogEvery int
 }
 
-// Router routes OpenAI requests to model-server pools. Apply installs a
+// Router routes OpenAI requests to model-server schedulers. Apply installs a
 // configuration; requests in flight keep the one they started with.
 type Router struct {
 	opts   Options
@@ -70,7 +70,7 @@ type Router struct {
 	// fleet scrapes every configured endpoint's metrics.
 	fleet *fleet.Fleet
 	// prefix remembers which prompt blocks went to which endpoint; chains are
-	// seeded by model, so pools share it without mixing.
+	// seeded by model, so schedulers share it without mixing.
 	prefix    *prefix.Index
 	fleetCtx  context.Context
 	stopFleet context.CancelFunc
@@ -81,20 +81,20 @@ type Router struct {
 
 // routes is one applied configuration, immutable once built.
 type routes struct {
-	cfg     *v1alpha1.InferenceGatewayConfig
-	byModel map[string]*pool // model names and adapter names
-	pools   []*pool
-	maxBody int64
-	gw      v1alpha1.GatewaySpec
-	// promptLimit is how much of a prompt the pools' prefix indexes hash, 0 when
+	cfg        *v1alpha1.InferenceGatewayConfig
+	byModel    map[string]*scheduler // model names and adapter names
+	schedulers []*scheduler
+	maxBody    int64
+	gw         v1alpha1.GatewaySpec
+	// promptLimit is how much of a prompt the schedulers' prefix indexes hash, 0 when
 	// none does.
 	promptLimit int
 	// objectives are the priorities of spec.objectives, by name.
 	objectives map[string]int32
 }
 
-// pool is one scheduler: its endpoints, picker and upstream transport.
-type pool struct {
+// scheduler is one configured scheduler (an InferencePool in Kubernetes): its endpoints, picker and upstream transport.
+type scheduler struct {
 	name      string
 	spec      v1alpha1.SchedulerSpec
 	endpoints []*endpoint
@@ -104,7 +104,7 @@ type pool struct {
 	prefix    prefixConfig
 }
 
-// prefixConfig is a pool's prefix-affinity setup; blockChars 0 turns it off.
+// prefixConfig is a scheduler's prefix-affinity setup; blockChars 0 turns it off.
 type prefixConfig struct {
 	blockChars, maxBlocks, capacity int
 	seeds                           map[string]uint64 // by model or adapter name
@@ -180,7 +180,7 @@ func (g *Router) Apply(cfg *v1alpha1.InferenceGatewayConfig) error {
 		return fmt.Errorf("invalid configuration: %w", errs[0])
 	}
 	gw := cfg.Spec.Gateway
-	rt := &routes{cfg: cfg, byModel: map[string]*pool{}, maxBody: cfg.Spec.BBR.MaxBodyBytes(), gw: gw, objectives: map[string]int32{}}
+	rt := &routes{cfg: cfg, byModel: map[string]*scheduler{}, maxBody: cfg.Spec.BBR.MaxBodyBytes(), gw: gw, objectives: map[string]int32{}}
 	for _, o := range cfg.Spec.Objectives {
 		rt.objectives[o.Name] = o.Priority
 	}
@@ -195,7 +195,7 @@ func (g *Router) Apply(cfg *v1alpha1.InferenceGatewayConfig) error {
 		if err != nil {
 			return fmt.Errorf("scheduler %s: %w", sc.Name, err)
 		}
-		p := &pool{name: sc.Name, spec: sc, picker: picker, transport: newTransport(gw, sc.H2C())}
+		p := &scheduler{name: sc.Name, spec: sc, picker: picker, transport: newTransport(gw, sc.H2C())}
 		if usesPrefix(sc, g.opts.Profile) {
 			p.prefix = prefixConfig{blockChars: sc.PrefixBlockChars(), maxBlocks: sc.PrefixMaxBlocks(), capacity: sc.PrefixCapacity(),
 				seeds: map[string]uint64{sc.ModelName: prefix.Seed(sc.ModelName, "")}}
@@ -217,7 +217,7 @@ func (g *Router) Apply(cfg *v1alpha1.InferenceGatewayConfig) error {
 			}
 			p.byAddr[addr] = ep
 		}
-		rt.pools = append(rt.pools, p)
+		rt.schedulers = append(rt.schedulers, p)
 		rt.byModel[sc.ModelName] = p
 		for _, a := range sc.LoRAAdapters {
 			rt.byModel[a] = p
@@ -225,7 +225,7 @@ func (g *Router) Apply(cfg *v1alpha1.InferenceGatewayConfig) error {
 	}
 	// Endpoints no longer configured and idle are forgotten, with their gauge.
 	keep := map[string]bool{}
-	for _, p := range rt.pools {
+	for _, p := range rt.schedulers {
 		for _, e := range p.endpoints {
 			keep[p.name+"|"+e.addr] = true
 		}
@@ -239,7 +239,7 @@ func (g *Router) Apply(cfg *v1alpha1.InferenceGatewayConfig) error {
 	}
 	var targets []fleet.Target
 	inUse := map[string]bool{}
-	for _, p := range rt.pools {
+	for _, p := range rt.schedulers {
 		for _, e := range p.endpoints {
 			targets = append(targets, fleet.Target{Addr: e.addr, Dialect: engine.Dialect(p.spec.EngineType)})
 			inUse[e.addr] = true
@@ -248,7 +248,7 @@ func (g *Router) Apply(cfg *v1alpha1.InferenceGatewayConfig) error {
 	// What went to an endpoint that left says nothing about one that may later
 	// reuse its address.
 	if prev := g.routes.Load(); prev != nil {
-		for _, p := range prev.pools {
+		for _, p := range prev.schedulers {
 			for _, e := range p.endpoints {
 				if !inUse[e.addr] {
 					g.prefix.Forget(e.addr)
@@ -263,7 +263,7 @@ func (g *Router) Apply(cfg *v1alpha1.InferenceGatewayConfig) error {
 	g.m.ConfigAccepted.Set(1)
 	if old != nil {
 		// Idle connections of the old transports go; busy ones finish their request.
-		for _, p := range old.pools {
+		for _, p := range old.schedulers {
 			p.transport.CloseIdleConnections()
 		}
 	}
@@ -282,7 +282,7 @@ func (g *Router) RecordRejected(err error) {
 // Drain marks the gateway as shutting down: /readyz fails from now on.
 func (g *Router) Drain() { g.draining.Store(true) }
 
-// newTransport builds the upstream transport of a pool, sized for thousands of
+// newTransport builds the upstream transport of a scheduler, sized for thousands of
 // concurrent streams.
 func newTransport(gw v1alpha1.GatewaySpec, h2c bool) *http.Transport {
 	d := &net.Dialer{Timeout: gw.Connect(), KeepAlive: 30 * time.Second}
@@ -342,10 +342,10 @@ type snapshotScratch struct {
 
 var snapshotPool = sync.Pool{New: func() any { return new(snapshotScratch) }}
 
-// snapshot lists a pool's endpoints below limit for the picker, with their
+// snapshot lists a scheduler's endpoints below limit for the picker, with their
 // scraped metrics and, for a prompt's block hashes, their prefix affinity. The
 // list lives in sc. A non-nil subset keeps only the endpoints it names.
-func (p *pool) snapshot(fl *fleet.Fleet, idx *prefix.Index, hashes []uint64, limit int, subset []string, sc *snapshotScratch) []schedule.Endpoint {
+func (p *scheduler) snapshot(fl *fleet.Fleet, idx *prefix.Index, hashes []uint64, limit int, subset []string, sc *snapshotScratch) []schedule.Endpoint {
 	out, addrs := sc.eps[:0], sc.addrs[:0]
 	for _, e := range p.endpoints {
 		n := int(e.inFlight.Load())
@@ -444,7 +444,7 @@ func profile(sc v1alpha1.SchedulerSpec, override *schedule.Profile) (schedule.Pr
 	return pr, nil
 }
 
-func (p *pool) endpoint(addr string) *endpoint {
+func (p *scheduler) endpoint(addr string) *endpoint {
 	if p.byAddr != nil {
 		return p.byAddr[addr]
 	}

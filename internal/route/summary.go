@@ -59,7 +59,7 @@ func (g *Router) Summary() Summary {
 	if rt == nil {
 		return out
 	}
-	for _, p := range rt.pools {
+	for _, p := range rt.schedulers {
 		ms := ModelSummary{Model: p.spec.ModelName, Scheduler: p.name, Adapters: p.spec.LoRAAdapters, Endpoints: len(p.endpoints)}
 		addrs := make([]string, len(p.endpoints))
 		for i, e := range p.endpoints {

@@ -44,7 +44,7 @@ type EndpointView struct {
 func (g *Router) FleetView() []SchedulerView {
 	out := []SchedulerView{}
 	if rt := g.routes.Load(); rt != nil {
-		for _, p := range rt.pools {
+		for _, p := range rt.schedulers {
 			v := SchedulerView{Scheduler: p.name, Model: p.spec.ModelName, Adapters: slices.Clone(p.spec.LoRAAdapters), Picker: p.spec.PickerName(), Endpoints: []EndpointView{}}
 			for _, e := range p.endpoints {
 				ev := EndpointView{Address: e.addr, InFlight: e.inFlight.Load()}
@@ -69,7 +69,7 @@ func (g *Router) Models() []openai.Model {
 	var data []openai.Model
 	if rt := g.routes.Load(); rt != nil {
 		created := rt.cfg.CreationTimestamp.Unix()
-		for _, p := range rt.pools {
+		for _, p := range rt.schedulers {
 			data = append(data, openai.Model{ID: p.spec.ModelName, Object: "model", Created: created, OwnedBy: "kvgate"})
 			for _, a := range p.spec.LoRAAdapters {
 				data = append(data, openai.Model{ID: a, Object: "model", Created: created, OwnedBy: "kvgate", Parent: &p.spec.ModelName})
