@@ -22,6 +22,14 @@ var copyPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b 
 // broken: a request that found no target in time is answered 504, not 502.
 var ErrTimeout = errors.New("timed out")
 
+// Timeout is an error, with its own text, that is ErrTimeout (errors.Is).
+type Timeout string
+
+func (e Timeout) Error() string { return string(e) }
+
+// Is makes every Timeout an ErrTimeout.
+func (Timeout) Is(target error) bool { return target == ErrTimeout }
+
 // Target is one upstream a request may go to.
 type Target struct {
 	// Name labels the target in errors (and, for the caller, logs and metrics).

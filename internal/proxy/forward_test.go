@@ -251,7 +251,7 @@ func TestForwardClientGone(t *testing.T) {
 // TestForwardWatch: a target a Watch gives up on is failed over, timeouts
 // make a 504, and a Watch that gives up after the answer came changes nothing.
 func TestForwardWatch(t *testing.T) {
-	slow := fmt.Errorf("no answer in 50ms: %w", ErrTimeout)
+	slow := Timeout("no answer in 50ms")
 	watch := func(after time.Duration) func(context.Context, int, func(error)) {
 		return func(ctx context.Context, _ int, giveUp func(error)) {
 			select {
