@@ -387,3 +387,45 @@ func TestVerdict(t *testing.T) {
 		t.Fatal("the watcher gave up first, yet the answer was taken")
 	}
 }
+
+// TestForwardTier1: what tier 1 sets — a replay buffer the body may outgrow,
+// a route deadline — behaves as tier 1 does.
+func TestForwardTier1(t *testing.T) {
+	for _, wait := range []bool{false, true} {
+		t.Run(fmt.Sprintf("a body past the retry buffer is not sent again/WaitFirstByte=%v", wait), func(t *testing.T) {
+			b := newBench(t, []string{"500", "good"}, func(j *Job) {
+				j.WaitFirstByte, j.Body = wait, NewReplayBody(nil, j.Request.Body, 5)
+			})
+			status, body, _ := b.send(context.Background())
+			if res := <-b.results; status != 500 || !strings.Contains(body, "boom") || res.Target != 0 || len(b.failures) != 0 {
+				t.Errorf("%d %q, result %+v, failures %v", status, body, res, b.failures)
+			}
+		})
+		t.Run(fmt.Sprintf("the route deadline mid-stream/WaitFirstByte=%v", wait), func(t *testing.T) {
+			b := newBench(t, []string{"streams"}, func(j *Job) {
+				ctx, cancel := context.WithTimeout(j.Request.Context(), 200*time.Millisecond)
+				context.AfterFunc(j.Request.Context(), cancel) // released with the request
+				j.WaitFirstByte, j.Ctx = wait, ctx
+			})
+			status, body, err := b.send(context.Background())
+			res := <-b.results
+			if status != 200 || err != nil || !strings.Contains(body, event+`data: {"error":{"message":"`+midStreamTimeout) || !strings.Contains(body, `"code":504`) {
+				t.Errorf("client got %d %q %v", status, body, err)
+			}
+			if res.Code != CodeStreamError || !res.TimedOut || res.ClientGone || res.Abort {
+				t.Errorf("result %+v", res)
+			}
+		})
+	}
+	t.Run("the route deadline before an answer", func(t *testing.T) {
+		b := newBench(t, []string{"hangs", "good"}, func(j *Job) {
+			ctx, cancel := context.WithTimeout(j.Request.Context(), 100*time.Millisecond)
+			context.AfterFunc(j.Request.Context(), cancel) // released with the request
+			j.Ctx = ctx
+		})
+		status, body, _ := b.send(context.Background())
+		if res := <-b.results; status != 504 || !strings.Contains(body, "timed out") || !res.TimedOut || res.Committed || len(b.failures) != 0 {
+			t.Errorf("%d %q, result %+v, failures %v", status, body, res, b.failures)
+		}
+	})
+}
