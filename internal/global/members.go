@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"slices"
 	"strings"
 	"sync"
@@ -21,7 +22,10 @@ import (
 type member struct {
 	// cfg is the configuration the member was created with: its name and URLs,
 	// which identify it. What a reload may change is in policy.
-	cfg      Member
+	cfg Member
+	// base is cfg.URL parsed, the base of the requests sent to the member
+	// (nil: not a URL, which the configuration's check does not let through).
+	base     *url.URL
 	policy   atomic.Pointer[memberPolicy]
 	inFlight atomic.Int64
 	// sent counts requests sent since the last heartbeat: the load the next
@@ -61,6 +65,9 @@ type memberPolicy struct {
 
 func newMember(c Member) *member {
 	m := &member{cfg: c, runHigh: map[string]float64{}, born: time.Now(), stopPoll: func() {}}
+	if u, err := url.Parse(strings.TrimSuffix(c.URL, "/")); err == nil {
+		m.base = u
+	}
 	m.setPolicy(c)
 	return m
 }

@@ -274,18 +274,6 @@ func TestSlowMemberEjected(t *testing.T) {
 	}
 }
 
-func TestVerdict(t *testing.T) {
-	why := errors.New("gave up")
-	v := &verdict{}
-	if err := v.answer(); err != nil || v.giveUp(why) {
-		t.Fatal("the answer came first, yet the watcher could give up")
-	}
-	v = &verdict{}
-	if !v.giveUp(why) || !errors.Is(v.answer(), why) {
-		t.Fatal("the watcher gave up first, yet the answer was taken")
-	}
-}
-
 // TestRefusalsAndSettlement: a member's 429 (tier 1 saturated) and 5xx send
 // the request to the next member without ejecting on the 429; a request no
 // member served gives its reservation back; a JSON body that breaks mid-way

@@ -9,7 +9,6 @@
 package global
 
 import (
-	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
@@ -20,7 +19,6 @@ import (
 	mrand "math/rand/v2"
 	"net"
 	"net/http"
-	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -31,7 +29,6 @@ import (
 	"github.com/kvgate/kvgate/internal/auth"
 	"github.com/kvgate/kvgate/internal/openai"
 	"github.com/kvgate/kvgate/internal/proxy"
-	"github.com/kvgate/kvgate/internal/route"
 )
 
 // Admission is a rate limiter's answer for one request.
@@ -562,166 +559,159 @@ func (g *generation) sloFor(model, tenant string) time.Duration {
 // forward tries the ranked members in turn until one answers and relays its
 // answer, recording in st what the request used. A member is given up on — and
 // the next one tried — when it cannot be reached, answers 5xx or 429 (tier 1
-// refusing: every endpoint busy), or fails or is drained before the first byte
-// of its answer; never once a byte went to the client.
+// refusing: every endpoint busy), or fails or is lost before the first byte
+// of its answer; never once a byte went to the client. The loop and the relay
+// are proxy.Forward's; what is tier 2's — member health, failover and spill
+// metrics, the first-byte watch, the settlement — is reached through its
+// hooks.
 func (r *Router) forward(w http.ResponseWriter, req *http.Request, g *generation, rid, model string, body []byte, order []int, members []*member, cands []Candidate, start time.Time, st *settlement) {
-	var lastErr error
-	timedOut := false
-	for k, i := range order {
-		m := members[i]
-		if k > 0 {
-			r.m.Failovers.WithLabelValues(members[order[k-1]].cfg.Name, m.cfg.Name).Inc()
-		}
-		if k == 0 && !g.s.priceBlind {
-			if c := cheapest(cands); cands[i].Price > cands[c].Price {
-				r.m.Spills.WithLabelValues(model, cands[c].Name, m.cfg.Name).Inc()
-			}
-		}
-		last := k == len(order)-1
-		done, err := r.attempt(w, req, g.s, rid, model, body, m, cands[i].Price, start, last, st)
-		if done {
-			return
-		}
-		lastErr = err
-		timedOut = timedOut || errors.Is(err, errFirstByteTimeout)
-		if req.Context().Err() != nil {
-			r.m.Requests.WithLabelValues(m.cfg.Name, model, "499").Inc()
-			return
-		}
+	s := g.s
+	member := func(k int) *member { return members[order[k]] }
+	targets := make([]proxy.Target, len(order))
+	for k := range order {
+		targets[k] = proxy.Target{Name: member(k).cfg.Name, URL: member(k).base}
 	}
-	if lastErr != nil {
-		r.log.Warn("no member could serve the request", "request_id", rid, "model", model, "err", lastErr)
+	var header http.Header
+	if st.objective != "" {
+		header = http.Header{proxy.ObjectiveHeader: {st.objective}}
 	}
-	if timedOut {
-		r.refuse(w, model, http.StatusGatewayTimeout, openai.TypeServer, "no member answered in time; retry later")
-		return
-	}
-	r.refuse(w, model, http.StatusBadGateway, openai.TypeServer, "no member could serve the request; retry later")
-}
-
-// attempt sends the request to one member. It reports done once the member's
-// answer (or the client's departure) settled the request, or the error that
-// makes the next member worth trying.
-// s are the request's routing settings; the member's health is judged by the
-// configuration in force (r.health), as its heartbeats are. price is the
-// member's price when it was picked, at which the request is costed.
-func (r *Router) attempt(w http.ResponseWriter, req *http.Request, s settings, rid, model string, body []byte, m *member, price float64, start time.Time, last bool, st *settlement) (bool, error) {
-	ctx, cancel := context.WithCancel(req.Context())
-	defer cancel()
-	out, err := r.upstream(ctx, req, m, rid, body, st.objective)
-	if err != nil {
-		return false, err
-	}
-	m.inFlight.Add(1)
-	defer m.inFlight.Add(-1)
-	m.sent.Add(1)
 	// A member lost while this request waits for its first byte (a hung
 	// cluster), or a stream whose first token takes longer than
 	// routing.firstByteTimeout, is given up on.
-	v := &verdict{}
-	answered := make(chan struct{})
 	timeout := time.Duration(0)
 	if st.stream {
 		timeout = s.firstByteTimeout
 	}
-	go r.watch(ctx, m, s.heartbeat, timeout, answered, func(why error) {
-		if v.giveUp(why) {
-			cancel()
-		}
-	})
-	resp, err := r.opts.Transport.RoundTrip(out)
-	var first []byte
-	var firstErr error
-	if err == nil && resp.StatusCode < 500 && resp.StatusCode != http.StatusTooManyRequests {
+	status := 0 // of the answer relayed
+	res := proxy.Forward(w, &proxy.Job{
+		Targets: targets, Transport: r.opts.Transport, Body: proxy.WholeBody(body), Request: req, RequestID: rid,
+		Withheld: withheld, Header: header,
+		RetryStatus: func(code int) bool { return code >= 500 || code == http.StatusTooManyRequests },
 		// The first bytes come before the headers go out: a member that dies
 		// before them is still retried elsewhere.
-		first, firstErr = readFirst(resp.Body)
-		if firstErr != nil && !errors.Is(firstErr, io.EOF) && len(first) == 0 {
-			_ = resp.Body.Close()
-			err = firstErr
-		}
-	}
-	// Whichever came first holds: the answer, or the watcher giving up.
-	if why := v.answer(); why != nil {
-		if err == nil {
-			_ = resp.Body.Close()
-		}
-		err = why
-	}
-	close(answered)
-	if err != nil {
-		if req.Context().Err() != nil {
-			return false, err
-		}
-		// A slow member is not a dead one: a timeout counts toward ejection
-		// as a server error does; anything else ejects at once.
-		m.failed(time.Now(), !errors.Is(err, errFirstByteTimeout), r.health())
-		r.observe(m)
-		r.log.Warn("member failed before answering; trying the next", "request_id", rid, "member", m.cfg.Name, "err", err)
-		return false, fmt.Errorf("member %s: %w", m.cfg.Name, err)
-	}
-	if (resp.StatusCode >= 500 || resp.StatusCode == http.StatusTooManyRequests) && !last {
-		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
-		_ = resp.Body.Close()
-		if resp.StatusCode >= 500 {
-			m.failed(time.Now(), false, r.health())
+		WaitFirstByte:    true,
+		MidStreamMessage: "the member failed mid-response",
+		Acquire: func(k int) (func(), bool) {
+			m := member(k)
+			if m.base == nil {
+				return nil, false // an unusable URL (the configuration's check let it through)
+			}
+			if k > 0 {
+				r.m.Failovers.WithLabelValues(member(k-1).cfg.Name, m.cfg.Name).Inc()
+			}
+			if k == 0 && !s.priceBlind {
+				if c := cheapest(cands); cands[order[0]].Price > cands[c].Price {
+					r.m.Spills.WithLabelValues(model, cands[c].Name, m.cfg.Name).Inc()
+				}
+			}
+			m.inFlight.Add(1)
+			m.sent.Add(1)
+			return func() { m.inFlight.Add(-1) }, true
+		},
+		Watch: func(ctx context.Context, k int, giveUp func(error)) {
+			r.watch(ctx, member(k), s.heartbeat, timeout, giveUp)
+		},
+		OnFailure: func(k int, err *proxy.AttemptError) {
+			m := member(k)
+			if err.Status != 0 {
+				if err.Status >= 500 {
+					m.failed(time.Now(), false, r.health())
+					r.observe(m)
+				}
+				r.log.Warn("member refused or failed; trying the next", "request_id", rid, "member", m.cfg.Name, "status", err.Status)
+				return
+			}
+			// A slow member is not a dead one: a timeout counts toward ejection
+			// as a server error does; anything else ejects at once.
+			m.failed(time.Now(), !errors.Is(err, errFirstByteTimeout), r.health())
 			r.observe(m)
+			r.log.Warn("member failed before answering; trying the next", "request_id", rid, "member", m.cfg.Name, "err", err.Err)
+		},
+		OnCommit: func(k, code int, h http.Header) {
+			m := member(k)
+			status = code
+			if code >= 500 {
+				// The last attempt's server error is relayed, and still counts
+				// against the member.
+				m.failed(time.Now(), false, r.health())
+				r.observe(m)
+			} else {
+				m.succeeded()
+			}
+			for name := range h {
+				if strings.HasPrefix(name, "X-Kvgate-") { // tier 1's internals (endpoint, scores) stay inside
+					delete(h, name)
+				}
+			}
+			h.Set("X-Kvgate-Member", m.cfg.Name)
+		},
+		OnFirstByte: func(k int, _ bool) {
+			// An error answer, relayed at its headers, has no first token.
+			if status < 500 && status != http.StatusTooManyRequests {
+				r.m.TTFT.WithLabelValues(member(k).cfg.Name).Observe(time.Since(start).Seconds())
+			}
+		},
+	})
+	if !res.Committed {
+		ref := res.Unserved("no member answered in time; retry later", "no member could serve the request; retry later")
+		if ref == nil {
+			name := ""
+			if res.Target >= 0 {
+				name = member(res.Target).cfg.Name
+			}
+			r.m.Requests.WithLabelValues(name, model, proxy.CodeClientGone).Inc()
+			return
 		}
-		r.log.Warn("member refused or failed; trying the next", "request_id", rid, "member", m.cfg.Name, "status", resp.StatusCode)
-		return false, fmt.Errorf("member %s answered %s", m.cfg.Name, resp.Status)
+		if res.Err != nil {
+			r.log.Warn("no member could serve the request", "request_id", rid, "model", model, "err", res.Err)
+		}
+		r.refusal(w, model, ref)
+		return
 	}
-	if resp.StatusCode >= 500 {
-		// The last attempt's server error is relayed, and still counts against
-		// the member.
-		m.failed(time.Now(), false, r.health())
-		r.observe(m)
-	} else {
-		m.succeeded()
+	st.served = true
+	m := member(res.Target)
+	r.m.Requests.WithLabelValues(m.cfg.Name, model, res.Code).Inc()
+	r.settle(m, cands[order[res.Target]].Price, start, res, st)
+	if res.Abort {
+		// The settlement is done; the connection is cut so that the client
+		// cannot take a truncated body for a whole one.
+		panic(http.ErrAbortHandler)
 	}
-	r.relay(w, req, resp, m, price, model, start, first, firstErr, st)
-	return true, nil
 }
 
-// Reasons a request gives up on its member before the first byte.
+// settle records in st, and in the metrics, the tokens an answer used: the
+// usage the member reported, else the prompt estimate plus one token per
+// streamed event; an error answer generated nothing. price is the member's
+// when it was picked, at which the request is costed.
+func (r *Router) settle(m *member, price float64, start time.Time, res proxy.Result, st *settlement) {
+	prompt, completion := res.Usage.Prompt, res.Usage.Completion
+	switch {
+	case res.Usage.Seen:
+	case res.Status >= 400:
+		prompt, completion = 0, 0
+	default:
+		prompt, completion = st.prompt, res.Usage.Events
+	}
+	st.used = prompt + completion
+	r.m.Tokens.WithLabelValues(m.cfg.Name, "prompt").Add(float64(prompt))
+	r.m.Tokens.WithLabelValues(m.cfg.Name, "completion").Add(float64(completion))
+	r.m.Cost.WithLabelValues(m.cfg.Name).Add(float64(st.used) * price / 1e6)
+	r.m.Duration.WithLabelValues(m.cfg.Name).Observe(time.Since(start).Seconds())
+}
+
+// Reasons a request gives up on its member before the first byte. A timeout
+// is a proxy.ErrTimeout: a request only slow members failed is answered 504.
 var (
-	errMemberLost       = errors.New("lost (heartbeat gone) before answering")
-	errFirstByteTimeout = errors.New("no answer within routing.firstByteTimeout")
+	errMemberLost                     = errors.New("lost (heartbeat gone) before answering")
+	errFirstByteTimeout proxy.Timeout = "no answer within routing.firstByteTimeout"
 )
 
-// verdict settles the race between a member's answer and the watcher giving
-// up on it: the first to claim it wins, so an answer being relayed is never
-// cancelled and one given up on is never relayed.
-type verdict struct {
-	mu      sync.Mutex
-	decided bool
-	why     error
-}
-
-// answer claims the verdict for the answer, or returns why it was given up on.
-func (v *verdict) answer() error {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	v.decided = true
-	return v.why
-}
-
-// giveUp claims the verdict for giving up, unless the answer came first.
-func (v *verdict) giveUp(why error) bool {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	if v.decided {
-		return false
-	}
-	v.decided, v.why = true, why
-	return true
-}
-
 // watch calls giveUp when the member's heartbeat goes stale, or timeout (when
-// not 0) passes, before answered is closed. An ejected member whose heartbeat
-// still answers is not given up on: ejection is about new requests, and a
-// member ejected for being slow would otherwise lose the requests it is about
-// to answer.
-func (r *Router) watch(ctx context.Context, m *member, heartbeat, timeout time.Duration, answered <-chan struct{}, giveUp func(error)) {
+// not 0) passes, before ctx ends (the answer came). An ejected member whose
+// heartbeat still answers is not given up on: ejection is about new requests,
+// and a member ejected for being slow would otherwise lose the requests it is
+// about to answer.
+func (r *Router) watch(ctx context.Context, m *member, heartbeat, timeout time.Duration, giveUp func(error)) {
 	t := time.NewTicker(max(10*time.Millisecond, heartbeat/2))
 	defer t.Stop()
 	var expired <-chan time.Time
@@ -732,8 +722,6 @@ func (r *Router) watch(ctx context.Context, m *member, heartbeat, timeout time.D
 	}
 	for {
 		select {
-		case <-answered:
-			return
 		case <-ctx.Done():
 			return
 		case <-expired:
@@ -750,17 +738,6 @@ func (r *Router) watch(ctx context.Context, m *member, heartbeat, timeout time.D
 	}
 }
 
-// readFirst reads until the body yields bytes or ends.
-func readFirst(body io.Reader) ([]byte, error) {
-	buf := make([]byte, 32<<10)
-	for {
-		n, err := body.Read(buf)
-		if n > 0 || err != nil {
-			return buf[:n], err
-		}
-	}
-}
-
 func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
 
 func cheapest(cands []Candidate) int {
@@ -771,24 +748,6 @@ func cheapest(cands []Candidate) int {
 		}
 	}
 	return best
-}
-
-// upstream builds the request to one member.
-func (r *Router) upstream(ctx context.Context, req *http.Request, m *member, rid string, body []byte, objective string) (*http.Request, error) {
-	u, err := url.Parse(strings.TrimSuffix(m.cfg.URL, "/") + req.URL.Path)
-	if err != nil {
-		return nil, fmt.Errorf("member %s URL: %w", m.cfg.Name, err)
-	}
-	u.RawQuery = req.URL.RawQuery
-	out, err := http.NewRequestWithContext(ctx, http.MethodPost, u.String(), bytes.NewReader(body))
-	if err != nil {
-		return nil, err
-	}
-	proxy.RequestHeaders(out.Header, req.Header, req.RemoteAddr, rid, withheld)
-	if objective != "" {
-		out.Header.Set("X-Gateway-Inference-Objective", objective)
-	}
-	return out, nil
 }
 
 // withheld says whether a client's header stays here rather than going on to
@@ -805,88 +764,6 @@ func withheld(name string) bool {
 		return false
 	}
 	return strings.HasPrefix(k, "X-Kvgate-") || strings.HasPrefix(k, "X-Gateway-")
-}
-
-// relay streams a member's answer — its first bytes already read — to the
-// client, and records in st the tokens used: the usage the member reported,
-// else the prompt estimate plus one token per streamed event.
-func (r *Router) relay(w http.ResponseWriter, req *http.Request, resp *http.Response, m *member, price float64, model string, start time.Time, first []byte, firstErr error, st *settlement) {
-	defer func() { _ = resp.Body.Close() }()
-	h := w.Header()
-	for k, vs := range resp.Header {
-		if !strings.HasPrefix(k, "X-Kvgate-") { // tier 1's internals (endpoint, scores) stay inside
-			h[k] = vs
-		}
-	}
-	proxy.RemoveHopHeaders(h)
-	h.Del("Content-Length") // the body is relayed as it comes
-	if resp.ContentLength >= 0 {
-		h.Set("Content-Length", strconv.FormatInt(resp.ContentLength, 10))
-	}
-	h.Set("X-Kvgate-Member", m.cfg.Name)
-	w.WriteHeader(resp.StatusCode)
-	st.served = true
-	sse := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
-	usage := route.NewUsageReader(sse)
-	rc := http.NewResponseController(w)
-	code := strconv.Itoa(resp.StatusCode)
-	settle := func() {
-		prompt, completion, ok := usage.Usage()
-		switch {
-		case ok:
-		case resp.StatusCode >= 400:
-			prompt, completion = 0, 0 // an error answer generated nothing
-		default:
-			prompt, completion = st.prompt, usage.Events()
-		}
-		st.used = prompt + completion
-		r.m.Tokens.WithLabelValues(m.cfg.Name, "prompt").Add(float64(prompt))
-		r.m.Tokens.WithLabelValues(m.cfg.Name, "completion").Add(float64(completion))
-		r.m.Cost.WithLabelValues(m.cfg.Name).Add(float64(st.used) * price / 1e6)
-		r.m.Duration.WithLabelValues(m.cfg.Name).Observe(time.Since(start).Seconds())
-	}
-	if len(first) > 0 {
-		r.m.TTFT.WithLabelValues(m.cfg.Name).Observe(time.Since(start).Seconds())
-	}
-	buf := make([]byte, 32<<10)
-	chunk, err := first, firstErr
-	for {
-		if len(chunk) > 0 {
-			usage.Feed(chunk)
-			if _, werr := w.Write(chunk); werr != nil {
-				code = "499"
-				break
-			}
-			if sse {
-				_ = rc.Flush()
-			}
-		}
-		if err != nil {
-			switch {
-			case errors.Is(err, io.EOF):
-			case req.Context().Err() != nil:
-				code = "499" // the client went away; the member's request went with it
-			case sse:
-				code = "stream_error"
-				ev, _ := json.Marshal(openai.ErrorBody{Error: openai.ErrorDetail{Message: "the member failed mid-response", Type: openai.TypeServer, Code: http.StatusBadGateway}})
-				_, _ = fmt.Fprintf(w, "data: %s\n\n", ev)
-				_ = rc.Flush()
-			default:
-				// Headers are out and the body is not a stream of events: cut the
-				// connection so the client cannot take a truncated body for a
-				// whole one. The deferred settlement still runs.
-				r.m.Requests.WithLabelValues(m.cfg.Name, model, "stream_error").Inc()
-				settle()
-				panic(http.ErrAbortHandler)
-			}
-			break
-		}
-		var n int
-		n, err = resp.Body.Read(buf)
-		chunk = buf[:n]
-	}
-	r.m.Requests.WithLabelValues(m.cfg.Name, model, code).Inc()
-	settle()
 }
 
 func (r *Router) refuse(w http.ResponseWriter, model string, code int, typ, msg string) {

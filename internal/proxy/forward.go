@@ -1,0 +1,452 @@
+package proxy
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/kvgate/kvgate/internal/openai"
+)
+
+// copyPool holds the relay's buffers: one a request, on the hot path.
+var copyPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
+// ErrTimeout marks a Watch verdict that the target was too slow rather than
+// broken: a request that found no target in time is answered 504, not 502.
+var ErrTimeout = errors.New("timed out")
+
+// Timeout is an error, with its own text, that is ErrTimeout (errors.Is).
+type Timeout string
+
+func (e Timeout) Error() string { return string(e) }
+
+// Is makes every Timeout an ErrTimeout.
+func (Timeout) Is(target error) bool { return target == ErrTimeout }
+
+// Target is one upstream a request may go to.
+type Target struct {
+	// Name labels the target in errors (and, for the caller, logs and metrics).
+	Name string
+	// URL is the target's base: scheme, host and any path prefix; the
+	// client's path and query are appended.
+	URL *url.URL
+}
+
+// Job is one client request to pass on: to Targets in turn, until one answers
+// with a response that is relayed to the client. Tier 1 and tier 2 differ only
+// in the fields they set.
+type Job struct {
+	// Targets in the order they are tried.
+	Targets []Target
+	// Transport reaches the targets (nil: http.DefaultTransport).
+	Transport http.RoundTripper
+	// Body is what every attempt sends; its length is the client's
+	// ContentLength unless it is held whole.
+	Body *ReplayBody
+	// Request is the client's: its path, query, headers and RemoteAddr go
+	// upstream, and its context says whether the client is still there.
+	Request *http.Request
+	// Ctx bounds the attempts and the relay (tier 1: the route's deadline);
+	// nil: the client's context.
+	Ctx       context.Context
+	RequestID string
+	// Withheld names the client's headers that stay here (see RequestHeaders).
+	Withheld func(name string) bool
+	// Header is set on every upstream request after the client's headers.
+	Header http.Header
+	// RetryStatus says whether a target that answered status is given up on
+	// for the next one, while the body can be sent again; the last target's
+	// answer is relayed whatever its status. nil: none is.
+	RetryStatus func(status int) bool
+	// WaitFirstByte holds the response's headers back until its first bytes
+	// arrived (or it ended empty): a target that dies before them is given
+	// up on like one that never answered. Responses with a RetryStatus go out
+	// at once.
+	WaitFirstByte bool
+	// MidStreamMessage is the error event that ends an event stream that broke
+	// (once Ctx's deadline passed: midStreamTimeout, with 504).
+	MidStreamMessage string
+
+	// Acquire says whether target i may be tried now and returns what to call
+	// when its attempt is over; nil: every target may. It is called for
+	// target 0 whenever there is one, so that a target reserved by the
+	// caller before Forward is always released through it.
+	Acquire func(i int) (release func(), ok bool)
+	// Watch, when set, runs for each attempt until ctx ends (the answer came,
+	// or the attempt is over) and may call giveUp first: the attempt is then
+	// cancelled and failed with why, unless its answer came first.
+	Watch func(ctx context.Context, i int, giveUp func(why error))
+	// OnFailure is told of an attempt given up on for the next target: not
+	// one the client or Ctx ended.
+	OnFailure func(i int, err *AttemptError)
+	// OnCommit runs once target i's answer is chosen, with the response
+	// headers about to go out (copied, hop-by-hop ones removed): a caller
+	// adds or removes its own.
+	OnCommit func(i int, status int, h http.Header)
+	// OnFirstByte runs when the answer's first bytes are read, before they
+	// are written.
+	OnFirstByte func(i int, sse bool)
+}
+
+// midStreamTimeout ends an event stream cut by Ctx's deadline.
+const midStreamTimeout = "route timeout exceeded mid-response"
+
+// AttemptError is why an attempt at a target failed: the transport's error
+// (or Watch's reason), or the status the target answered.
+type AttemptError struct {
+	Target string
+	Status int // 0 when Err says why
+	Err    error
+}
+
+func (e *AttemptError) Error() string {
+	if e.Err != nil {
+		return e.Target + ": " + e.Err.Error()
+	}
+	return e.Target + " answered " + strconv.Itoa(e.Status) + " " + http.StatusText(e.Status)
+}
+
+func (e *AttemptError) Unwrap() error { return e.Err }
+
+// Usage is what a relayed answer reported using.
+type Usage struct {
+	Prompt, Completion int64
+	// Seen: the answer carried a usage object.
+	Seen bool
+	// Events counts its server-sent events with data, but [DONE].
+	Events int64
+}
+
+// Result is how a Job ended.
+type Result struct {
+	// Committed: a target's answer (its headers at least) went to the client.
+	Committed bool
+	// Target is the committed target, else the last one tried (-1: none).
+	Target int
+	Status int
+	SSE    bool
+	// Code is the outcome label of a committed answer: Code(Status),
+	// CodeClientGone or CodeStreamError.
+	Code  string
+	Usage Usage
+	// Err is the last attempt's failure (not committed) or the error that
+	// broke the answer mid-way.
+	Err error
+	// TimedOut: Ctx's deadline passed, or a Watch gave up with ErrTimeout.
+	TimedOut bool
+	// ClientGone: the client went away before its answer was through.
+	ClientGone bool
+	// Abort: the headers were out and a body that is not an event stream
+	// broke. The caller does its accounting, then panics with
+	// http.ErrAbortHandler, so that the client cannot take a truncated body
+	// for a whole one.
+	Abort bool
+
+	bodyErr error // the client's, reading its request body
+}
+
+// Forward passes j's request to its targets in turn until one answers, and
+// relays that answer to w. When nothing was committed the caller answers
+// itself (see Result.Unserved).
+func Forward(w http.ResponseWriter, j *Job) Result {
+	ctx := j.Ctx
+	if ctx == nil {
+		ctx = j.Request.Context()
+	}
+	bufp := copyPool.Get().(*[]byte)
+	defer copyPool.Put(bufp)
+	res := Result{Target: -1}
+	var lastErr error
+	timedOut := false
+	for i, t := range j.Targets {
+		// A client gone or a deadline passed is not worth another target. Not
+		// checked before target 0, whose Acquire releases what the caller holds.
+		if i > 0 && (ctx.Err() != nil || j.Request.Context().Err() != nil) {
+			break
+		}
+		release := func() {}
+		if j.Acquire != nil {
+			rel, ok := j.Acquire(i)
+			if !ok {
+				continue
+			}
+			if rel != nil {
+				release = rel
+			}
+		}
+		body, ok := j.Body.Next()
+		if !ok {
+			release()
+			break
+		}
+		res.Target = i
+		a, err := j.attempt(ctx, t, i, body, *bufp)
+		if err != nil {
+			release()
+			ae := &AttemptError{Target: t.Name, Err: err}
+			lastErr = ae
+			if ctx.Err() != nil || j.Request.Context().Err() != nil || j.Body.ClientError() != nil {
+				break // the client's doing, or the deadline's: no target's fault
+			}
+			timedOut = timedOut || errors.Is(err, ErrTimeout)
+			j.failed(i, ae)
+			continue
+		}
+		if j.retryable(a.resp.StatusCode) && i < len(j.Targets)-1 && j.Body.CanReplay() {
+			_, _ = io.Copy(io.Discard, io.LimitReader(a.resp.Body, 64<<10))
+			_ = a.resp.Body.Close()
+			a.cancel()
+			release()
+			ae := &AttemptError{Target: t.Name, Status: a.resp.StatusCode}
+			lastErr = ae
+			j.failed(i, ae)
+			continue
+		}
+		defer release() // deferred: a hook that panics still releases
+		return j.relay(ctx, w, i, a, *bufp)
+	}
+	res.Err = lastErr
+	res.TimedOut = timedOut || errors.Is(ctx.Err(), context.DeadlineExceeded)
+	res.ClientGone = j.Request.Context().Err() != nil
+	res.bodyErr = j.Body.ClientError()
+	return res
+}
+
+// Unserved is the answer to a request no target served, or nil when the
+// client went away (count CodeClientGone, write nothing). The client's own
+// body errors come first — a body that stalls past its read deadline also
+// cancels the request's context (net/http does on a read error), and the
+// client, still there, is owed its 408 — then 504 with timeout when the
+// request timed out, else 502 with failed. Go's error text stays out.
+func (r *Result) Unserved(timeout, failed string) *Refusal {
+	ref, bodyFailed := BodyError(r.bodyErr)
+	switch {
+	case bodyFailed && ref.Status != http.StatusBadRequest:
+		return ref
+	case r.ClientGone:
+		return nil
+	case bodyFailed:
+		return ref
+	case r.TimedOut:
+		return &Refusal{Status: http.StatusGatewayTimeout, Type: openai.TypeServer, Message: timeout}
+	}
+	return &Refusal{Status: http.StatusBadGateway, Type: openai.TypeServer, Message: failed}
+}
+
+func (j *Job) retryable(status int) bool { return j.RetryStatus != nil && j.RetryStatus(status) }
+
+func (j *Job) failed(i int, err *AttemptError) {
+	if j.OnFailure != nil {
+		j.OnFailure(i, err)
+	}
+}
+
+// answer is an attempt's response, with the first bytes read into the relay's
+// buffer when the job waits for them.
+type answer struct {
+	resp   *http.Response
+	cancel context.CancelFunc // the attempt's context
+	n      int
+	err    error // met reading those first bytes (io.EOF: the body ended)
+}
+
+// attempt sends the request to target t and waits for its headers, and for
+// its first bytes with WaitFirstByte; a Watch that gives up first fails it.
+func (j *Job) attempt(ctx context.Context, t Target, i int, body io.ReadCloser, buf []byte) (answer, error) {
+	actx, cancel := context.WithCancel(ctx)
+	out := j.request(actx, t, body)
+	var v *verdict
+	if j.Watch != nil {
+		v = &verdict{}
+		// The watch ends with the attempt: once it returns, the answer is in.
+		wctx, stop := context.WithCancel(actx)
+		defer stop()
+		go j.Watch(wctx, i, func(why error) {
+			if v.giveUp(why) {
+				cancel()
+			}
+		})
+	}
+	rt := j.Transport
+	if rt == nil {
+		rt = http.DefaultTransport
+	}
+	resp, err := rt.RoundTrip(out)
+	a := answer{resp: resp, cancel: cancel}
+	if err == nil && j.WaitFirstByte && !j.retryable(resp.StatusCode) {
+		a.n, a.err = readFirst(resp.Body, buf)
+		if a.n == 0 && a.err != nil && !errors.Is(a.err, io.EOF) {
+			_ = resp.Body.Close()
+			err = a.err
+		}
+	}
+	if v != nil {
+		// Whichever came first holds: the answer, or the watcher giving up.
+		if why := v.answer(); why != nil {
+			if err == nil {
+				_ = resp.Body.Close()
+			}
+			err = why
+		}
+	}
+	if err != nil {
+		cancel()
+		return answer{}, err
+	}
+	return a, nil
+}
+
+// request builds the request to target t.
+func (j *Job) request(ctx context.Context, t Target, body io.ReadCloser) *http.Request {
+	r := j.Request
+	u := *t.URL
+	u.Path = strings.TrimSuffix(u.Path, "/") + r.URL.Path
+	u.RawPath, u.RawQuery = "", r.URL.RawQuery
+	out := (&http.Request{
+		Method: http.MethodPost, URL: &u, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+		Header: make(http.Header, len(r.Header)+2+len(j.Header)), Body: body, Host: u.Host,
+		ContentLength: j.Body.size(r.ContentLength),
+	}).WithContext(ctx)
+	// Lets the transport send the request again on a fresh connection when a
+	// pooled one turns out to have been closed by the server, as long as the
+	// body can still be sent whole.
+	out.GetBody = func() (io.ReadCloser, error) {
+		rc, ok := j.Body.Next()
+		if !ok {
+			return nil, errors.New("request body no longer replayable")
+		}
+		return rc, nil
+	}
+	RequestHeaders(out.Header, r.Header, r.RemoteAddr, j.RequestID, j.Withheld)
+	for k, vs := range j.Header {
+		out.Header[k] = vs
+	}
+	return out
+}
+
+// readFirst reads into buf until the body yields bytes or ends.
+func readFirst(body io.Reader, buf []byte) (int, error) {
+	for {
+		n, err := body.Read(buf)
+		if n > 0 || err != nil {
+			return n, err
+		}
+	}
+}
+
+// relay streams target i's answer to the client, flushing server-sent events
+// as they arrive and ending a stream that breaks with an error event.
+func (j *Job) relay(ctx context.Context, w http.ResponseWriter, i int, a answer, buf []byte) Result {
+	resp := a.resp
+	defer a.cancel()
+	defer func() { _ = resp.Body.Close() }()
+	h := w.Header()
+	for k, vs := range resp.Header {
+		h[k] = vs
+	}
+	RemoveHopHeaders(h)
+	h.Del("Content-Length") // the body is relayed as it comes
+	if resp.ContentLength >= 0 {
+		h.Set("Content-Length", strconv.FormatInt(resp.ContentLength, 10))
+	}
+	if j.OnCommit != nil {
+		j.OnCommit(i, resp.StatusCode, h)
+	}
+	w.WriteHeader(resp.StatusCode)
+	res := Result{Committed: true, Target: i, Status: resp.StatusCode,
+		SSE: strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")}
+	rc := http.NewResponseController(w)
+	usage := openai.NewUsageReader(res.SSE)
+	n, err := a.n, a.err
+	first, clientGone := true, false
+	for {
+		if n > 0 {
+			if first {
+				first = false
+				if j.OnFirstByte != nil {
+					j.OnFirstByte(i, res.SSE)
+				}
+			}
+			usage.Feed(buf[:n])
+			if _, werr := w.Write(buf[:n]); werr != nil {
+				clientGone = true
+				break
+			}
+			// With the end of the body read in the same call, the data goes out
+			// with the response's last chunk when the handler returns: one write,
+			// and the client wakes once.
+			if res.SSE && err == nil {
+				if ferr := rc.Flush(); ferr != nil {
+					clientGone = true
+					break
+				}
+			}
+		}
+		if err != nil {
+			break
+		}
+		n, err = resp.Body.Read(buf)
+	}
+	broke := err != nil && !errors.Is(err, io.EOF)
+	switch {
+	case clientGone, broke && j.Request.Context().Err() != nil:
+		// The client went away; its upstream request is cancelled with it.
+		res.Code, res.ClientGone = CodeClientGone, true
+	case broke:
+		res.Code, res.Err = CodeStreamError, &AttemptError{Target: j.Targets[i].Name, Err: err}
+		res.TimedOut = errors.Is(ctx.Err(), context.DeadlineExceeded)
+		if !res.SSE {
+			res.Abort = true
+			break
+		}
+		// The error's text (addresses, Go's wording) stays out: the caller logs
+		// res.Err.
+		msg, status := j.MidStreamMessage, http.StatusBadGateway
+		if res.TimedOut {
+			msg, status = midStreamTimeout, http.StatusGatewayTimeout
+		}
+		event, _ := json.Marshal(openai.ErrorBody{Error: openai.ErrorDetail{Message: msg, Type: openai.TypeServer, Code: status}})
+		_, _ = fmt.Fprintf(w, "data: %s\n\n", event)
+		_ = rc.Flush()
+	default:
+		res.Code = Code(resp.StatusCode)
+	}
+	res.Usage.Prompt, res.Usage.Completion, res.Usage.Seen = usage.Usage()
+	res.Usage.Events = usage.Events()
+	return res
+}
+
+// verdict settles the race between an answer and a Watch giving up on it: the
+// first to claim it wins, so an answer being relayed is never cancelled and
+// one given up on is never relayed.
+type verdict struct {
+	mu      sync.Mutex
+	decided bool
+	why     error
+}
+
+// answer claims the verdict for the answer, or returns why it was given up on.
+func (v *verdict) answer() error {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.decided = true
+	return v.why
+}
+
+// giveUp claims the verdict for giving up, unless the answer came first.
+func (v *verdict) giveUp(why error) bool {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.decided {
+		return false
+	}
+	v.decided, v.why = true, why
+	return true
+}
