@@ -171,7 +171,7 @@ type exchange struct {
 	status   int
 	streamed bool // the response is a stream of server-sent events
 	respEOS  bool
-	usage    *route.UsageReader
+	usage    *openai.UsageReader
 }
 
 var heldPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
@@ -564,7 +564,7 @@ func (x *exchange) responseHeaders(msg *extprocv3.ProcessingRequest, h *extprocv
 	if x.route != nil {
 		x.route.Serve(servedEndpoint(msg.GetMetadataContext()))
 		x.streamed = strings.HasPrefix(hm["content-type"], "text/event-stream")
-		x.usage = route.NewUsageReader(x.streamed)
+		x.usage = openai.NewUsageReader(x.streamed)
 		set = append(set, header(endpointHeader, x.route.Served()), header(schedulerHeader, x.route.Scheduler()))
 	}
 	if h.GetEndOfStream() || x.responseBodyMode == filterv3.ProcessingMode_NONE {

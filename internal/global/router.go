@@ -436,7 +436,7 @@ func (r *Router) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		if err != nil {
 			w.Header().Set("Retry-After", "1")
 			if req.Context().Err() != nil {
-				r.m.Requests.WithLabelValues("", model, "499").Inc()
+				r.m.Requests.WithLabelValues("", model, proxy.CodeClientGone).Inc()
 				return
 			}
 			r.log.Warn("rate limiting unavailable; refusing (rateLimit.failMode: closed)", "request_id", rid, "err", err)

@@ -12,15 +12,13 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/internal/prefix"
+	"github.com/kvgate/kvgate/internal/proxy"
 	"github.com/kvgate/kvgate/internal/schedule"
 )
 
 // NoMatchingModel answers a request for a model no scheduler serves, worded as
 // AWS's gateway words it.
 const NoMatchingModel = "no matching model: set the model in the request body or the x-gateway-model-name header"
-
-// statusClientClosed is nginx's 499: the client closed the request first.
-const statusClientClosed = 499
 
 // hashPool holds prompt block-hash slices.
 var hashPool = sync.Pool{New: func() any { s := make([]uint64, 0, prefix.DefaultMaxBlocks); return &s }}
@@ -156,7 +154,7 @@ func (g *Router) choose(ctx context.Context, p *scheduler, req schedule.Request,
 			expired = true // one last look before refusing
 		case <-ctx.Done():
 			if errors.Is(ctx.Err(), context.Canceled) {
-				return schedule.Decision{}, nil, nil, statusClientClosed, "the client went away while waiting for an endpoint"
+				return schedule.Decision{}, nil, nil, proxy.StatusClientClosed, "the client went away while waiting for an endpoint"
 			}
 			return schedule.Decision{}, nil, nil, http.StatusGatewayTimeout, "route timeout exceeded while waiting for an endpoint"
 		}

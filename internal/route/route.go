@@ -166,7 +166,7 @@ func (g *Router) Route(ctx context.Context, req Request) (*Route, *proxy.Refusal
 	if code != 0 {
 		g.count(p.name, req.Model, "", strconv.Itoa(code))
 		ref := &proxy.Refusal{Status: code, Type: openai.TypeOverloaded, Message: msg}
-		if code != http.StatusGatewayTimeout && code != statusClientClosed {
+		if code != http.StatusGatewayTimeout && code != proxy.StatusClientClosed {
 			ref.RetryAfter = 1 // busy or empty now, worth another try soon
 		}
 		return nil, ref
@@ -302,15 +302,15 @@ func (r *Route) Finish(o Outcome) {
 		m.Tokens.WithLabelValues(r.p.name, "prompt").Add(float64(o.PromptTokens))
 		m.Tokens.WithLabelValues(r.p.name, "completion").Add(float64(o.CompletionTokens))
 	}
-	code := "499"
+	code := proxy.CodeClientGone
 	switch {
 	case o.ClientGone:
 	case o.StreamError:
-		code = "stream_error"
+		code = proxy.CodeStreamError
 	case o.Status > 0:
-		code = strconv.Itoa(o.Status)
+		code = proxy.Code(o.Status)
 	case o.Status == StatusUnseen:
-		code = "unseen"
+		code = proxy.CodeUnseen
 	}
 	endpoint := r.served.addr
 	if o.Unanswered {
@@ -326,25 +326,4 @@ func (r *Route) release() {
 	r.served.release()
 	r.g.fleet.Completed(r.ticket)
 	r.g.freed.signal()
-}
-
-// UsageReader finds the token usage in a response as it streams past: the usage
-// object of a JSON body, or of the server-sent event that carries it.
-type UsageReader struct{ o usageObserver }
-
-// NewUsageReader reads a server-sent event stream when sse is true, else a JSON
-// body.
-func NewUsageReader(sse bool) *UsageReader { return &UsageReader{o: usageObserver{sse: sse}} }
-
-// Feed passes the next bytes of the response.
-func (u *UsageReader) Feed(p []byte) { u.o.feed(p) }
-
-// Events counts the server-sent events with data fed so far, but [DONE]: about
-// one token each, for a stream without usage.
-func (u *UsageReader) Events() int64 { return u.o.events }
-
-// Usage returns the usage found, once the whole response was fed.
-func (u *UsageReader) Usage() (prompt, completion int64, ok bool) {
-	u.o.finish()
-	return u.o.prompt, u.o.output, u.o.seen
 }

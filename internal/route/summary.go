@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"sync/atomic"
 	"time"
+
+	"github.com/kvgate/kvgate/internal/proxy"
 )
 
 // This file is the load summary a tier-1 gateway offers the global router
@@ -188,7 +190,7 @@ func (r *recent) result(now time.Time, code string) {
 	switch {
 	case status == http.StatusTooManyRequests || status == http.StatusServiceUnavailable:
 		b.shed.Add(1)
-	case status >= 500, code == "stream_error":
+	case status >= 500, code == proxy.CodeStreamError:
 		b.errors.Add(1)
 	}
 }
