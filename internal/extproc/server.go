@@ -1,5 +1,5 @@
 // Package extproc is kvgate's Envoy data plane: an ext_proc gRPC server that plays
-// the Gateway API Inference Extension's Endpoint Picker (the same pools, pickers,
+// the Gateway API Inference Extension's Endpoint Picker (the same schedulers, pickers,
 // prefix index and fleet as `kvgate serve`) or its Body-Based Router.
 //
 // The request body arrives in FULL_DUPLEX_STREAMED chunks while Envoy holds the
@@ -57,9 +57,8 @@ const (
 // protocol's own, and any a client sent to steer the pick.
 var controlHeaders = []string{"x-gateway-inference-fairness-id", objectiveHeader, "x-gateway-model-name-rewrite"}
 
-// objectiveHeader names the request's objective, whose priority orders the
-// requests waiting for an endpoint (spec.objectives).
-const objectiveHeader = "x-gateway-inference-objective"
+// objectiveHeader is proxy.ObjectiveHeader as Envoy spells header names.
+var objectiveHeader = strings.ToLower(proxy.ObjectiveHeader)
 
 func isControlHeader(name string) bool {
 	if strings.HasPrefix(name, DestinationHeader) && name != DestinationHeader {
@@ -305,7 +304,7 @@ func (x *exchange) requestHeaders(msg *extprocv3.ProcessingRequest, h *extprocv3
 	}
 	x.subset = subsetHint(msg.GetMetadataContext())
 	if cl, err := strconv.ParseInt(x.headers["content-length"], 10, 64); err == nil && x.s.opts.BBR == nil {
-		if limit := x.s.gw.MaxBodyBytes(); limit > 0 && cl > limit {
+		if limit, _, _ := x.s.gw.BodyLimits(); limit > 0 && cl > limit {
 			return x.refuse(proxy.TooLarge(limit), false)
 		}
 	}
@@ -321,13 +320,13 @@ func (x *exchange) requestHeaders(msg *extprocv3.ProcessingRequest, h *extprocv3
 	switch {
 	case x.reqEOS || !duplex(x.requestBodyMode):
 		// No body (or none this processor will see): the header decides, or
-		// the only pool when there is one (GET /v1/models and the like).
+		// the only scheduler when there is one (GET /v1/models and the like).
 		if model == "" {
 			model, _ = x.s.gw.OnlyModel()
 		}
 		return x.decide(model, nil)
-	case model != "" && x.s.gw.PromptLimit() == 0:
-		// The header names the model and no pool hashes prompts: decide now and
+	case model != "" && x.promptLimit() == 0:
+		// The header names the model and no scheduler hashes prompts: decide now and
 		// let the whole body stream.
 		return x.decide(model, nil)
 	}
@@ -409,7 +408,7 @@ func (x *exchange) scanAndDecide(first *extprocv3.HttpBody) error {
 	}
 	limit := 0
 	if x.s.opts.BBR == nil {
-		limit = x.s.gw.PromptLimit()
+		limit = x.promptLimit()
 	}
 	scan := openai.Scan
 	if x.s.opts.BBR == nil && x.headers[ModelHeader] != "" {
@@ -674,7 +673,7 @@ func (r *chunkReader) Read(p []byte) (int, error) {
 // long as its response has not started (a server may answer before reading a
 // whole body; that answer stands). A body-based router has no limit of its own.
 func (x *exchange) checkSize() error {
-	limit := x.s.gw.MaxBodyBytes()
+	limit, _, _ := x.s.gw.BodyLimits()
 	if limit <= 0 || x.reqBytes <= limit || x.s.opts.BBR != nil || x.status > 0 {
 		return nil
 	}
@@ -756,3 +755,10 @@ func httpStatus(code int) *typev3.HttpStatus {
 // Ready says whether the server can do its job: a picker once its gateway knows
 // endpoints, a body-based router at once.
 func (s *Server) Ready() bool { return s.opts.BBR != nil || s.gw.Ready() }
+
+// promptLimit is how much of a prompt's head the configuration's prefix
+// indexes hash.
+func (x *exchange) promptLimit() int {
+	_, n, _ := x.s.gw.BodyLimits()
+	return n
+}

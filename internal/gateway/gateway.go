@@ -1,6 +1,6 @@
 // Package gateway is kvgate's HTTP data plane: one OpenAI-compatible endpoint in
-// front of many pools of model servers. A request's model (from the body, read only
-// as far as needed, or from x-gateway-model-name) selects the pool; the routing
+// front of many schedulers of model servers. A request's model (from the body, read
+// only as far as needed, or from x-gateway-model-name) selects the scheduler; the routing
 // core (internal/route) ranks its endpoints; the shared proxy streams the request
 // to the best one and, if that one fails before any byte reached the client, to
 // the next.

@@ -17,7 +17,7 @@ import (
 // headPool holds the buffers a request's body head is read into.
 var headPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
 
-// maxWholeBody bounds the bodies kept whole for sending (see replayBody.whole):
+// maxWholeBody bounds the bodies kept whole for sending (see proxy.ReplayBody.SetWhole):
 // past the transport's 32 KiB write buffer the writes split anyway.
 const maxWholeBody = 32 << 10
 
@@ -39,9 +39,9 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		g.refuse(w, nil, &proxy.Refusal{Status: http.StatusMethodNotAllowed, Type: openai.TypeInvalidRequest, Message: "method " + r.Method + " not allowed; use POST"})
 		return
 	}
-	maxBody, promptLimit := g.MaxBodyBytes(), g.PromptLimit()
-	if !g.Configured() {
-		g.refuse(w, nil, &proxy.Refusal{Status: http.StatusServiceUnavailable, Type: openai.TypeServer, Message: "the gateway has no configuration yet", RetryAfter: 1})
+	maxBody, promptLimit, configured := g.BodyLimits()
+	if !configured {
+		g.refuse(w, nil, &proxy.Refusal{Status: http.StatusServiceUnavailable, Type: openai.TypeServer, Message: route.NoConfiguration, RetryAfter: 1})
 		return
 	}
 	if r.ContentLength > maxBody {
@@ -133,6 +133,8 @@ func (g *Gateway) refuse(w http.ResponseWriter, rt *route.Route, ref *proxy.Refu
 // answers, and streams that answer to the client (proxy.Forward). The first
 // endpoint arrives reserved; a fallback is used only if it has a free slot.
 func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Request, rt *route.Route, body *proxy.ReplayBody, rid string) {
+	// Releases the endpoint if a hook panics; after Finish it does nothing.
+	defer rt.Finish(route.Outcome{})
 	targets := make([]proxy.Target, len(rt.Endpoints))
 	for i, addr := range rt.Endpoints {
 		targets[i] = proxy.Target{Name: addr, URL: &url.URL{Scheme: "http", Host: addr}}

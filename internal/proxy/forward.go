@@ -75,9 +75,10 @@ type Job struct {
 	MidStreamMessage string
 
 	// Acquire says whether target i may be tried now and returns what to call
-	// when its attempt is over; nil: every target may. It is called for
-	// target 0 whenever there is one, so that a target reserved by the
-	// caller before Forward is always released through it.
+	// when its attempt is over (nil: nothing); nil Acquire: every target may.
+	// It is called for target 0 whenever there is one, so that a caller that
+	// reserved target 0 before Forward may release it here (tier 2); one that
+	// keeps its own accounting releases it itself, also on a panic (tier 1).
 	Acquire func(i int) (release func(), ok bool)
 	// Watch, when set, runs for each attempt until ctx ends (the answer came,
 	// or the attempt is over) and may call giveUp first: the attempt is then

@@ -13,11 +13,10 @@ import (
 	"github.com/kvgate/kvgate/internal/schedule"
 )
 
-// This file is the gateway's routing core as other data planes use it: an Envoy
-// ext_proc Endpoint Picker asks for a pick, learns later which endpoint Envoy
-// really sent the request to, and reports the response's progress, so that the
-// same schedulers, pickers, prefix index and fleet accounting serve both `kvgate serve`
-// and `kvgate epp`.
+// This file is the routing core as a front calls it: Route for a pick, then,
+// as the response goes, Retry (a front trying the next endpoint itself) or
+// Serve (a data plane reporting where it sent the request, as Envoy does),
+// FirstByte and Finish.
 
 // Request is what a pick needs.
 type Request struct {
@@ -75,24 +74,19 @@ func (r *Route) Scheduler() string { return r.p.name }
 // data plane reported with Serve.
 func (r *Route) Served() string { return r.served.addr }
 
-// PromptLimit is how many bytes of a prompt's head the configuration's prefix
-// indexes hash: a caller reading a body need not read further for the pick.
-func (g *Router) PromptLimit() int {
+// BodyLimits are what a front reading a request body needs from the
+// configuration, read from one snapshot of it: the body limit
+// (bbr.maxRequestBodyBytes), how many bytes of a prompt's head the prefix
+// indexes hash (a front need not read further for the pick; 0: none does), and
+// whether there is a configuration at all.
+func (g *Router) BodyLimits() (maxBody int64, promptLimit int, configured bool) {
 	if rt := g.routes.Load(); rt != nil {
-		return rt.promptLimit
+		return rt.maxBody, rt.promptLimit, true
 	}
-	return 0
+	return 0, 0, false
 }
 
-// MaxBodyBytes is the configured request body limit (bbr.maxRequestBodyBytes).
-func (g *Router) MaxBodyBytes() int64 {
-	if rt := g.routes.Load(); rt != nil {
-		return rt.maxBody
-	}
-	return 0
-}
-
-// Ready says whether the gateway can route: it has a configuration, is not
+// Ready says whether the router can route: it has a configuration, is not
 // draining, and knows at least one endpoint.
 func (g *Router) Ready() bool {
 	rt := g.routes.Load()
@@ -138,7 +132,7 @@ func (g *Router) Route(ctx context.Context, req Request) (*Route, *proxy.Refusal
 	rt := g.routes.Load()
 	if rt == nil {
 		g.CountRefused(http.StatusServiceUnavailable)
-		return nil, &proxy.Refusal{Status: http.StatusServiceUnavailable, Type: openai.TypeServer, Message: "the gateway has no configuration yet", RetryAfter: 1}
+		return nil, &proxy.Refusal{Status: http.StatusServiceUnavailable, Type: openai.TypeServer, Message: NoConfiguration, RetryAfter: 1}
 	}
 	p := rt.byModel[req.Model]
 	if p == nil {
@@ -172,11 +166,8 @@ func (g *Router) Route(ctx context.Context, req Request) (*Route, *proxy.Refusal
 		return nil, ref
 	}
 	ranked := d.decision.Ranked
-	if n := rt.gw.Attempts(); len(ranked) > n {
-		ranked = ranked[:n]
-	}
 	r := &Route{g: g, p: p, model: req.Model, start: req.Start, served: d.first, limit: limit,
-		promptTokens: int(req.BodyBytes / 4), Endpoints: make([]string, 0, len(ranked)), RetryBuffer: rt.gw.RetryBuffer()}
+		promptTokens: int(req.BodyBytes / 4), Endpoints: make([]string, 0, len(ranked)+1), RetryBuffer: rt.gw.RetryBuffer()}
 	if req.Explain {
 		r.Scores = explain(d.decision)
 	}
@@ -186,6 +177,10 @@ func (g *Router) Route(ctx context.Context, req Request) (*Route, *proxy.Refusal
 		if c.Address != d.first.addr {
 			r.Endpoints = append(r.Endpoints, c.Address)
 		}
+	}
+	// maxAttempts counts the reserved endpoint, wherever it ranked.
+	if n := rt.gw.Attempts(); len(r.Endpoints) > n {
+		r.Endpoints = r.Endpoints[:n]
 	}
 	if len(d.hashes) > 0 {
 		var capacity int
@@ -316,8 +311,16 @@ func (r *Route) Finish(o Outcome) {
 	if o.Unanswered {
 		endpoint = ""
 	}
-	r.g.count(r.p.name, r.model, endpoint, code)
-	r.g.observeDuration(r.p.name, code, r.g.now().Sub(r.start))
+	// The load summary judges the endpoint: a client that left mid-response
+	// does not hide how the endpoint was answering.
+	window := code
+	if o.ClientGone && o.Status > 0 {
+		window = proxy.Code(o.Status)
+	}
+	r.g.countAs(r.p.name, r.model, endpoint, code, window)
+	if !o.Unanswered {
+		r.g.observeDuration(r.p.name, window, r.g.now().Sub(r.start))
+	}
 	r.release()
 	r.finished = true
 }

@@ -62,7 +62,7 @@ type Router struct {
 	draining   atomic.Bool
 	decisions  atomic.Uint64 // for the sampled decision log
 	// freed is signalled whenever a request releases an endpoint. It lives on the
-	// gateway, not on a configuration, so that a request that started before a
+	// router, not on a configuration, so that a request that started before a
 	// reload still wakes the requests waiting after it.
 	freed broadcast
 	// waiting orders the requests waiting for an endpoint by priority.
@@ -119,7 +119,7 @@ func (c prefixConfig) capacityOf(m engine.Metrics) int {
 	return c.capacity
 }
 
-// endpoint is one model server as this gateway sees it.
+// endpoint is one model server as this router sees it.
 type endpoint struct {
 	addr     string
 	inFlight atomic.Int64
@@ -144,7 +144,7 @@ func (e *endpoint) tryAcquire(limit int) bool {
 
 func (e *endpoint) release() { e.gauge.Set(float64(e.inFlight.Add(-1))) }
 
-// New returns a gateway with no configuration; it answers 503 until Apply.
+// New returns a router with no configuration; Route refuses with 503 until Apply.
 func New(opts Options) *Router {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
@@ -158,18 +158,18 @@ func New(opts Options) *Router {
 	ctx, cancel := context.WithCancel(context.Background())
 	g := &Router{opts: opts, log: opts.Logger, m: opts.Metrics, endpoints: map[string]*endpoint{},
 		fleet: fleet.New(opts.Fleet), prefix: prefix.New(), fleetCtx: ctx, stopFleet: cancel}
-	// A registry shared by several gateways (tests) keeps the first one's collector.
+	// A registry shared by several routers (tests) keeps the first one's collector.
 	_ = opts.Metrics.Registry.Register(newFleetCollector(g))
 	return g
 }
 
-// Close stops the gateway's scrapers.
+// Close stops the router's scrapers.
 func (g *Router) Close() {
 	g.fleet.Close()
 	g.stopFleet()
 }
 
-// Metrics returns the gateway's metrics.
+// Metrics returns the router's metrics.
 func (g *Router) Metrics() *telemetry.Gateway { return g.m }
 
 // Apply installs a validated configuration atomically. Endpoints that stay keep
@@ -279,7 +279,7 @@ func (g *Router) RecordRejected(err error) {
 	g.m.ConfigAccepted.Set(0)
 }
 
-// Drain marks the gateway as shutting down: /readyz fails from now on.
+// Drain marks the router as shutting down: Ready and Draining say so from now on.
 func (g *Router) Drain() { g.draining.Store(true) }
 
 // newTransport builds the upstream transport of a scheduler, sized for thousands of
@@ -378,7 +378,7 @@ func (p *scheduler) snapshot(fl *fleet.Fleet, idx *prefix.Index, hashes []uint64
 	return out
 }
 
-// fleetConfig is the scrapers' configuration: the gateway's options with the
+// fleetConfig is the scrapers' configuration: the router's options with the
 // configuration file's settings on top.
 func (g *Router) fleetConfig(gw v1alpha1.GatewaySpec) fleet.Config {
 	c := g.opts.Fleet

@@ -53,7 +53,7 @@ type ModelSummary struct {
 	MeanDurationSeconds float64 `json:"meanDurationSeconds"`
 }
 
-// Summary returns the gateway's load summary.
+// Summary returns the router's load summary.
 func (g *Router) Summary() Summary {
 	now := g.now()
 	out := Summary{Time: now.UTC(), Draining: g.draining.Load(), WindowSeconds: recentWindow.Seconds(), Models: []ModelSummary{}}
@@ -96,9 +96,15 @@ func (g *Router) Summary() Summary {
 
 // count counts a request in the metrics and in its scheduler's recent window.
 func (g *Router) count(sched, model, endpoint, code string) {
+	g.countAs(sched, model, endpoint, code, code)
+}
+
+// countAs is count with another outcome for the window: a client that went
+// away from a 200 is a 499 in the metrics, a 200 for the load summary.
+func (g *Router) countAs(sched, model, endpoint, code, window string) {
 	g.m.Requests.WithLabelValues(sched, model, endpoint, code).Inc()
 	if sched != "" {
-		g.recentOf(sched).result(g.now(), code)
+		g.recentOf(sched).result(g.now(), window)
 	}
 }
 
