@@ -256,7 +256,7 @@ func (r *simRun) route(ctx context.Context, a sim.Arrival) int {
 	if q.Adapter != "" {
 		model = q.Adapter
 	}
-	req := route.Request{Model: model, Prompt: r.text, BodyBytes: int64(a.Req.PromptTokens) * 4, Start: epoch.Add(a.At)}
+	req := route.Request{Model: model, Prompt: r.text, BodyBytes: bodyBytes(model, a.Req.PromptTokens), Start: epoch.Add(a.At)}
 	rt, ref := r.router.Route(ctx, req)
 	if ref != nil {
 		r.recs[tag].Error = true
@@ -274,6 +274,13 @@ func (r *simRun) route(ctx context.Context, a sim.Arrival) int {
 	r.routes[tag] = rt
 	r.server[tag] = i
 	return i
+}
+
+// bodyBytes is the size of the body serve would read for a request: a streaming
+// completions request whose prompt takes about four characters a token. The
+// routing core estimates the prompt's tokens from it, as it does in serve.
+func bodyBytes(model string, promptTokens int) int64 {
+	return int64(len(`{"model":"","stream":true,"prompt":""}`) + len(model) + 4*promptTokens)
 }
 
 // scrape runs the scrape due at now: the engine's gauges as they were at that
