@@ -471,7 +471,7 @@ func (x *exchange) decide(model string, prompt []byte) error {
 	if size <= 0 && x.held != nil {
 		size = int64(x.held.Len())
 	}
-	route, rerr := x.s.gw.Route(x.ctx, route.Request{RequestID: x.rid, Model: model, Prompt: prompt, BodyBytes: size, Subset: x.subset, Start: x.start,
+	rt, rerr := x.s.gw.Route(x.ctx, route.Request{RequestID: x.rid, Model: model, Prompt: prompt, BodyBytes: size, Subset: x.subset, Start: x.start,
 		Objective: x.headers[objectiveHeader]})
 	if rerr != nil {
 		if x.ctx.Err() != nil {
@@ -479,8 +479,8 @@ func (x *exchange) decide(model string, prompt []byte) error {
 		}
 		return x.refuse(rerr, true)
 	}
-	x.route = route
-	eps := route.Endpoints
+	x.route = rt
+	eps := rt.Endpoints
 	if n := x.s.opts.Fallbacks; n >= 0 && len(eps) > n+1 {
 		eps = eps[:n+1]
 	}
