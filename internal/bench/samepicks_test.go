@@ -295,7 +295,7 @@ func (u *upstreams) handler(i int) http.HandlerFunc {
 				w.Header().Set("Content-Type", "text/event-stream")
 				w.WriteHeader(http.StatusOK)
 				fmt.Fprintf(w, "data: {\"id\":\"cmpl-%d\",\"object\":\"text_completion\",\"choices\":[{\"index\":0,\"text\":\"x\"}]}\n\n", tag)
-				http.NewResponseController(w).Flush()
+				_ = http.NewResponseController(w).Flush()
 			case actFinish:
 				fmt.Fprint(w, "data: [DONE]\n\n")
 				return
@@ -364,7 +364,7 @@ func (cs *calls) start(ctx context.Context, client *http.Client, url string, tag
 				line, err := br.ReadString('\n')
 				c.body = append(c.body, line...)
 				if err != nil || !strings.HasPrefix(line, want) {
-					c.err = fmt.Errorf("reading the first event: %q, %v", c.body, err)
+					c.err = fmt.Errorf("reading the first event: %q, %w", c.body, err)
 					return
 				}
 			}
