@@ -30,10 +30,7 @@ func (s SchedulerSpec) H2C() bool { return s.AppProtocol == AppProtocolH2C }
 
 // Timeout is the route timeout, 0 for none.
 func (s SchedulerSpec) Timeout() time.Duration {
-	if s.RouteTimeout != nil {
-		return s.RouteTimeout.Duration
-	}
-	return 0
+	return DurationOr(s.RouteTimeout, DefaultRouteTimeout)
 }
 
 // PickerName is the picker, "kvgate" when unset.
@@ -78,10 +75,23 @@ func (g GatewaySpec) Connect() time.Duration {
 
 // HeaderTimeout bounds the wait for response headers, 0 for none.
 func (g GatewaySpec) HeaderTimeout() time.Duration {
-	if g.ResponseHeaderTimeout != nil {
-		return g.ResponseHeaderTimeout.Duration
-	}
-	return 0
+	return DurationOr(g.ResponseHeaderTimeout, DefaultHeaderTimeout)
+}
+
+// FirstByte bounds the wait from a stream's headers to its first event, 0 for
+// none.
+func (g GatewaySpec) FirstByte() time.Duration {
+	return DurationOr(g.FirstByteTimeout, DefaultFirstByteTimeout)
+}
+
+// StreamIdle ends a started response silent this long, 0 for never.
+func (g GatewaySpec) StreamIdle() time.Duration {
+	return DurationOr(g.StreamIdleTimeout, DefaultStreamIdleTimeout)
+}
+
+// ClientWrite ends a request whose client takes no write this long, 0 for never.
+func (g GatewaySpec) ClientWrite() time.Duration {
+	return DurationOr(g.ClientWriteTimeout, DefaultClientWriteTimeout)
 }
 
 // RetryBuffer is how much of a body is kept for replay.

@@ -18,12 +18,15 @@ func TestDefaults(t *testing.T) {
 		{"port", empty.Port(), DefaultTargetPort},
 		{"picker", empty.PickerName(), "kvgate"},
 		{"h2c", empty.H2C(), false},
-		{"route timeout", empty.Timeout(), time.Duration(0)},
+		{"route timeout", empty.Timeout(), DefaultRouteTimeout},
 		{"attempts", gw.Attempts(), DefaultMaxAttempts},
 		{"in-flight limit", gw.InFlightLimit(), 0},
 		{"queue wait", gw.QueueWait(), DefaultQueueTimeout},
 		{"connect", gw.Connect(), DefaultConnectTimeout},
-		{"header timeout", gw.HeaderTimeout(), time.Duration(0)},
+		{"header timeout", gw.HeaderTimeout(), DefaultHeaderTimeout},
+		{"first byte", gw.FirstByte(), DefaultFirstByteTimeout},
+		{"stream idle", gw.StreamIdle(), DefaultStreamIdleTimeout},
+		{"client write", gw.ClientWrite(), DefaultClientWriteTimeout},
 		{"retry buffer", gw.RetryBuffer(), int64(DefaultRetryBufferBytes)},
 		{"body limit", bbr.MaxBodyBytes(), int64(DefaultMaxRequestBodyBytes)},
 	} {
@@ -36,11 +39,13 @@ func TestDefaults(t *testing.T) {
 	one, limit, buf := int32(1), int32(4), int64(10)
 	d := metav1.Duration{Duration: 3 * time.Second}
 	set := SchedulerSpec{TargetPort: 9000, Picker: "random", AppProtocol: AppProtocolH2C, RouteTimeout: &d}
-	gw = GatewaySpec{MaxAttempts: &one, MaxInFlightPerEndpoint: &limit, QueueTimeout: &d, ConnectTimeout: &d, ResponseHeaderTimeout: &d, RetryBufferBytes: &buf}
+	gw = GatewaySpec{MaxAttempts: &one, MaxInFlightPerEndpoint: &limit, QueueTimeout: &d, ConnectTimeout: &d, ResponseHeaderTimeout: &d, RetryBufferBytes: &buf,
+		FirstByteTimeout: &d, StreamIdleTimeout: &d, ClientWriteTimeout: &d}
 	if set.Port() != 9000 || set.PickerName() != "random" || !set.H2C() || set.Timeout() != d.Duration {
 		t.Errorf("scheduler accessors ignore set fields: %+v", set)
 	}
-	if gw.Attempts() != 1 || gw.InFlightLimit() != 4 || gw.QueueWait() != d.Duration || gw.Connect() != d.Duration || gw.HeaderTimeout() != d.Duration || gw.RetryBuffer() != 10 {
+	if gw.Attempts() != 1 || gw.InFlightLimit() != 4 || gw.QueueWait() != d.Duration || gw.Connect() != d.Duration || gw.HeaderTimeout() != d.Duration || gw.RetryBuffer() != 10 ||
+		gw.FirstByte() != d.Duration || gw.StreamIdle() != d.Duration || gw.ClientWrite() != d.Duration {
 		t.Errorf("gateway accessors ignore set fields: %+v", gw)
 	}
 }

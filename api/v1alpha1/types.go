@@ -163,7 +163,8 @@ type SchedulerSpec struct {
 	// Prefix tunes the prefix-affinity index.
 	// +optional
 	Prefix *PrefixSpec `json:"prefix,omitempty"`
-	// RouteTimeout bounds a request from arrival to its last byte; 0s disables it.
+	// RouteTimeout bounds a request from arrival to its last byte (default 10m;
+	// 0s disables it).
 	// +optional
 	RouteTimeout *metav1.Duration `json:"routeTimeout,omitempty"`
 	// Replicas of the endpoint picker when it runs as its own deployment.
@@ -258,10 +259,26 @@ type GatewaySpec struct {
 	// ConnectTimeout bounds dialling an endpoint (default 2s).
 	// +optional
 	ConnectTimeout *metav1.Duration `json:"connectTimeout,omitempty"`
-	// ResponseHeaderTimeout bounds the wait for an endpoint's response headers,
-	// which for a streaming request come with the first token (default 0: none).
+	// ResponseHeaderTimeout bounds the wait for an endpoint's response headers
+	// (default 5m: a non-streaming answer's headers come with its last token;
+	// 0s: none). An endpoint that misses it is given up on for the next.
 	// +optional
 	ResponseHeaderTimeout *metav1.Duration `json:"responseHeaderTimeout,omitempty"`
+	// FirstByteTimeout bounds the wait from a streamed response's headers to its
+	// first event (default 60s; 0s: none). An endpoint that misses it is given
+	// up on for the next.
+	// +optional
+	FirstByteTimeout *metav1.Duration `json:"firstByteTimeout,omitempty"`
+	// StreamIdleTimeout ends a response that sends nothing for this long once it
+	// started (default 60s; 0s: none): a stream with an error event, a JSON body
+	// by closing the connection.
+	// +optional
+	StreamIdleTimeout *metav1.Duration `json:"streamIdleTimeout,omitempty"`
+	// ClientWriteTimeout ends a request whose client has not taken a write for
+	// this long (default 30s; 0s: none), releasing its endpoint: a client that
+	// stops reading cannot hold a slot.
+	// +optional
+	ClientWriteTimeout *metav1.Duration `json:"clientWriteTimeout,omitempty"`
 	// RetryBufferBytes is how much of a body is kept to replay it on a retry
 	// (default 8 MiB); a larger body is streamed once and not retried.
 	// +optional

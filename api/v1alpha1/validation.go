@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 // Defaults applied where a field is unset.
@@ -16,6 +18,11 @@ const (
 	DefaultMaxAttempts         = 3
 	DefaultQueueTimeout        = time.Second
 	DefaultConnectTimeout      = 2 * time.Second
+	DefaultRouteTimeout        = 10 * time.Minute
+	DefaultHeaderTimeout       = 5 * time.Minute
+	DefaultFirstByteTimeout    = time.Minute
+	DefaultStreamIdleTimeout   = time.Minute
+	DefaultClientWriteTimeout  = 30 * time.Second
 	DefaultRetryBufferBytes    = 8 << 20
 	DefaultSaturationQueue     = 5
 	DefaultSaturationKVPercent = 80
@@ -223,6 +230,14 @@ func (v *fieldErrors) gateway(g GatewaySpec) {
 	}
 	if g.ConnectTimeout != nil && (g.ConnectTimeout.Duration <= 0 || g.ConnectTimeout.Duration > time.Minute) {
 		v.add("spec.gateway.connectTimeout", "must be between 1ns and 1m")
+	}
+	for _, t := range []struct {
+		name string
+		d    *metav1.Duration
+	}{{"firstByteTimeout", g.FirstByteTimeout}, {"streamIdleTimeout", g.StreamIdleTimeout}, {"clientWriteTimeout", g.ClientWriteTimeout}} {
+		if t.d != nil && t.d.Duration < 0 {
+			v.add("spec.gateway."+t.name, "must not be negative")
+		}
 	}
 	if g.ResponseHeaderTimeout != nil && g.ResponseHeaderTimeout.Duration < 0 {
 		v.add("spec.gateway.responseHeaderTimeout", "must not be negative")

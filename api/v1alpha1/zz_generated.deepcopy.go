@@ -77,6 +77,21 @@ func (in *GatewaySpec) DeepCopyInto(out *GatewaySpec) {
 		*out = new(v1.Duration)
 		**out = **in
 	}
+	if in.FirstByteTimeout != nil {
+		in, out := &in.FirstByteTimeout, &out.FirstByteTimeout
+		*out = new(v1.Duration)
+		**out = **in
+	}
+	if in.StreamIdleTimeout != nil {
+		in, out := &in.StreamIdleTimeout, &out.StreamIdleTimeout
+		*out = new(v1.Duration)
+		**out = **in
+	}
+	if in.ClientWriteTimeout != nil {
+		in, out := &in.ClientWriteTimeout, &out.ClientWriteTimeout
+		*out = new(v1.Duration)
+		**out = **in
+	}
 	if in.RetryBufferBytes != nil {
 		in, out := &in.RetryBufferBytes, &out.RetryBufferBytes
 		*out = new(int64)

@@ -171,7 +171,9 @@ func TestRetriesBeforeFirstByte(t *testing.T) {
 	cfg.Spec.Gateway.MaxAttempts = &one
 	_, base1 := startGateway(t, cfg)
 	// Neither the pod's address nor Go's dial error reaches the client.
-	if resp, raw, e := call(t, "POST", base1+"/v1/chat/completions", chat(llama)); resp.StatusCode != 502 || e.Error.Message != "no endpoint could serve the request" ||
+	// A pool whose every endpoint fails is unavailable: 503, worth a retry soon.
+	if resp, raw, e := call(t, "POST", base1+"/v1/chat/completions", chat(llama)); resp.StatusCode != 503 || resp.Header.Get("Retry-After") != "1" ||
+		e.Error.Message != "no endpoint could serve the request; retry later" ||
 		strings.Contains(string(raw), deadAddr) || strings.Contains(string(raw), "dial") {
 		t.Errorf("dead pool: %d %s", resp.StatusCode, raw)
 	}

@@ -3,6 +3,7 @@ package gateway
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -24,6 +25,9 @@ const maxWholeBody = 32 << 10
 // ServeHTTP implements the OpenAI data plane.
 func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
+	// A write deadline left by the previous request on this connection must
+	// not cut this one's answer (the relay sets its own as it writes).
+	_ = http.NewResponseController(w).SetWriteDeadline(time.Time{})
 	rid := proxy.RequestID(r.Header)
 	w.Header().Set("X-Request-Id", rid)
 	if r.URL.Path == "/v1/models" {
@@ -132,6 +136,8 @@ func (g *Gateway) refuse(w http.ResponseWriter, rt *route.Route, ref *proxy.Refu
 // forward sends the request to the route's ranked endpoints in turn until one
 // answers, and streams that answer to the client (proxy.Forward). The first
 // endpoint arrives reserved; a fallback is used only if it has a free slot.
+// Nothing goes to the client before the answer's first bytes: an endpoint that
+// fails before them is retried like one that never answered.
 func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Request, rt *route.Route, body *proxy.ReplayBody, rid string) {
 	// Releases the endpoint if a hook panics; after Finish it does nothing.
 	defer rt.Finish(route.Outcome{})
@@ -140,17 +146,35 @@ func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Re
 		targets[i] = proxy.Target{Name: addr, URL: &url.URL{Scheme: "http", Host: addr}}
 	}
 	sched := rt.Scheduler()
+	retry := "" // why the last attempt failed, counted when the next one starts
 	res := proxy.Forward(w, &proxy.Job{Targets: targets, Transport: rt.Transport(), Body: body, Request: r, Ctx: ctx,
 		RequestID: rid, Withheld: proxy.IsControlHeader, RetryStatus: retryStatus, MidStreamMessage: "the model server failed mid-response",
-		Acquire: func(i int) (func(), bool) { return nil, i == 0 || rt.Retry(rt.Endpoints[i]) },
+		WaitFirstByte: true, FirstByteTimeout: rt.FirstByteTimeout, IdleTimeout: rt.StreamIdleTimeout, WriteTimeout: rt.ClientWriteTimeout,
+		Acquire: func(i int) (func(), bool) {
+			if i == 0 {
+				return nil, true
+			}
+			if !rt.Retry(rt.Endpoints[i]) {
+				return nil, false
+			}
+			g.Metrics().Retries.WithLabelValues(sched, retry).Inc()
+			return nil, true
+		},
+		Watch: func(ctx context.Context, i int, giveUp func(error)) { watchEndpoint(ctx, rt, rt.Endpoints[i], giveUp) },
 		OnFailure: func(i int, e *proxy.AttemptError) {
-			if e.Status != 0 {
-				g.Metrics().Retries.WithLabelValues(sched, "status").Inc()
+			switch {
+			case e.Status != 0:
+				retry = "status"
 				g.log.Warn("endpoint answered with a server error; trying the next", "request_id", rid, "endpoint", e.Target, "status", e.Status)
 				return
+			case errors.Is(e.Err, errEndpointLost):
+				retry = "unhealthy"
+			case errors.Is(e.Err, proxy.ErrTimeout):
+				retry = "timeout"
+			default:
+				retry = "connect"
 			}
-			g.Metrics().Retries.WithLabelValues(sched, "connect").Inc()
-			g.log.Warn("endpoint failed before responding", "request_id", rid, "endpoint", e.Target, "err", e.Err)
+			g.log.Warn("endpoint failed before its first byte; trying the next", "request_id", rid, "endpoint", e.Target, "err", e.Err)
 		},
 		OnCommit: func(_, _ int, h http.Header) {
 			h.Set("X-Kvgate-Endpoint", rt.Served())
@@ -162,16 +186,20 @@ func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Re
 		OnFirstByte: func(_ int, sse bool) { rt.FirstByte(sse) },
 	})
 	if !res.Committed {
-		ref := res.Unserved("route timeout exceeded before an endpoint answered", "no endpoint could serve the request")
+		// Every endpoint down or failing is the pool unavailable: worth a retry
+		// soon, as AWS's gateway and kvgate global answer it.
+		ref := res.Unserved("route timeout exceeded before an endpoint answered",
+			&proxy.Refusal{Status: http.StatusServiceUnavailable, Type: openai.TypeServer, Message: "no endpoint could serve the request; retry later", RetryAfter: 1})
 		if ref == nil {
 			rt.Finish(route.Outcome{Unanswered: true}) // the client went away: 499
 			return
 		}
-		if ref.Status == http.StatusBadGateway && res.Err != nil {
+		if res.Err != nil {
 			// The endpoint's address and Go's error text stay in the log.
-			g.log.Warn("no endpoint could serve the request", "request_id", rid, "scheduler", sched, "err", res.Err)
+			g.log.Warn("no endpoint could serve the request", "request_id", rid, "scheduler", sched, "status", ref.Status, "err", res.Err)
 		}
-		g.refuse(w, rt, ref)
+		rt.Finish(route.Outcome{Status: ref.Status, Unanswered: true, EndpointsFailed: ref.Status == http.StatusServiceUnavailable})
+		ref.Write(w)
 		return
 	}
 	o := route.Outcome{Status: res.Status, ClientGone: res.ClientGone, StreamError: res.Code == proxy.CodeStreamError,
@@ -190,3 +218,34 @@ func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Re
 
 // retryStatus: a model server's 5xx is worth another endpoint.
 func retryStatus(status int) bool { return status >= 500 }
+
+// errEndpointLost gives up on an endpoint that the fleet stopped reading as
+// healthy and fresh while the request waited for its first byte (frozen or gone).
+var errEndpointLost = errors.New("the endpoint turned unhealthy or stale before answering")
+
+// watchEndpoint gives up on addr when the fleet stops reading it as usable, for
+// as long as ctx lasts. An endpoint never read as usable (not scraped yet, or
+// picked because every endpoint was unhealthy) is not watched: there is nothing
+// its state could newly say.
+func watchEndpoint(ctx context.Context, rt *route.Route, addr string, giveUp func(error)) {
+	if !rt.Usable(addr) {
+		return
+	}
+	t := time.NewTicker(watchEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if !rt.Usable(addr) {
+				giveUp(errEndpointLost)
+				return
+			}
+		}
+	}
+}
+
+// watchEvery is how often a request waiting for its first byte looks at its
+// endpoint's health: the fleet's scrape interval is 50 ms by default.
+const watchEvery = 100 * time.Millisecond

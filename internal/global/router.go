@@ -653,7 +653,8 @@ func (r *Router) forward(w http.ResponseWriter, req *http.Request, g *generation
 		},
 	})
 	if !res.Committed {
-		ref := res.Unserved("no member answered in time; retry later", "no member could serve the request; retry later")
+		ref := res.Unserved("no member answered in time; retry later",
+			&proxy.Refusal{Status: http.StatusBadGateway, Type: openai.TypeServer, Message: "no member could serve the request; retry later"})
 		if ref == nil {
 			name := ""
 			if res.Target >= 0 {

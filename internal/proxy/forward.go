@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/kvgate/kvgate/internal/openai"
 )
@@ -73,6 +75,16 @@ type Job struct {
 	// MidStreamMessage is the error event that ends an event stream that broke
 	// (once Ctx's deadline passed: midStreamTimeout, with 504).
 	MidStreamMessage string
+	// FirstByteTimeout, with WaitFirstByte, bounds the wait from an event
+	// stream's headers to its first bytes: a target that misses it is given up
+	// on (ErrTimeout) for the next. 0: none.
+	FirstByteTimeout time.Duration
+	// IdleTimeout ends an answer that sent nothing for this long once relayed
+	// (a stream with an error event, 504); 0: never.
+	IdleTimeout time.Duration
+	// WriteTimeout ends the relay when the client has not taken a write for
+	// this long (counted as the client gone); 0: never.
+	WriteTimeout time.Duration
 
 	// Acquire says whether target i may be tried now and returns what to call
 	// when its attempt is over (nil: nothing); nil Acquire: every target may.
@@ -98,6 +110,10 @@ type Job struct {
 
 // midStreamTimeout ends an event stream cut by Ctx's deadline.
 const midStreamTimeout = "route timeout exceeded mid-response"
+
+// errFirstByte is a target that sent an event stream's headers and then
+// nothing within FirstByteTimeout.
+var errFirstByte = Timeout("no first event within the first-byte timeout")
 
 // AttemptError is why an attempt at a target failed: the transport's error
 // (or Watch's reason), or the status the target answered.
@@ -225,8 +241,9 @@ func Forward(w http.ResponseWriter, j *Job) Result {
 // body errors come first — a body that stalls past its read deadline also
 // cancels the request's context (net/http does on a read error), and the
 // client, still there, is owed its 408 — then 504 with timeout when the
-// request timed out, else 502 with failed. Go's error text stays out.
-func (r *Result) Unserved(timeout, failed string) *Refusal {
+// request timed out, else failed (the caller's answer when every target
+// failed). Go's error text stays out.
+func (r *Result) Unserved(timeout string, failed *Refusal) *Refusal {
 	ref, bodyFailed := BodyError(r.bodyErr)
 	switch {
 	case bodyFailed && ref.Status != http.StatusBadRequest:
@@ -238,7 +255,7 @@ func (r *Result) Unserved(timeout, failed string) *Refusal {
 	case r.TimedOut:
 		return &Refusal{Status: http.StatusGatewayTimeout, Type: openai.TypeServer, Message: timeout}
 	}
-	return &Refusal{Status: http.StatusBadGateway, Type: openai.TypeServer, Message: failed}
+	return failed
 }
 
 func (j *Job) retryable(status int) bool { return j.RetryStatus != nil && j.RetryStatus(status) }
@@ -282,7 +299,15 @@ func (j *Job) attempt(ctx context.Context, t Target, i int, body io.ReadCloser, 
 	resp, err := rt.RoundTrip(out)
 	a := answer{resp: resp, cancel: cancel}
 	if err == nil && j.WaitFirstByte && !j.retryable(resp.StatusCode) {
+		var late *time.Timer
+		var timedOut atomic.Bool
+		if j.FirstByteTimeout > 0 && strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+			late = time.AfterFunc(j.FirstByteTimeout, func() { timedOut.Store(true); cancel() })
+		}
 		a.n, a.err = readFirst(resp.Body, buf)
+		if late != nil && !late.Stop() && timedOut.Load() && a.n == 0 {
+			a.err = errFirstByte
+		}
 		if a.n == 0 && a.err != nil && !errors.Is(a.err, io.EOF) {
 			_ = resp.Body.Close()
 			err = a.err
@@ -365,10 +390,25 @@ func (j *Job) relay(ctx context.Context, w http.ResponseWriter, i int, a answer,
 		SSE: strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")}
 	rc := http.NewResponseController(w)
 	usage := openai.NewUsageReader(res.SSE)
+	// An answer silent for IdleTimeout is cut: the attempt's context ends and
+	// the read below fails.
+	var idle *time.Timer
+	var idled atomic.Bool
+	if j.IdleTimeout > 0 {
+		idle = time.AfterFunc(j.IdleTimeout, func() { idled.Store(true); a.cancel() })
+		defer idle.Stop()
+	}
 	n, err := a.n, a.err
 	first, clientGone := true, false
 	for {
 		if n > 0 {
+			if idle != nil {
+				idle.Reset(j.IdleTimeout)
+			}
+			if j.WriteTimeout > 0 {
+				// Rolling: a client that reads slowly may, one that stopped may not.
+				_ = rc.SetWriteDeadline(time.Now().Add(j.WriteTimeout))
+			}
 			if first {
 				first = false
 				if j.OnFirstByte != nil {
@@ -397,7 +437,7 @@ func (j *Job) relay(ctx context.Context, w http.ResponseWriter, i int, a answer,
 	}
 	broke := err != nil && !errors.Is(err, io.EOF)
 	switch {
-	case clientGone, broke && j.Request.Context().Err() != nil:
+	case clientGone, broke && j.Request.Context().Err() != nil && !idled.Load():
 		// The client went away; its upstream request is cancelled with it.
 		res.Code, res.ClientGone = CodeClientGone, true
 	case broke:
@@ -410,8 +450,11 @@ func (j *Job) relay(ctx context.Context, w http.ResponseWriter, i int, a answer,
 		// The error's text (addresses, Go's wording) stays out: the caller logs
 		// res.Err.
 		msg, status := j.MidStreamMessage, http.StatusBadGateway
-		if res.TimedOut {
+		switch {
+		case res.TimedOut:
 			msg, status = midStreamTimeout, http.StatusGatewayTimeout
+		case idled.Load():
+			msg, status = "the model server sent nothing for "+j.IdleTimeout.String(), http.StatusGatewayTimeout
 		}
 		event, _ := json.Marshal(openai.ErrorBody{Error: openai.ErrorDetail{Message: msg, Type: openai.TypeServer, Code: status}})
 		_, _ = fmt.Fprintf(w, "data: %s\n\n", event)

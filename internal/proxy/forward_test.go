@@ -14,6 +14,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/kvgate/kvgate/internal/openai"
 )
 
 const (
@@ -125,7 +127,7 @@ func newBench(t *testing.T, names []string, tune func(*Job)) *bench {
 		res := Forward(w, j)
 		b.results <- res
 		if !res.Committed {
-			if ref := res.Unserved("timed out", "nothing served"); ref != nil {
+			if ref := res.Unserved("timed out", &Refusal{Status: http.StatusBadGateway, Message: "nothing served"}); ref != nil {
 				ref.Write(w)
 			}
 		}
@@ -362,7 +364,7 @@ func TestUnserved(t *testing.T) {
 		{"failed", Result{Err: errors.New("dial tcp 10.0.0.1: refused")}, 502, "failed"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			ref := c.res.Unserved("late", "failed")
+			ref := c.res.Unserved("late", &Refusal{Status: http.StatusBadGateway, Type: openai.TypeServer, Message: "failed"})
 			if c.status == 0 {
 				if ref != nil {
 					t.Fatalf("refusal %+v for a client that went away", ref)

@@ -31,6 +31,7 @@ func TestFinish(t *testing.T) {
 		{"client left before an answer", Outcome{Unanswered: true}, "499", 0, false, false},
 		{"refused after the pick", Outcome{Status: 413, Unanswered: true}, "413", 0, false, false},
 		{"never seen", Outcome{Status: StatusUnseen}, "unseen", 1, false, false},
+		{"every endpoint failed", Outcome{Status: 503, Unanswered: true, EndpointsFailed: true}, "503", 0, true, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			now := time.Unix(1_700_000_000, 0)

@@ -57,6 +57,9 @@ type Route struct {
 	// RetryBuffer is how much of a request body may be kept to send it again
 	// to a fallback (spec.gateway.retryBufferBytes).
 	RetryBuffer int64
+	// FirstByteTimeout, StreamIdleTimeout and ClientWriteTimeout are the
+	// configuration's bounds on the response (spec.gateway).
+	FirstByteTimeout, StreamIdleTimeout, ClientWriteTimeout time.Duration
 
 	served       *endpoint
 	ticket       fleet.Ticket
@@ -167,7 +170,8 @@ func (g *Router) Route(ctx context.Context, req Request) (*Route, *proxy.Refusal
 	}
 	ranked := d.decision.Ranked
 	r := &Route{g: g, p: p, model: req.Model, start: req.Start, served: d.first, limit: limit,
-		promptTokens: int(req.BodyBytes / 4), Endpoints: make([]string, 0, len(ranked)+1), RetryBuffer: rt.gw.RetryBuffer()}
+		promptTokens: int(req.BodyBytes / 4), Endpoints: make([]string, 0, len(ranked)+1), RetryBuffer: rt.gw.RetryBuffer(),
+		FirstByteTimeout: rt.gw.FirstByte(), StreamIdleTimeout: rt.gw.StreamIdle(), ClientWriteTimeout: rt.gw.ClientWrite()}
 	if req.Explain {
 		r.Scores = explain(d.decision)
 	}
@@ -243,6 +247,12 @@ func (r *Route) Deadline() (time.Time, bool) {
 	return time.Time{}, false
 }
 
+// Usable says whether the fleet reads addr as healthy and fresh now.
+func (r *Route) Usable(addr string) bool {
+	s := r.g.fleet.Snapshot([]string{addr})[0]
+	return s.Healthy && !s.Stale
+}
+
 // Transport is the scheduler's upstream transport.
 func (r *Route) Transport() http.RoundTripper { return r.p.transport }
 
@@ -279,6 +289,10 @@ type Outcome struct {
 	StreamError bool
 	// ClientGone says the client went away while the response streamed (code 499).
 	ClientGone bool
+	// EndpointsFailed says every endpoint tried failed before answering: the
+	// refusal (Status) is theirs, counted as a failure in the load summary, not
+	// as admission shedding.
+	EndpointsFailed bool
 	// Usage, when Seen, is the token usage the endpoint reported.
 	PromptTokens, CompletionTokens int64
 	UsageSeen                      bool
@@ -314,8 +328,11 @@ func (r *Route) Finish(o Outcome) {
 	// The load summary judges the endpoint: a client that left mid-response
 	// does not hide how the endpoint was answering.
 	window := code
-	if o.ClientGone && o.Status > 0 {
+	switch {
+	case o.ClientGone && o.Status > 0:
 		window = proxy.Code(o.Status)
+	case o.EndpointsFailed:
+		window = proxy.Code(http.StatusBadGateway)
 	}
 	r.g.countAs(r.p.name, r.model, endpoint, code, window)
 	if !o.Unanswered {
