@@ -182,8 +182,20 @@ func (g *Router) Route(ctx context.Context, req Request) (*Route, *proxy.Refusal
 			r.Endpoints = append(r.Endpoints, c.Address)
 		}
 	}
+	// Past the ranked ones, the endpoints the picker filtered out (saturated,
+	// stale, unhealthy: in that order at the back of the candidates) are the
+	// last fallbacks: a busy endpoint's answer beats relaying a failure.
+	n := rt.gw.Attempts()
+	for _, c := range d.cands {
+		if len(r.Endpoints) >= n {
+			break
+		}
+		if !slices.Contains(r.Endpoints, c.Address) {
+			r.Endpoints = append(r.Endpoints, c.Address)
+		}
+	}
 	// maxAttempts counts the reserved endpoint, wherever it ranked.
-	if n := rt.gw.Attempts(); len(r.Endpoints) > n {
+	if len(r.Endpoints) > n {
 		r.Endpoints = r.Endpoints[:n]
 	}
 	if len(d.hashes) > 0 {

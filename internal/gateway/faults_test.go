@@ -1,0 +1,308 @@
+package gateway
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/kvgate/kvgate/api/v1alpha1"
+	"github.com/kvgate/kvgate/internal/simserver"
+)
+
+// faulty is a model server that misbehaves on purpose: its /metrics are a real
+// idle simulator's (so the picker rates it the best endpoint, as a pod that
+// fails fast with idle metrics is), and its answers break in the chosen way.
+type faulty struct {
+	mode    string // see serve
+	metrics string // the idle simulator whose /metrics it shows
+	frozen  atomic.Bool
+	hits    atomic.Int64
+	release chan struct{} // closed at cleanup: stalled handlers return
+}
+
+func startFaulty(t *testing.T, mode string) (*faulty, string) {
+	t.Helper()
+	_, idle := startSim(t, llama, simserver.Options{})
+	f := &faulty{mode: mode, metrics: idle, release: make(chan struct{})}
+	srv := httptest.NewServer(f)
+	t.Cleanup(func() { close(f.release); srv.CloseClientConnections(); srv.Close() })
+	return f, srv.Listener.Addr().String()
+}
+
+func (f *faulty) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if f.frozen.Load() {
+		<-f.release // a frozen process answers nothing, scrapes included
+		return
+	}
+	if r.URL.Path == "/metrics" {
+		resp, err := http.Get("http://" + f.metrics + "/metrics")
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadGateway)
+			return
+		}
+		defer resp.Body.Close()
+		_, _ = io.Copy(w, resp.Body)
+		return
+	}
+	f.hits.Add(1)
+	_, _ = io.Copy(io.Discard, r.Body)
+	event := func() {
+		fmt.Fprint(w, `data: {"id":"x","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"hi"}}]}`+"\n\n")
+		_ = http.NewResponseController(w).Flush()
+	}
+	switch f.mode {
+	case "500": // fails at once
+		http.Error(w, `{"error":{"message":"boom"}}`, http.StatusInternalServerError)
+	case "headers-then-nothing": // a stream's headers, then silence
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(http.StatusOK)
+		_ = http.NewResponseController(w).Flush()
+		<-f.release
+	case "die-after-headers": // a 200, then the connection drops
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(http.StatusOK)
+		_ = http.NewResponseController(w).Flush()
+		panic(http.ErrAbortHandler)
+	case "idle-mid-stream": // one event, then silence
+		w.Header().Set("Content-Type", "text/event-stream")
+		event()
+		<-f.release
+	case "flood": // events as fast as the client takes them
+		w.Header().Set("Content-Type", "text/event-stream")
+		pad := strings.Repeat("x", 4096)
+		for {
+			if _, err := fmt.Fprintf(w, "data: {\"pad\":%q}\n\n", pad); err != nil {
+				return
+			}
+			select {
+			case <-r.Context().Done():
+				return
+			case <-f.release:
+				return
+			default:
+			}
+		}
+	}
+}
+
+// faultConfig is one scheduler over addrs with short bounds, so that each
+// fault is met within a test's patience, and fast scrapes.
+func faultConfig(addrs ...string) *v1alpha1.InferenceGatewayConfig {
+	cfg := gatewayConfig(scheduler("p", llama, addrs...))
+	d := func(x time.Duration) *metav1.Duration { return &metav1.Duration{Duration: x} }
+	gw := &cfg.Spec.Gateway
+	gw.FirstByteTimeout, gw.StreamIdleTimeout, gw.ClientWriteTimeout = d(300*time.Millisecond), d(300*time.Millisecond), d(500*time.Millisecond)
+	three := int32(3)
+	gw.Scrape = &v1alpha1.ScrapeSpec{Interval: d(20 * time.Millisecond), Timeout: d(100 * time.Millisecond), UnhealthyAfter: &three}
+	return cfg
+}
+
+// streamAll sends n streaming chat requests, at most 8 at a time, and returns
+// each one's error ("" for a stream that ended with [DONE] and content).
+func streamAll(t *testing.T, base string, n int) []string {
+	t.Helper()
+	client := sdk(base, option.WithRequestTimeout(20*time.Second), option.WithMaxRetries(0))
+	out := make([]string, n)
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 8)
+	for i := range n {
+		wg.Go(func() {
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			s := client.Chat.Completions.NewStreaming(context.Background(), openai.ChatCompletionNewParams{
+				Model: llama, Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage(fmt.Sprint("question ", i))}, MaxTokens: openai.Int(8)})
+			got := ""
+			for s.Next() {
+				if len(s.Current().Choices) > 0 {
+					got += s.Current().Choices[0].Delta.Content
+				}
+			}
+			switch {
+			case s.Err() != nil:
+				out[i] = s.Err().Error()
+			case got == "":
+				out[i] = "no content"
+			}
+		})
+	}
+	wg.Wait()
+	return out
+}
+
+// TestFaults: an endpoint that misbehaves before its first byte, while the
+// picker rates it best, costs its requests a retry, never their answer: every
+// request of the burst succeeds on the healthy simulator, none hangs.
+func TestFaults(t *testing.T) {
+	for _, tc := range []struct {
+		mode, reason string // the retries_total reason the fault is retried with
+	}{
+		{"500", "status"},
+		{"headers-then-nothing", "timeout"},
+		{"die-after-headers", "connect"},
+	} {
+		t.Run(tc.mode, func(t *testing.T) {
+			bad, badAddr := startFaulty(t, tc.mode)
+			_, good := startSim(t, llama, simserver.Options{})
+			g, base := startGateway(t, faultConfig(badAddr, good))
+			waitScraped(t, g, badAddr, good)
+			start := time.Now()
+			for i, e := range streamAll(t, base, 40) {
+				if e != "" {
+					t.Errorf("request %d: %s", i, e)
+				}
+			}
+			if took := time.Since(start); took > 15*time.Second {
+				t.Errorf("40 requests took %v", took)
+			}
+			retries := counter(t, g, "kvgate_retries_total", "reason", tc.reason)
+			if bad.hits.Load() == 0 || retries != float64(bad.hits.Load()) {
+				t.Errorf("the faulty endpoint got %d requests, %v retried with reason %q: each should have been retried once", bad.hits.Load(), retries, tc.reason)
+			}
+		})
+	}
+}
+
+// TestFaultStreamIdle: a stream that goes silent after it started ends with an
+// explicit error event within streamIdleTimeout.
+func TestFaultStreamIdle(t *testing.T) {
+	_, addr := startFaulty(t, "idle-mid-stream")
+	g, base := startGateway(t, faultConfig(addr))
+	start := time.Now()
+	resp, raw, _ := call(t, "POST", base+"/v1/chat/completions", chat(llama, `"stream":true`))
+	if resp.StatusCode != 200 || !strings.Contains(string(raw), `"code":504`) || !strings.Contains(string(raw), "sent nothing for 300ms") {
+		t.Fatalf("%d %s", resp.StatusCode, raw)
+	}
+	if took := time.Since(start); took > 5*time.Second {
+		t.Errorf("took %v", took)
+	}
+	if n := counter(t, g, "kvgate_requests_total", "code", "stream_error"); n != 1 {
+		t.Errorf("stream errors counted %v", n)
+	}
+}
+
+// TestFaultFrozenEndpoint: an endpoint that freezes (its scrapes and its
+// answers stop) while requests wait on it: the fleet marks it unhealthy, the
+// waiting requests are retried elsewhere, and no request is lost or hangs.
+func TestFaultFrozenEndpoint(t *testing.T) {
+	bad, badAddr := startFaulty(t, "headers-then-nothing")
+	bad.mode = "500"
+	_, good := startSim(t, llama, simserver.Options{})
+	cfg := faultConfig(badAddr, good)
+	cfg.Spec.Gateway.FirstByteTimeout = &metav1.Duration{Duration: time.Minute} // only the fleet can notice
+	one := int32(2)
+	cfg.Spec.Gateway.MaxAttempts = &one
+	g, base := startGateway(t, cfg)
+	waitScraped(t, g, badAddr, good)
+	bad.frozen.Store(true)
+	start := time.Now()
+	for i, e := range streamAll(t, base, 16) {
+		if e != "" {
+			t.Errorf("request %d: %s", i, e)
+		}
+	}
+	if took := time.Since(start); took > 15*time.Second {
+		t.Errorf("16 requests took %v with one endpoint frozen", took)
+	}
+}
+
+// TestFaultSlowClients: clients that send a request and never read its answer
+// hold an endpoint slot only until clientWriteTimeout; then others are served.
+func TestFaultSlowClients(t *testing.T) {
+	_, addr := startFaulty(t, "flood")
+	cfg := faultConfig(addr)
+	two := int32(2)
+	cfg.Spec.Gateway.MaxInFlightPerEndpoint = &two
+	g, base := startGateway(t, cfg)
+	host := strings.TrimPrefix(base, "http://")
+	body := chat(llama, `"stream":true`)
+	for range 8 {
+		c, err := net.Dial("tcp", host)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		_ = c.(*net.TCPConn).SetReadBuffer(4096)
+		fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+		// and never read
+	}
+	// Within the write timeout and a margin, the stuck slots come back.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		inFlight := g.FleetView()[0].Endpoints[0].InFlight
+		if inFlight == 0 && counter(t, g, "kvgate_requests_total", "code", "499") >= 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("slots still held by clients that do not read: %d in flight", inFlight)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	// A client that reads is served (not 429 for as long as the others stay).
+	req, _ := http.NewRequest("POST", base+"/v1/chat/completions", strings.NewReader(body))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode == http.StatusTooManyRequests {
+		t.Fatal("429 while the non-reading clients are still connected")
+	}
+	line, _ := bufio.NewReader(resp.Body).ReadString('\n')
+	if resp.StatusCode != 200 || !strings.HasPrefix(line, "data: ") {
+		t.Fatalf("%d %q", resp.StatusCode, line)
+	}
+}
+
+// TestRetriesCounted: a retry is counted when the next attempt starts, so the
+// last failed attempt is not one: three dead endpoints, two retries.
+func TestRetriesCounted(t *testing.T) {
+	var dead []string
+	for range 3 {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		dead = append(dead, ln.Addr().String())
+		ln.Close()
+	}
+	g, base := startGateway(t, gatewayConfig(scheduler("p", llama, dead...)))
+	resp, _, _ := call(t, "POST", base+"/v1/chat/completions", chat(llama))
+	if resp.StatusCode != 503 || resp.Header.Get("Retry-After") == "" {
+		t.Fatalf("dead pool: %d %v", resp.StatusCode, resp.Header)
+	}
+	if n := counter(t, g, "kvgate_retries_total", "reason", "connect"); n != 2 {
+		t.Errorf("retries counted %v, want 2 (three attempts)", n)
+	}
+}
+
+// waitScraped waits until the fleet reads every addr as healthy.
+func waitScraped(t *testing.T, g *Gateway, addrs ...string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		ok := true
+		for _, s := range g.Snapshot(addrs) {
+			ok = ok && s.Healthy && !s.Stale
+		}
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("endpoints %v never read healthy: %+v", addrs, g.Snapshot(addrs))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
