@@ -276,7 +276,7 @@ func TestRetriesCounted(t *testing.T) {
 			t.Fatal(err)
 		}
 		dead = append(dead, ln.Addr().String())
-		ln.Close()
+		_ = ln.Close()
 	}
 	g, base := startGateway(t, gatewayConfig(scheduler("p", llama, dead...)))
 	resp, _, _ := call(t, "POST", base+"/v1/chat/completions", chat(llama))
