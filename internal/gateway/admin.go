@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/pprof"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -35,6 +36,9 @@ func (g *Gateway) AdminHandler() http.Handler {
 			http.Error(w, "draining", http.StatusServiceUnavailable)
 		case !g.Configured() && !g.opts.ReadyWithoutConfig:
 			http.Error(w, "no configuration", http.StatusServiceUnavailable)
+		case len(g.Unready()) > 0:
+			// A load balancer should send this replica nothing it cannot serve.
+			http.Error(w, "no ready endpoint for scheduler "+strings.Join(g.Unready(), ", "), http.StatusServiceUnavailable)
 		default:
 			_, _ = w.Write([]byte("ok\n"))
 		}

@@ -306,3 +306,40 @@ func waitScraped(t *testing.T, g *Gateway, addrs ...string) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// TestReadyz: /readyz fails, naming the scheduler, while one has no endpoint
+// the fleet reads as healthy (a frozen pool), and passes once it has one.
+func TestReadyz(t *testing.T) {
+	bad, badAddr := startFaulty(t, "500")
+	_, good := startSim(t, llama, simserver.Options{})
+	cfg := faultConfig(good)
+	cfg.Spec.Schedulers = append(cfg.Spec.Schedulers, scheduler("frozen", qwen, badAddr))
+	g, _ := startGateway(t, cfg)
+	admin := httptest.NewServer(g.AdminHandler())
+	t.Cleanup(admin.Close)
+	readyz := func() (int, string) {
+		resp, err := http.Get(admin.URL + "/readyz")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	waitScraped(t, g, badAddr, good)
+	if code, body := readyz(); code != 200 {
+		t.Fatalf("both schedulers ready: %d %s", code, body)
+	}
+	bad.frozen.Store(true)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		code, body := readyz()
+		if code == 503 && strings.Contains(body, "no ready endpoint for scheduler frozen") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a frozen scheduler: /readyz %d %s", code, body)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

@@ -90,13 +90,29 @@ func (g *Router) BodyLimits() (maxBody int64, promptLimit int, configured bool) 
 }
 
 // Ready says whether the router can route: it has a configuration, is not
-// draining, and knows at least one endpoint.
+// draining, and every scheduler has a ready endpoint.
 func (g *Router) Ready() bool {
+	return g.routes.Load() != nil && !g.draining.Load() && len(g.Unready()) == 0
+}
+
+// Unready lists the schedulers with no endpoint the fleet reads as healthy and
+// fresh: requests for their models would fail or wait.
+func (g *Router) Unready() []string {
 	rt := g.routes.Load()
-	if rt == nil || g.draining.Load() {
-		return false
+	if rt == nil {
+		return nil
 	}
-	return slices.ContainsFunc(rt.schedulers, func(p *scheduler) bool { return len(p.endpoints) > 0 })
+	var out []string
+	for _, p := range rt.schedulers {
+		addrs := make([]string, len(p.endpoints))
+		for i, e := range p.endpoints {
+			addrs[i] = e.addr
+		}
+		if !slices.ContainsFunc(g.fleet.Snapshot(addrs), func(s fleet.Snapshot) bool { return s.Healthy && !s.Stale }) {
+			out = append(out, p.name)
+		}
+	}
+	return out
 }
 
 // BaseModel returns the base model of a model or adapter name the configuration
