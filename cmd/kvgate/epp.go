@@ -99,6 +99,7 @@ with --bbr-configmaps, from ConfigMaps labelled inference.networking.k8s.io/bbr-
 	f.StringVar(&o.HealthListen, "health-listen", ":9003", "address of the gRPC health service")
 	f.StringVar(&o.Server.AdminListen, "admin-listen", ":9090", "address of /metrics, /healthz, /readyz and /debug")
 	f.DurationVar(&o.Server.DrainTimeout, "drain-timeout", 30*time.Second, "how long streams in flight may finish after a stop signal")
+	f.DurationVar(&o.Server.PreStop, "pre-stop", 5*time.Second, "after a stop signal, how long the ext_proc listener keeps accepting (with /readyz failing) before the drain")
 	f.IntVar(&o.ExtProc.Fallbacks, "fallbacks", 0, "fallback endpoints after the pick in the destination header and metadata, for a data plane that retries down a comma-separated list (-1: maxAttempts-1 from the configuration); 0 sends one address, which an ORIGINAL_DST cluster needs")
 	f.IntVar(&o.Server.Gateway.DecisionLogEvery, "decision-log-every", 100, "at --log-level debug, log one routing decision in this many with every candidate's scores")
 	f.BoolVar(&secure, "secure-serving", false, "serve ext_proc over TLS (gateways that dial the picker with TLS, such as Envoy AI Gateway, need it); health stays plaintext")

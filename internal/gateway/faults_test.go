@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -20,6 +21,7 @@ import (
 
 	"github.com/kvgate/kvgate/api/v1alpha1"
 	"github.com/kvgate/kvgate/internal/simserver"
+	"github.com/kvgate/kvgate/internal/waittest"
 )
 
 // faulty is a model server that misbehaves on purpose: its /metrics are a real
@@ -80,6 +82,19 @@ func (f *faulty) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/event-stream")
 		event()
 		<-f.release
+	case "slow": // an event every 100 ms for 6 s
+		w.Header().Set("Content-Type", "text/event-stream")
+		for range 60 {
+			event()
+			select {
+			case <-r.Context().Done():
+				return
+			case <-f.release:
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+		fmt.Fprint(w, "data: [DONE]\n\n")
 	case "flood": // events as fast as the client takes them
 		w.Header().Set("Content-Type", "text/event-stream")
 		pad := strings.Repeat("x", 4096)
@@ -341,5 +356,91 @@ func TestReadyz(t *testing.T) {
 			t.Fatalf("a frozen scheduler: /readyz %d %s", code, body)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestDrain: on a stop signal /readyz fails at once while the listener keeps
+// accepting for the pre-stop window (no connection refused, each response
+// closes its connection); then streams get the drain timeout, and those still
+// running end with an explicit SSE error event, not a bare EOF.
+func TestDrain(t *testing.T) {
+	_, slow := startFaulty(t, "slow")
+	path := filepath.Join(t.TempDir(), "igwc.yaml")
+	writeAtomically(t, path, configYAML(2, slow))
+	ready := make(chan Addrs, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		done <- Run(ctx, ServerOptions{ConfigPath: path, Listen: "127.0.0.1:0", AdminListen: "127.0.0.1:0",
+			PreStop: time.Second, DrainTimeout: time.Second, Ready: ready, Logger: quiet})
+	}()
+	addrs := <-ready
+	api := "http://" + addrs.API + "/v1/chat/completions"
+	type outcome struct {
+		status     int
+		last, conn string
+		err        error
+	}
+	stream := func(out chan<- outcome) {
+		// A fresh connection each: what a load balancer still sending opens.
+		c := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+		resp, err := c.Post(api, "application/json", strings.NewReader(chat(llama, `"stream":true`)))
+		if err != nil {
+			out <- outcome{err: err}
+			return
+		}
+		defer resp.Body.Close()
+		o := outcome{status: resp.StatusCode, conn: resp.Header.Get("Connection")}
+		sc := bufio.NewScanner(resp.Body)
+		for sc.Scan() {
+			if line := sc.Text(); line != "" {
+				o.last = line
+			}
+		}
+		o.err = sc.Err()
+		out <- o
+	}
+	results := make(chan outcome, 16)
+	for range 4 {
+		go stream(results)
+	}
+	time.Sleep(300 * time.Millisecond)
+	cancel() // SIGTERM
+	waittest.Until(t, time.Second, "/readyz to fail at the stop signal", func() bool {
+		resp, err := http.Get("http://" + addrs.Admin + "/readyz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusServiceUnavailable
+	})
+	// Still sending during the pre-stop window.
+	for range 4 {
+		go stream(results)
+		time.Sleep(100 * time.Millisecond)
+	}
+	for i := range 8 {
+		select {
+		case o := <-results:
+			switch {
+			case o.err != nil && o.status == 0:
+				t.Errorf("stream %d: %v (connection refused during the pre-stop window?)", i, o.err)
+			case o.status != 200:
+				t.Errorf("stream %d: status %d", i, o.status)
+			case !strings.Contains(o.last, "shutting down"):
+				t.Errorf("stream %d ended without an error event: last line %q, err %v", i, o.last, o.err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("a stream did not end")
+		}
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not return")
 	}
 }

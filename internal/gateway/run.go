@@ -19,6 +19,9 @@ type ServerOptions struct {
 	Listen       string // OpenAI API, default :8080
 	AdminListen  string // metrics, health, debug; default :9090
 	DrainTimeout time.Duration
+	// PreStop is how long the API listener keeps accepting after a stop
+	// signal, with /readyz failing, before the drain (0: none).
+	PreStop time.Duration
 	// Reload receives a value for every SIGHUP; the file is also watched.
 	Reload <-chan os.Signal
 	// Ready, when set, is closed once both listeners accept connections.
@@ -99,9 +102,10 @@ func Run(ctx context.Context, o ServerOptions) error {
 	if o.Ready != nil {
 		o.Ready <- addrs
 	}
-	// Drain: fail readiness, stop accepting, let in-flight requests finish.
+	// Drain: fail readiness, keep accepting for the pre-stop window, stop
+	// accepting, let in-flight requests finish, end the rest with an error.
 	return serving.Serve(ctx, api, apiLn, &http.Server{Handler: g.AdminHandler(), ReadHeaderTimeout: 10 * time.Second}, adminLn, errc,
-		func() { g.Drain(); log.Info("draining", "timeout", o.DrainTimeout) }, o.DrainTimeout)
+		func() { g.Drain(); log.Info("draining", "preStop", o.PreStop, "timeout", o.DrainTimeout) }, serving.Drain{PreStop: o.PreStop, Timeout: o.DrainTimeout})
 }
 
 // reload applies a configuration file's new contents (or the error reading it).

@@ -36,6 +36,9 @@ type ServerOptions struct {
 	Listen       string // OpenAI API (default :8080)
 	AdminListen  string // metrics, health, /debug/members (default :9090)
 	DrainTimeout time.Duration
+	// PreStop is how long the API listener keeps accepting after a stop
+	// signal, with /readyz failing, before the drain (0: none).
+	PreStop time.Duration
 	Router       Options
 	// Ready, when set, receives the bound addresses once both listeners accept.
 	Ready chan<- [2]string
@@ -98,7 +101,7 @@ func Run(ctx context.Context, o ServerOptions) error {
 		o.Ready <- [2]string{apiLn.Addr().String(), adminLn.Addr().String()}
 	}
 	return serving.Serve(ctx, serving.NewAPI(r, log), apiLn, &http.Server{Handler: r.AdminHandler(), ReadHeaderTimeout: 10 * time.Second}, adminLn,
-		nil, r.Drain, o.DrainTimeout)
+		nil, r.Drain, serving.Drain{PreStop: o.PreStop, Timeout: o.DrainTimeout})
 }
 
 // reload applies a configuration file's new contents; a file that does not

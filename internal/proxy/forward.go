@@ -111,6 +111,14 @@ type Job struct {
 // midStreamTimeout ends an event stream cut by Ctx's deadline.
 const midStreamTimeout = "route timeout exceeded mid-response"
 
+// ErrShutdown is the cause with which a server that stops ends the requests
+// still running at the end of its drain: they get an explicit error (503 before
+// the answer started, an SSE error event after), not the silence of a cut.
+var ErrShutdown = errors.New("the gateway is shutting down")
+
+// shutdown says whether the client's request was ended by the server stopping.
+func shutdown(r *http.Request) bool { return errors.Is(context.Cause(r.Context()), ErrShutdown) }
+
 // errFirstByte is a target that sent an event stream's headers and then
 // nothing within FirstByteTimeout.
 var errFirstByte = Timeout("no first event within the first-byte timeout")
@@ -166,7 +174,8 @@ type Result struct {
 	// for a whole one.
 	Abort bool
 
-	bodyErr error // the client's, reading its request body
+	bodyErr  error // the client's, reading its request body
+	shutdown bool  // the server stopping ended the request
 }
 
 // Forward passes j's request to its targets in turn until one answers, and
@@ -231,7 +240,8 @@ func Forward(w http.ResponseWriter, j *Job) Result {
 	}
 	res.Err = lastErr
 	res.TimedOut = timedOut || errors.Is(ctx.Err(), context.DeadlineExceeded)
-	res.ClientGone = j.Request.Context().Err() != nil
+	res.ClientGone = j.Request.Context().Err() != nil && !shutdown(j.Request)
+	res.shutdown = shutdown(j.Request)
 	res.bodyErr = j.Body.ClientError()
 	return res
 }
@@ -248,6 +258,8 @@ func (r *Result) Unserved(timeout string, failed *Refusal) *Refusal {
 	switch {
 	case bodyFailed && ref.Status != http.StatusBadRequest:
 		return ref
+	case r.shutdown:
+		return &Refusal{Status: http.StatusServiceUnavailable, Type: openai.TypeServer, Message: "the gateway is shutting down; retry", RetryAfter: 1, Close: true}
 	case r.ClientGone:
 		return nil
 	case bodyFailed:
@@ -437,7 +449,7 @@ func (j *Job) relay(ctx context.Context, w http.ResponseWriter, i int, a answer,
 	}
 	broke := err != nil && !errors.Is(err, io.EOF)
 	switch {
-	case clientGone, broke && j.Request.Context().Err() != nil && !idled.Load():
+	case clientGone, broke && j.Request.Context().Err() != nil && !idled.Load() && !shutdown(j.Request):
 		// The client went away; its upstream request is cancelled with it.
 		res.Code, res.ClientGone = CodeClientGone, true
 	case broke:
@@ -455,6 +467,8 @@ func (j *Job) relay(ctx context.Context, w http.ResponseWriter, i int, a answer,
 			msg, status = midStreamTimeout, http.StatusGatewayTimeout
 		case idled.Load():
 			msg, status = "the model server sent nothing for "+j.IdleTimeout.String(), http.StatusGatewayTimeout
+		case shutdown(j.Request):
+			msg, status = "the gateway is shutting down; retry", http.StatusServiceUnavailable
 		}
 		event, _ := json.Marshal(openai.ErrorBody{Error: openai.ErrorDetail{Message: msg, Type: openai.TypeServer, Code: status}})
 		_, _ = fmt.Fprintf(w, "data: %s\n\n", event)

@@ -10,7 +10,10 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"sync/atomic"
 	"time"
+
+	"github.com/kvgate/kvgate/internal/proxy"
 )
 
 // Server is a data plane served on a listener until Shutdown; Serve returns nil
@@ -34,19 +37,57 @@ func Listen(api, admin string) (net.Listener, net.Listener, error) {
 	return apiLn, adminLn, nil
 }
 
-// NewAPI is the HTTP server of an OpenAI API: bounded headers and idle
+// API is the HTTP server of an OpenAI API: bounded headers and idle
 // connections, and net/http's own complaints (bad requests) at debug level.
-func NewAPI(h http.Handler, log *slog.Logger) *http.Server {
-	return &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10,
-		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
+// Once Closing, each response asks its client to reconnect (Connection:
+// close), so that keep-alive connections end between requests rather than
+// under one; Abort ends the requests still running with proxy.ErrShutdown.
+type API struct {
+	*http.Server
+	closing atomic.Bool
+	abort   context.CancelCauseFunc
 }
+
+// NewAPI serves h.
+func NewAPI(h http.Handler, log *slog.Logger) *API {
+	base, abort := context.WithCancelCause(context.Background())
+	a := &API{abort: abort}
+	a.Server = &http.Server{ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10,
+		ErrorLog:    slog.NewLogLogger(log.Handler(), slog.LevelDebug),
+		BaseContext: func(net.Listener) context.Context { return base },
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if a.closing.Load() {
+				w.Header().Set("Connection", "close")
+			}
+			h.ServeHTTP(w, r)
+		})}
+	return a
+}
+
+// Closing makes every response from now on close its connection.
+func (a *API) Closing() { a.closing.Store(true) }
+
+// Abort ends every request still running, with cause.
+func (a *API) Abort(cause error) { a.abort(cause) }
+
+// Drain is how a server stops: PreStop is how long it keeps accepting, not
+// ready, so that a load balancer still sending meets no refused connection;
+// Timeout is how long requests in flight then have to finish, after which the
+// ones still running are ended with an explicit error (proxy.ErrShutdown).
+type Drain struct {
+	PreStop, Timeout time.Duration
+}
+
+// abortGrace is how long requests ended at the drain's end have to write
+// their error before their connections close.
+const abortGrace = 2 * time.Second
 
 // Serve runs api on apiLn and admin on adminLn until ctx ends, either fails, or
 // a value arrives on errc (a failure elsewhere, e.g. a configuration source).
-// Then it calls drain (readiness fails), gives api's requests up to timeout to
-// finish, and closes admin.
+// Then it calls drain (readiness fails), keeps accepting for d.PreStop, gives
+// api's requests up to d.Timeout to finish, ends the rest, and closes admin.
 func Serve(ctx context.Context, api Server, apiLn net.Listener, admin *http.Server, adminLn net.Listener, errc <-chan error,
-	drain func(), timeout time.Duration) error {
+	drain func(), d Drain) error {
 	served := make(chan error, 2)
 	go func() {
 		err := api.Serve(apiLn)
@@ -67,9 +108,31 @@ func Serve(ctx context.Context, api Server, apiLn net.Listener, admin *http.Serv
 	case failed = <-errc:
 	}
 	drain()
-	shutdown, cancel := context.WithTimeout(context.Background(), timeout)
+	if c, ok := api.(interface{ Closing() }); ok {
+		c.Closing()
+	}
+	if d.PreStop > 0 {
+		select {
+		case <-time.After(d.PreStop):
+		case err := <-served:
+			if !errors.Is(err, http.ErrServerClosed) {
+				_ = admin.Close()
+				return err
+			}
+		}
+	}
+	shutdown, cancel := context.WithTimeout(context.Background(), d.Timeout)
 	defer cancel()
 	err := api.Shutdown(shutdown)
+	if a, ok := api.(interface{ Abort(error) }); ok && err != nil {
+		// What is still running ends with an error its client can read.
+		a.Abort(proxy.ErrShutdown)
+		grace, stop := context.WithTimeout(context.Background(), abortGrace)
+		if api.Shutdown(grace) == nil {
+			err = nil
+		}
+		stop()
+	}
 	_ = admin.Close()
 	switch {
 	case failed != nil:
