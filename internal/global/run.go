@@ -39,7 +39,7 @@ type ServerOptions struct {
 	// PreStop is how long the API listener keeps accepting after a stop
 	// signal, with /readyz failing, before the drain (0: none).
 	PreStop time.Duration
-	Router       Options
+	Router  Options
 	// Ready, when set, receives the bound addresses once both listeners accept.
 	Ready chan<- [2]string
 }
