@@ -196,3 +196,20 @@ func (w Weights) ByName() map[string]*int32 {
 	return map[string]*int32{"queue": w.Queue, "kvCache": w.KVCache, "prefix": w.Prefix, "loraAffinity": w.LoRAAffinity,
 		"runningRequests": w.RunningRequests, "prefillQueue": w.PrefillQueue}
 }
+
+// Outliers is the outlier detection in force: failures in a row that eject an
+// endpoint (0: never), the first ejection's length, and the largest share of a
+// scheduler's endpoints ejected at once (0..1).
+func (g GatewaySpec) Outliers() (failures int, base time.Duration, maxShare float64) {
+	failures, base, pct := DefaultOutlierFailures, DefaultBaseEjectionTime, int32(DefaultMaxEjectionPercent)
+	if o := g.OutlierDetection; o != nil {
+		if o.ConsecutiveFailures != nil {
+			failures = int(*o.ConsecutiveFailures)
+		}
+		base = DurationOr(o.BaseEjectionTime, base)
+		if o.MaxEjectionPercent != nil {
+			pct = *o.MaxEjectionPercent
+		}
+	}
+	return failures, base, float64(pct) / 100
+}

@@ -286,6 +286,30 @@ type GatewaySpec struct {
 	// Scrape tunes how model-server metrics are read.
 	// +optional
 	Scrape *ScrapeSpec `json:"scrape,omitempty"`
+	// OutlierDetection ejects endpoints that keep failing (as Envoy's outlier
+	// detection does).
+	// +optional
+	OutlierDetection *OutlierSpec `json:"outlierDetection,omitempty"`
+}
+
+// OutlierSpec tunes passive outlier detection: an endpoint whose answers fail
+// ConsecutiveFailures times in a row (5xx, connection failures, first-byte
+// timeouts, broken streams) is ejected — picked only when nothing else is — for
+// BaseEjectionTime times the number of its ejections so far, at most ten times
+// it; at most MaxEjectionPercent of a scheduler's endpoints are ejected at once.
+type OutlierSpec struct {
+	// ConsecutiveFailures that eject an endpoint (default 5; 0 disables).
+	// +kubebuilder:validation:Minimum=0
+	// +optional
+	ConsecutiveFailures *int32 `json:"consecutiveFailures,omitempty"`
+	// BaseEjectionTime is the first ejection's length (default 30s).
+	// +optional
+	BaseEjectionTime *metav1.Duration `json:"baseEjectionTime,omitempty"`
+	// MaxEjectionPercent of a scheduler's endpoints ejected at once (default 50).
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=100
+	// +optional
+	MaxEjectionPercent *int32 `json:"maxEjectionPercent,omitempty"`
 }
 
 // InferenceGatewayConfigStatus is the observed state.

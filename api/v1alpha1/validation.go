@@ -23,6 +23,9 @@ const (
 	DefaultFirstByteTimeout    = time.Minute
 	DefaultStreamIdleTimeout   = time.Minute
 	DefaultClientWriteTimeout  = 30 * time.Second
+	DefaultOutlierFailures     = 5
+	DefaultBaseEjectionTime    = 30 * time.Second
+	DefaultMaxEjectionPercent  = 50
 	DefaultRetryBufferBytes    = 8 << 20
 	DefaultSaturationQueue     = 5
 	DefaultSaturationKVPercent = 80
@@ -241,6 +244,17 @@ func (v *fieldErrors) gateway(g GatewaySpec) {
 	}
 	if g.ResponseHeaderTimeout != nil && g.ResponseHeaderTimeout.Duration < 0 {
 		v.add("spec.gateway.responseHeaderTimeout", "must not be negative")
+	}
+	if o := g.OutlierDetection; o != nil {
+		if o.ConsecutiveFailures != nil && *o.ConsecutiveFailures < 0 {
+			v.add("spec.gateway.outlierDetection.consecutiveFailures", "must not be negative")
+		}
+		if o.BaseEjectionTime != nil && (o.BaseEjectionTime.Duration < time.Second || o.BaseEjectionTime.Duration > time.Hour) {
+			v.add("spec.gateway.outlierDetection.baseEjectionTime", "must be between 1s and 1h, got %s", o.BaseEjectionTime.Duration)
+		}
+		if p := o.MaxEjectionPercent; p != nil && (*p < 0 || *p > 100) {
+			v.add("spec.gateway.outlierDetection.maxEjectionPercent", "must be between 0 and 100, got %d", *p)
+		}
 	}
 	if sp := g.Scrape; sp != nil {
 		if d := sp.Interval; d != nil && (d.Duration < 10*time.Millisecond || d.Duration > time.Minute) {

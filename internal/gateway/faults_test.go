@@ -444,3 +444,54 @@ func TestDrain(t *testing.T) {
 		t.Fatal("Run did not return")
 	}
 }
+
+// TestOutlierEjection: a pod that answers 500 at once while its metrics look
+// idle — the picker's favourite — is ejected after five failures in a row and
+// then gets almost nothing, even with retries off; with every endpoint failing,
+// at most half are ejected (the scheduler fails open).
+func TestOutlierEjection(t *testing.T) {
+	bad, badAddr := startFaulty(t, "500")
+	_, good := startSim(t, llama, simserver.Options{})
+	cfg := faultConfig(badAddr, good)
+	one := int32(1)
+	cfg.Spec.Gateway.MaxAttempts = &one
+	g, base := startGateway(t, cfg)
+	waitScraped(t, g, badAddr, good)
+	failed := 0
+	for range 200 {
+		resp, _, _ := call(t, "POST", base+"/v1/chat/completions", chat(llama))
+		if resp.StatusCode != 200 {
+			failed++
+		}
+	}
+	if hits := bad.hits.Load(); hits > 10 || failed > 10 {
+		t.Errorf("the failing pod got %d of 200 requests (%d failed), want ≤ 10 (5%%)", hits, failed)
+	}
+	if n := counter(t, g, "kvgate_endpoint_ejections_total", "endpoint", badAddr); n != 1 {
+		t.Errorf("ejections %v, want 1", n)
+	}
+	if n := counter(t, g, "kvgate_endpoint_ejected", "endpoint", badAddr); n != 1 {
+		t.Errorf("kvgate_endpoint_ejected %v", n)
+	}
+	for _, e := range g.FleetView()[0].Endpoints {
+		if (e.Address == badAddr) != (e.EjectedForMs > 0) {
+			t.Errorf("/debug/fleet: %s ejected for %v ms", e.Address, e.EjectedForMs)
+		}
+	}
+
+	// Both failing: one is ejected, the other keeps serving (its 500s) rather
+	// than the scheduler refusing everything.
+	b1, a1 := startFaulty(t, "500")
+	b2, a2 := startFaulty(t, "500")
+	g2, base2 := startGateway(t, faultConfig(a1, a2))
+	waitScraped(t, g2, a1, a2)
+	for range 40 {
+		call(t, "POST", base2+"/v1/chat/completions", chat(llama))
+	}
+	if n := counter(t, g2, "kvgate_endpoint_ejected"); n != 1 {
+		t.Errorf("%v of 2 failing endpoints ejected, want 1 (maxEjectionPercent 50)", n)
+	}
+	if b1.hits.Load() == 0 || b2.hits.Load() == 0 {
+		t.Errorf("hits %d / %d", b1.hits.Load(), b2.hits.Load())
+	}
+}

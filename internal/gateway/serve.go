@@ -162,6 +162,7 @@ func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Re
 		},
 		Watch: func(ctx context.Context, i int, giveUp func(error)) { watchEndpoint(ctx, rt, rt.Endpoints[i], giveUp) },
 		OnFailure: func(i int, e *proxy.AttemptError) {
+			rt.Failed(e.Target)
 			switch {
 			case e.Status != 0:
 				retry = "status"

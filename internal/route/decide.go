@@ -130,7 +130,7 @@ func (g *Router) choose(ctx context.Context, p *scheduler, req schedule.Request,
 		woken := g.freed.wait()
 		// A request lets the more important ones waiting for an endpoint take
 		// it first.
-		if cands := g.waiting.usable(p, p.snapshot(g.fleet, g.prefix, hashes, limit, a.subset, sc), a.priority); len(cands) > 0 {
+		if cands := g.waiting.usable(p, p.snapshot(g.fleet, g.prefix, hashes, limit, a.subset, g.now(), sc), a.priority); len(cands) > 0 {
 			d := p.picker.Pick(req, cands)
 			for _, c := range d.Ranked {
 				if ep := p.endpoint(c.Address); ep != nil && ep.tryAcquire(limit) {

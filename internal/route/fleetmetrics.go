@@ -11,7 +11,7 @@ type fleetCollector struct {
 	g                               *Router
 	healthy, stale, age, queue, kvu *prometheus.Desc
 	prefixBlocks, prefixBytes       *prometheus.Desc
-	scrapeErrors, prefill           *prometheus.Desc
+	scrapeErrors, prefill, ejected  *prometheus.Desc
 }
 
 func newFleetCollector(g *Router) *fleetCollector {
@@ -28,13 +28,14 @@ func newFleetCollector(g *Router) *fleetCollector {
 		prefixBytes: prometheus.NewDesc("kvgate_prefix_index_bytes", "Estimated heap size of the prefix index.", nil, nil),
 		scrapeErrors: prometheus.NewDesc("kvgate_endpoint_scrape_errors_total",
 			"Failed scrapes of the endpoint's metrics since it joined the configuration.", labels, nil),
+		ejected: prometheus.NewDesc("kvgate_endpoint_ejected", "1 while outlier detection has the endpoint ejected (picked only when nothing else is).", labels, nil),
 		prefill: prometheus.NewDesc("kvgate_endpoint_prefill_tokens",
 			"Prompt tokens this gateway sent to the endpoint that await their first token.", labels, nil),
 	}
 }
 
 func (c *fleetCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.healthy, c.stale, c.age, c.queue, c.kvu, c.prefixBlocks, c.prefixBytes, c.scrapeErrors, c.prefill} {
+	for _, d := range []*prometheus.Desc{c.healthy, c.stale, c.age, c.queue, c.kvu, c.prefixBlocks, c.prefixBytes, c.scrapeErrors, c.prefill, c.ejected} {
 		ch <- d
 	}
 }
@@ -58,7 +59,9 @@ func (c *fleetCollector) Collect(ch chan<- prometheus.Metric) {
 		for i, e := range p.endpoints {
 			addrs[i] = e.addr
 		}
-		for _, s := range c.g.fleet.Snapshot(addrs) {
+		now := c.g.now()
+		for i, s := range c.g.fleet.Snapshot(addrs) {
+			ch <- prometheus.MustNewConstMetric(c.ejected, prometheus.GaugeValue, b2f(p.endpoints[i].ejected(now)), p.name, s.Address)
 			ch <- prometheus.MustNewConstMetric(c.healthy, prometheus.GaugeValue, b2f(s.Healthy), p.name, s.Address)
 			ch <- prometheus.MustNewConstMetric(c.stale, prometheus.GaugeValue, b2f(s.Stale), p.name, s.Address)
 			ch <- prometheus.MustNewConstMetric(c.scrapeErrors, prometheus.CounterValue, float64(s.ScrapeErrors), p.name, s.Address)

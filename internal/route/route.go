@@ -267,6 +267,14 @@ func (r *Route) move(addr string, limit int) bool {
 	return true
 }
 
+// Failed records that addr failed an attempt the front then gave up on (a
+// connection failure, a 5xx, a first-byte timeout), for outlier detection.
+func (r *Route) Failed(addr string) {
+	if ep := r.p.endpoint(addr); ep != nil {
+		r.g.answered(r.p, ep, true)
+	}
+}
+
 // Deadline is when the scheduler's routeTimeout ends the request, if it has one.
 func (r *Route) Deadline() (time.Time, bool) {
 	if t := r.p.spec.Timeout(); t > 0 {
@@ -352,6 +360,11 @@ func (r *Route) Finish(o Outcome) {
 	endpoint := r.served.addr
 	if o.Unanswered {
 		endpoint = ""
+	}
+	// The endpoint's answer, as outlier detection judges it; a client that
+	// left says nothing of it.
+	if !o.Unanswered && !o.ClientGone && (o.Status > 0 || o.StreamError) {
+		r.g.answered(r.p, r.served, o.StreamError || o.Status >= 500)
 	}
 	// The load summary judges the endpoint: a client that left mid-response
 	// does not hide how the endpoint was answering.

@@ -102,6 +102,7 @@ type scheduler struct {
 	picker    schedule.Picker
 	transport *http.Transport
 	prefix    prefixConfig
+	outliers  outlierPolicy
 }
 
 // prefixConfig is a scheduler's prefix-affinity setup; blockChars 0 turns it off.
@@ -124,6 +125,7 @@ type endpoint struct {
 	addr     string
 	inFlight atomic.Int64
 	gauge    prometheus.Gauge
+	out      outlier
 }
 
 // tryAcquire takes an in-flight slot if the endpoint is below limit (0: no limit).
@@ -196,6 +198,7 @@ func (g *Router) Apply(cfg *v1alpha1.InferenceGatewayConfig) error {
 			return fmt.Errorf("scheduler %s: %w", sc.Name, err)
 		}
 		p := &scheduler{name: sc.Name, spec: sc, picker: picker, transport: newTransport(gw, sc.H2C())}
+		p.outliers.failures, p.outliers.base, p.outliers.maxShare = gw.Outliers()
 		if usesPrefix(sc, g.opts.Profile) {
 			p.prefix = prefixConfig{blockChars: sc.PrefixBlockChars(), maxBlocks: sc.PrefixMaxBlocks(), capacity: sc.PrefixCapacity(),
 				seeds: map[string]uint64{sc.ModelName: prefix.Seed(sc.ModelName, "")}}
@@ -335,6 +338,7 @@ func (b *broadcast) signal() {
 // requests.
 type snapshotScratch struct {
 	eps     []schedule.Endpoint
+	refs    []*endpoint // aligned with eps
 	addrs   []string
 	snaps   []fleet.Snapshot
 	matched []int
@@ -345,8 +349,8 @@ var snapshotPool = sync.Pool{New: func() any { return new(snapshotScratch) }}
 // snapshot lists a scheduler's endpoints below limit for the picker, with their
 // scraped metrics and, for a prompt's block hashes, their prefix affinity. The
 // list lives in sc. A non-nil subset keeps only the endpoints it names.
-func (p *scheduler) snapshot(fl *fleet.Fleet, idx *prefix.Index, hashes []uint64, limit int, subset []string, sc *snapshotScratch) []schedule.Endpoint {
-	out, addrs := sc.eps[:0], sc.addrs[:0]
+func (p *scheduler) snapshot(fl *fleet.Fleet, idx *prefix.Index, hashes []uint64, limit int, subset []string, now time.Time, sc *snapshotScratch) []schedule.Endpoint {
+	out, addrs, refs := sc.eps[:0], sc.addrs[:0], sc.refs[:0]
 	for _, e := range p.endpoints {
 		n := int(e.inFlight.Load())
 		if limit > 0 && n >= limit {
@@ -357,12 +361,16 @@ func (p *scheduler) snapshot(fl *fleet.Fleet, idx *prefix.Index, hashes []uint64
 		}
 		out = append(out, schedule.Endpoint{Address: e.addr, InFlight: n})
 		addrs = append(addrs, e.addr)
+		refs = append(refs, e)
 	}
 	// Aligned with addrs: one lookup per endpoint on the request path.
 	sc.snaps = fl.AppendSnapshots(sc.snaps[:0], addrs)
 	for i := range sc.snaps {
 		s := &sc.snaps[i]
-		out[i].Signals = schedule.Signals{Metrics: s.Metrics, HasMetrics: s.Scraped, Healthy: s.Healthy, Stale: s.Stale, PrefillTokens: float64(s.PrefillTokens)}
+		// An ejected endpoint reads as unhealthy: picked only when nothing
+		// healthy is left, and a last fallback.
+		healthy := s.Healthy && !refs[i].ejected(now)
+		out[i].Signals = schedule.Signals{Metrics: s.Metrics, HasMetrics: s.Scraped, Healthy: healthy, Stale: s.Stale, PrefillTokens: float64(s.PrefillTokens)}
 	}
 	if len(hashes) > 0 {
 		if cap(sc.matched) < len(addrs) {
@@ -374,7 +382,7 @@ func (p *scheduler) snapshot(fl *fleet.Fleet, idx *prefix.Index, hashes []uint64
 			out[i].PrefixMatch = float64(n) / float64(len(hashes))
 		}
 	}
-	sc.eps, sc.addrs = out, addrs
+	sc.eps, sc.addrs, sc.refs = out, addrs, refs
 	return out
 }
 

@@ -37,7 +37,11 @@ type EndpointView struct {
 	PrefillTokens int    `json:"prefillTokens"` // prompt tokens awaiting their first token
 	PrefixBlocks  int    `json:"prefixBlocks"`  // prompt blocks the prefix index holds for it
 	ScrapeErrors  uint64 `json:"scrapeErrors"`
-	LastError     string `json:"lastError,omitempty"`
+	// Outlier detection: failed answers in a row, and the time left of an
+	// ejection (the endpoint is picked only when nothing else is).
+	ConsecutiveFailures int     `json:"consecutiveFailures"`
+	EjectedForMs        float64 `json:"ejectedForMs,omitempty"`
+	LastError           string  `json:"lastError,omitempty"`
 }
 
 // FleetView is every scheduler's endpoints as the picker sees them now.
@@ -55,6 +59,10 @@ func (g *Router) FleetView() []SchedulerView {
 					ev.Pending, ev.PrefillTokens, ev.ScrapeErrors = sn.Pending, sn.PrefillTokens, sn.ScrapeErrors
 				}
 				ev.PrefixBlocks = g.prefix.EntriesOf(e.addr)
+				ev.ConsecutiveFailures = int(e.out.failures.Load())
+				if now := g.now(); e.ejected(now) {
+					ev.EjectedForMs = float64(time.Unix(0, e.out.until.Load()).Sub(now).Microseconds()) / 1000
+				}
 				v.Endpoints = append(v.Endpoints, ev)
 			}
 			out = append(out, v)

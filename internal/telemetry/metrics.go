@@ -24,6 +24,7 @@ type Gateway struct {
 	PrefixMatch    *prometheus.HistogramVec // scheduler
 	Tokens         *prometheus.CounterVec   // scheduler, kind
 	Retries        *prometheus.CounterVec   // scheduler, reason
+	Ejections      *prometheus.CounterVec   // scheduler, endpoint
 	Shed           *prometheus.CounterVec   // scheduler, reason
 	StreamErrors   *prometheus.CounterVec   // scheduler
 	InFlight       *prometheus.GaugeVec     // scheduler, endpoint
@@ -62,8 +63,12 @@ func NewGateway() *Gateway {
 		}, []string{"scheduler", "kind"}),
 		Retries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvgate_retries_total",
-			Help: "Requests sent again to the next-best endpoint before any response byte reached the client, by reason (serve: connect, status; epp: fallback, when Envoy reports it served the request from a fallback of the list).",
+			Help: "Requests sent again to the next-best endpoint before any response byte reached the client, by reason (serve: connect, status, timeout, unhealthy; epp: fallback, when Envoy reports it served the request from a fallback of the list).",
 		}, []string{"scheduler", "reason"}),
+		Ejections: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvgate_endpoint_ejections_total",
+			Help: "Times an endpoint was ejected by outlier detection (its answers failed spec.gateway.outlierDetection.consecutiveFailures times in a row).",
+		}, []string{"scheduler", "endpoint"}),
 		Shed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvgate_shed_total",
 			Help: "Requests refused by admission, by reason (no_endpoint: 503; saturated: 429 after queueTimeout; sheddable: 429 at once, objective priority below 0).",
@@ -85,7 +90,7 @@ func NewGateway() *Gateway {
 			Help: "1 when the last configuration read was accepted, 0 when it was rejected and the previous one still serves.",
 		}),
 	}
-	g.Registry.MustRegister(g.Requests, g.Duration, g.TTFT, g.Decision, g.PrefixMatch, g.Tokens, g.Retries, g.Shed, g.StreamErrors,
+	g.Registry.MustRegister(g.Requests, g.Duration, g.TTFT, g.Decision, g.PrefixMatch, g.Tokens, g.Retries, g.Ejections, g.Shed, g.StreamErrors,
 		g.InFlight, g.Reloads, g.ConfigAccepted,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return g

@@ -1,0 +1,75 @@
+package route
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// outlier is an endpoint's passive health, learned from its answers as
+// Envoy's outlier detection learns it: failures in a row, and the ejection they
+// led to. It lives on the endpoint, so it outlives reloads.
+type outlier struct {
+	until    atomic.Int64 // when the ejection ends, in Unix nanoseconds; 0: never ejected
+	failures atomic.Int32 // in a row
+	mu       sync.Mutex
+	count    int // ejections so far, lengthening the next
+}
+
+// ejected says whether the endpoint is ejected at now.
+func (e *endpoint) ejected(now time.Time) bool {
+	u := e.out.until.Load()
+	return u != 0 && now.UnixNano() < u
+}
+
+// outlierPolicy is a scheduler's outlier detection (spec.gateway.outlierDetection).
+type outlierPolicy struct {
+	failures int // in a row that eject; 0: never
+	base     time.Duration
+	maxShare float64 // of the scheduler's endpoints ejected at once
+}
+
+// maxEjectionFactor caps an ejection at this many times the base.
+const maxEjectionFactor = 10
+
+// answered records whether an answer of e, an endpoint of p, failed (a 5xx, a
+// connection failure, a first-byte timeout, a broken stream). Enough failures
+// in a row eject it, unless that would eject more than the policy's share of
+// p's endpoints: the scheduler fails open rather than eject them all.
+func (g *Router) answered(p *scheduler, e *endpoint, failed bool) {
+	if !failed {
+		if e.out.failures.Load() != 0 {
+			e.out.failures.Store(0)
+		}
+		return
+	}
+	pol := p.outliers
+	n := e.out.failures.Add(1)
+	now := g.now()
+	if pol.failures == 0 || int(n) < pol.failures || e.ejected(now) {
+		return
+	}
+	ejected := 0
+	for _, o := range p.endpoints {
+		if o.ejected(now) {
+			ejected++
+		}
+	}
+	if float64(ejected+1) > pol.maxShare*float64(len(p.endpoints)) {
+		return
+	}
+	e.out.mu.Lock()
+	// An endpoint that stayed out of trouble for a base period since its last
+	// ejection starts again from the base.
+	if u := e.out.until.Load(); u != 0 && now.After(time.Unix(0, u).Add(pol.base)) {
+		e.out.count = 0
+	}
+	e.out.count++
+	d := pol.base * time.Duration(min(e.out.count, maxEjectionFactor))
+	e.out.until.Store(now.Add(d).UnixNano())
+	count := e.out.count
+	e.out.mu.Unlock()
+	e.out.failures.Store(0)
+	g.m.Ejections.WithLabelValues(p.name, e.addr).Inc()
+	g.log.Warn("endpoint ejected: its answers keep failing", "scheduler", p.name, "endpoint", e.addr, "failures", n, "for", d, "ejections", count)
+}
