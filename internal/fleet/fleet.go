@@ -310,16 +310,24 @@ func (f *Fleet) scrapeLoop(ctx context.Context, e *endpoint) {
 		wait := cfg.Interval
 		if err != nil {
 			e.mu.Lock()
-			// Back off on failure, doubling up to the staleness bound.
-			for i := 1; i < e.acct.Failures && wait < cfg.StaleAfter; i++ {
-				wait *= 2
-			}
+			wait = backoff(cfg.Interval, cfg.StaleAfter, e.acct.Failures)
 			e.mu.Unlock()
 		}
 		// ±10% jitter keeps a gateway's scrapers from firing in lockstep.
 		wait += time.Duration((rng.Float64() - 0.5) * 0.2 * float64(wait))
 		timer.Reset(wait)
 	}
+}
+
+// backoff is the wait before the next scrape after failures in a row: the
+// interval doubled for each failure after the first, up to half the staleness
+// bound, so that an endpoint back from a restart is read within that.
+func backoff(interval, staleAfter time.Duration, failures int) time.Duration {
+	wait := interval
+	for i := 1; i < failures && wait < staleAfter/2; i++ {
+		wait *= 2
+	}
+	return min(wait, max(interval, staleAfter/2))
 }
 
 func (f *Fleet) scrape(ctx context.Context, e *endpoint, sc *scrapeConn, cfg *Config) error {

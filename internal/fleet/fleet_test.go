@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"strings"
 	"sync"
@@ -173,5 +174,24 @@ func TestExternal(t *testing.T) {
 	}
 	if s[1].Scraped {
 		t.Errorf("an address outside the fleet reads as scraped: %+v", s[1])
+	}
+}
+
+// TestBackoff: failed scrapes back off, but never past half the staleness
+// bound: an endpoint back from a restart is read within a second by default (it
+// waited 3.2 s, past the 2 s bound).
+func TestBackoff(t *testing.T) {
+	for _, tc := range []struct {
+		failures int
+		want     time.Duration
+	}{{1, 50 * time.Millisecond}, {2, 100 * time.Millisecond}, {5, 800 * time.Millisecond}, {6, time.Second}, {20, time.Second}} {
+		t.Run(fmt.Sprint(tc.failures), func(t *testing.T) {
+			if got := backoff(50*time.Millisecond, 2*time.Second, tc.failures); got != tc.want {
+				t.Errorf("after %d failures: %v, want %v", tc.failures, got, tc.want)
+			}
+		})
+	}
+	if got := backoff(3*time.Second, 2*time.Second, 9); got != 3*time.Second {
+		t.Errorf("an interval above the bound: %v", got)
 	}
 }

@@ -129,6 +129,10 @@ type Routing struct {
 	// one tried (default 60s; 0: no bound). A member whose heartbeat stops is
 	// given up on sooner.
 	FirstByteTimeout *metav1.Duration `json:"firstByteTimeout,omitempty"`
+	// StreamIdleTimeout ends an answer that sends nothing for this long once
+	// it started (default 60s; 0: no bound): a stream with an error event, a
+	// JSON body by closing the connection.
+	StreamIdleTimeout *metav1.Duration `json:"streamIdleTimeout,omitempty"`
 	// MaxBodyBytes bounds a request body, which is held whole so that it can be
 	// sent to another member (default 32 MiB).
 	MaxBodyBytes *int64 `json:"maxBodyBytes,omitempty"`
@@ -156,7 +160,7 @@ type RateLimit struct {
 // settings are the routing knobs with their defaults applied.
 type settings struct {
 	heartbeat, heartbeatTimeout, rampUp, defaultSLO, crossRegion time.Duration
-	firstByteTimeout                                             time.Duration
+	firstByteTimeout, streamIdle                                 time.Duration
 	maxErrorRate                                                 float64
 	regionHeader, region                                         string
 	maxAttempts                                                  int
@@ -172,6 +176,7 @@ func (r Routing) settings() settings {
 		defaultSLO:       v1alpha1.DurationOr(r.DefaultTTFTSLO, 2*time.Second),
 		crossRegion:      v1alpha1.DurationOr(r.CrossRegionLatency, 50*time.Millisecond),
 		firstByteTimeout: v1alpha1.DurationOr(r.FirstByteTimeout, time.Minute),
+		streamIdle:       v1alpha1.DurationOr(r.StreamIdleTimeout, time.Minute),
 		maxErrorRate:     0.25,
 		regionHeader:     "X-Kvgate-Region",
 		maxAttempts:      3,
@@ -335,6 +340,7 @@ func validateRouting(p *problems, r Routing) {
 		{"heartbeatInterval", r.HeartbeatInterval, false}, {"heartbeatTimeout", r.HeartbeatTimeout, false},
 		{"defaultTTFTSLO", r.DefaultTTFTSLO, false}, {"rampUp", r.RampUp, true},
 		{"crossRegionLatency", r.CrossRegionLatency, true}, {"firstByteTimeout", r.FirstByteTimeout, true},
+		{"streamIdleTimeout", r.StreamIdleTimeout, true},
 	} {
 		switch {
 		case d.d == nil:

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -523,5 +524,33 @@ func TestStalledBody(t *testing.T) {
 	resp2, body := send(t, base, "", chatBody(""))
 	if resp2.StatusCode != 200 {
 		t.Errorf("an answer slower than the body timeout: %d %s", resp2.StatusCode, body)
+	}
+}
+
+// TestSilentMidStream: a member that starts a stream and then sends nothing
+// (frozen after its first byte) is cut after routing.streamIdleTimeout with an
+// explicit error event, instead of holding the client forever.
+func TestSilentMidStream(t *testing.T) {
+	release := make(chan struct{})
+	defer close(release)
+	silent := startFake(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\n")
+		_ = http.NewResponseController(w).Flush()
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	})
+	routing := steadyRouting()
+	routing.StreamIdleTimeout = d(300 * time.Millisecond)
+	_, base := startRouter(t, routerConfig(routing, silent.member("silent", 1)), Options{Limiter: &recordingLimiter{}})
+	start := time.Now()
+	resp, body := send(t, base, "", chatBody(`,"stream":true`))
+	if resp.StatusCode != 200 || !strings.Contains(string(body), `"code":504`) || !strings.Contains(string(body), "sent nothing") {
+		t.Fatalf("status %d: %s", resp.StatusCode, body)
+	}
+	if took := time.Since(start); took > 5*time.Second {
+		t.Errorf("took %v", took)
 	}
 }

@@ -591,6 +591,7 @@ func (r *Router) forward(w http.ResponseWriter, req *http.Request, g *generation
 		// before them is still retried elsewhere.
 		WaitFirstByte:    true,
 		MidStreamMessage: "the member failed mid-response",
+		IdleTimeout:      g.s.streamIdle,
 		Acquire: func(k int) (func(), bool) {
 			m := member(k)
 			if m.base == nil {
