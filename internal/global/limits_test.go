@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -18,6 +19,7 @@ import (
 	"github.com/openai/openai-go/v3/option"
 
 	"github.com/kvgate/kvgate/internal/auth"
+	"github.com/kvgate/kvgate/internal/logtest"
 	"github.com/kvgate/kvgate/internal/redistest"
 	"github.com/kvgate/kvgate/internal/simserver"
 	"github.com/kvgate/kvgate/internal/waittest"
@@ -26,6 +28,12 @@ import (
 // startLimited runs routers (replicas) over one member with auth and limits
 // kept in one Redis; it returns their URLs.
 func startLimited(t testing.TB, member Member, redisAddr, failMode string, tenants []Tenant, replicas int) ([]*Router, []string) {
+	t.Helper()
+	return startLimitedLog(t, quiet, member, redisAddr, failMode, tenants, replicas)
+}
+
+// startLimitedLog is startLimited with the routers logging to log.
+func startLimitedLog(t testing.TB, log *slog.Logger, member Member, redisAddr, failMode string, tenants []Tenant, replicas int) ([]*Router, []string) {
 	t.Helper()
 	// Heartbeats that tolerate a loaded machine: these tests are about limits,
 	// and a member marked down would turn requests into 503s.
@@ -39,7 +47,7 @@ func startLimited(t testing.TB, member Member, redisAddr, failMode string, tenan
 	var routers []*Router
 	var urls []string
 	for range replicas {
-		o := Options{Logger: quiet}
+		o := Options{Logger: log}
 		closeDeps, err := Dependencies(context.Background(), cfg, &o)
 		if err != nil {
 			t.Fatal(err)
@@ -263,7 +271,9 @@ func TestRedisDown(t *testing.T) {
 	for _, mode := range []string{"open", "closed"} {
 		t.Run(mode, func(t *testing.T) {
 			rd := redistest.Start(t)
-			routers, urls := startLimited(t, m.member("only", 1), rd.Addr(), mode, []Tenant{{Name: "acme", Limits: []TenantLimit{{Model: "*", Limits: Limits{RequestsPerMinute: 3}}}}}, 1)
+			var logs logtest.Buffer
+			routers, urls := startLimitedLog(t, slog.New(slog.NewTextHandler(&logs, nil)), m.member("only", 1), rd.Addr(), mode,
+				[]Tenant{{Name: "acme", Limits: []TenantLimit{{Model: "*", Limits: Limits{RequestsPerMinute: 3}}}}}, 1)
 			if resp, _ := send(t, urls[0], "sk-acme", chatBody("")); resp.StatusCode != 200 {
 				t.Fatalf("with Redis up: %d", resp.StatusCode)
 			}
@@ -276,6 +286,10 @@ func TestRedisDown(t *testing.T) {
 			want := map[string][]int{"open": {200, 200, 200, 429, 429}, "closed": {503, 503, 503, 503, 503}}[mode]
 			if fmt.Sprint(codes) != fmt.Sprint(want) {
 				t.Errorf("with Redis down: %v, want %v (local limit of 3 when open)", codes, want)
+			}
+			// The outage is logged now and then, not once a request.
+			if n := strings.Count(logs.String(), "level=WARN"); n > 2 {
+				t.Errorf("%d warnings for 5 requests during the outage:\n%s", n, logs.String())
 			}
 			if mode == "open" {
 				if n := routers[0].metric(t, "kvgate_ratelimit_degraded_decisions_total"); n < 5 {

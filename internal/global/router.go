@@ -439,7 +439,9 @@ func (r *Router) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 				r.m.Requests.WithLabelValues("", model, proxy.CodeClientGone).Inc()
 				return
 			}
-			r.log.Warn("rate limiting unavailable; refusing (rateLimit.failMode: closed)", "request_id", rid, "err", err)
+			// internal/ratelimit warns of the outage now and then; a line a
+			// refused request would flood the log.
+			r.log.Debug("rate limiting unavailable; refusing (rateLimit.failMode: closed)", "request_id", rid, "err", err)
 			r.refuse(w, model, http.StatusServiceUnavailable, openai.TypeServer, "rate limiting is unavailable; retry later")
 			return
 		}
