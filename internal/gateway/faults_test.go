@@ -183,6 +183,7 @@ func TestFaults(t *testing.T) {
 				t.Errorf("40 requests took %v", took)
 			}
 			retries := counter(t, g, "kvgate_retries_total", "reason", tc.reason)
+			t.Logf("%s: 40 of 40 answered in %v; the faulty endpoint got %d, each retried (%q)", tc.mode, time.Since(start).Round(time.Millisecond), bad.hits.Load(), tc.reason)
 			if bad.hits.Load() == 0 || retries != float64(bad.hits.Load()) {
 				t.Errorf("the faulty endpoint got %d requests, %v retried with reason %q: each should have been retried once", bad.hits.Load(), retries, tc.reason)
 			}
@@ -231,6 +232,7 @@ func TestFaultFrozenEndpoint(t *testing.T) {
 	if took := time.Since(start); took > 15*time.Second {
 		t.Errorf("16 requests took %v with one endpoint frozen", took)
 	}
+	t.Logf("frozen endpoint: 16 of 16 answered in %v, %v retried as unhealthy", time.Since(start).Round(time.Millisecond), counter(t, g, "kvgate_retries_total", "reason", "unhealthy"))
 }
 
 // TestFaultSlowClients: clients that send a request and never read its answer
@@ -254,6 +256,7 @@ func TestFaultSlowClients(t *testing.T) {
 		// and never read
 	}
 	// Within the write timeout and a margin, the stuck slots come back.
+	began := time.Now()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		inFlight := g.FleetView()[0].Endpoints[0].InFlight
@@ -265,6 +268,7 @@ func TestFaultSlowClients(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+	t.Logf("8 clients that never read, 2 slots: slots free after %v", time.Since(began).Round(time.Millisecond))
 	// A client that reads is served (not 429 for as long as the others stay).
 	req, _ := http.NewRequest("POST", base+"/v1/chat/completions", strings.NewReader(body))
 	resp, err := http.DefaultClient.Do(req)
@@ -464,6 +468,7 @@ func TestOutlierEjection(t *testing.T) {
 			failed++
 		}
 	}
+	t.Logf("500 at once, idle metrics, no retries: the pod got %d of 200 requests, %d failed", bad.hits.Load(), failed)
 	if hits := bad.hits.Load(); hits > 10 || failed > 10 {
 		t.Errorf("the failing pod got %d of 200 requests (%d failed), want ≤ 10 (5%%)", hits, failed)
 	}
