@@ -483,6 +483,9 @@ func TestOutlierEjection(t *testing.T) {
 			t.Errorf("/debug/fleet: %s ejected for %v ms", e.Address, e.EjectedForMs)
 		}
 	}
+	if resp, _, _ := call(t, "POST", base+"/v1/chat/completions", chat(llama), "X-Kvgate-Explain", "1"); !strings.Contains(resp.Header.Get("X-Kvgate-Scores"), "; ejected "+badAddr) {
+		t.Errorf("x-kvgate-scores does not show the ejection: %q", resp.Header.Get("X-Kvgate-Scores"))
+	}
 
 	// Both failing: one is ejected, the other keeps serving (its 500s) rather
 	// than the scheduler refusing everything.

@@ -40,6 +40,8 @@ type Gateway struct {
 	*route.Router
 	opts Options
 	log  *slog.Logger
+	// watcher gives up on endpoints that freeze while requests wait on them.
+	watcher watcher
 }
 
 // New returns a gateway with no configuration; it answers 503 until Apply.

@@ -160,7 +160,7 @@ func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Re
 			g.Metrics().Retries.WithLabelValues(sched, retry).Inc()
 			return nil, true
 		},
-		Watch: func(ctx context.Context, i int, giveUp func(error)) { watchEndpoint(ctx, rt, rt.Endpoints[i], giveUp) },
+		Watch: func(ctx context.Context, i int, giveUp func(error)) { g.watcher.watch(ctx, rt, i, giveUp) },
 		OnFailure: func(i int, e *proxy.AttemptError) {
 			rt.Failed(e.Target)
 			switch {
@@ -224,25 +224,57 @@ func retryStatus(status int) bool { return status >= 500 }
 // healthy and fresh while the request waited for its first byte (frozen or gone).
 var errEndpointLost = errors.New("the endpoint turned unhealthy or stale before answering")
 
-// watchEndpoint gives up on addr when the fleet stops reading it as usable, for
-// as long as ctx lasts. An endpoint never read as usable (not scraped yet, or
-// picked because every endpoint was unhealthy) is not watched: there is nothing
-// its state could newly say.
-func watchEndpoint(ctx context.Context, rt *route.Route, addr string, giveUp func(error)) {
-	if !rt.Usable(addr) {
-		return
+// watcher looks, every watchEvery, at the endpoints requests wait on for their
+// first byte, and gives up on those the fleet no longer reads as usable. One
+// goroutine for all of them, running only while some request waits: the hot
+// path adds an entry, not a goroutine or a timer.
+type watcher struct {
+	mu      sync.Mutex
+	waiting map[*watched]struct{}
+}
+
+type watched struct {
+	ctx    context.Context
+	rt     *route.Route
+	i      int
+	giveUp func(error)
+}
+
+// watch registers an attempt at rt.Endpoints[i] until ctx ends.
+func (w *watcher) watch(ctx context.Context, rt *route.Route, i int, giveUp func(error)) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.waiting == nil {
+		w.waiting = map[*watched]struct{}{}
 	}
+	if len(w.waiting) == 0 {
+		go w.run()
+	}
+	w.waiting[&watched{ctx: ctx, rt: rt, i: i, giveUp: giveUp}] = struct{}{}
+}
+
+func (w *watcher) run() {
 	t := time.NewTicker(watchEvery)
 	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			if !rt.Usable(addr) {
-				giveUp(errEndpointLost)
-				return
+	for range t.C {
+		w.mu.Lock()
+		var lost []*watched
+		for a := range w.waiting {
+			switch {
+			case a.ctx.Err() != nil:
+				delete(w.waiting, a)
+			case a.rt.Lost(a.i):
+				delete(w.waiting, a)
+				lost = append(lost, a)
 			}
+		}
+		idle := len(w.waiting) == 0
+		w.mu.Unlock()
+		for _, a := range lost {
+			a.giveUp(errEndpointLost)
+		}
+		if idle {
+			return
 		}
 	}
 }

@@ -612,7 +612,7 @@ func (r *Router) forward(w http.ResponseWriter, req *http.Request, g *generation
 			return func() { m.inFlight.Add(-1) }, true
 		},
 		Watch: func(ctx context.Context, k int, giveUp func(error)) {
-			r.watch(ctx, member(k), s.heartbeat, timeout, giveUp)
+			go r.watch(ctx, member(k), s.heartbeat, timeout, giveUp)
 		},
 		OnFailure: func(k int, err *proxy.AttemptError) {
 			m := member(k)

@@ -92,9 +92,11 @@ type Job struct {
 	// reserved target 0 before Forward may release it here (tier 2); one that
 	// keeps its own accounting releases it itself, also on a panic (tier 1).
 	Acquire func(i int) (release func(), ok bool)
-	// Watch, when set, runs for each attempt until ctx ends (the answer came,
-	// or the attempt is over) and may call giveUp first: the attempt is then
-	// cancelled and failed with why, unless its answer came first.
+	// Watch, when set, is called as each attempt starts and must not block: it
+	// arranges its own checks (a goroutine, a shared watcher) until ctx ends
+	// (the answer came, or the attempt is over), and may call giveUp first:
+	// the attempt is then cancelled and failed with why, unless its answer
+	// came first.
 	Watch func(ctx context.Context, i int, giveUp func(why error))
 	// OnFailure is told of an attempt given up on for the next target: not
 	// one the client or Ctx ended.
@@ -298,7 +300,7 @@ func (j *Job) attempt(ctx context.Context, t Target, i int, body io.ReadCloser, 
 		// The watch ends with the attempt: once it returns, the answer is in.
 		wctx, stop := context.WithCancel(actx)
 		defer stop()
-		go j.Watch(wctx, i, func(why error) {
+		j.Watch(wctx, i, func(why error) {
 			if v.giveUp(why) {
 				cancel()
 			}

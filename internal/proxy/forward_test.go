@@ -256,11 +256,13 @@ func TestForwardWatch(t *testing.T) {
 	slow := Timeout("no answer in 50ms")
 	watch := func(after time.Duration) func(context.Context, int, func(error)) {
 		return func(ctx context.Context, _ int, giveUp func(error)) {
-			select {
-			case <-ctx.Done():
-			case <-time.After(after):
-				giveUp(slow)
-			}
+			go func() {
+				select {
+				case <-ctx.Done():
+				case <-time.After(after):
+					giveUp(slow)
+				}
+			}()
 		}
 	}
 	for _, wait := range []bool{false, true} {
@@ -284,8 +286,10 @@ func TestForwardWatch(t *testing.T) {
 		// A watch that gives up once the answer came must not cut its relay.
 		b := newBench(t, []string{"pauses"}, func(j *Job) {
 			j.Watch = func(ctx context.Context, _ int, giveUp func(error)) {
-				<-ctx.Done()
-				giveUp(slow)
+				go func() {
+					<-ctx.Done()
+					giveUp(slow)
+				}()
 			}
 		})
 		status, body, err := b.send(context.Background())

@@ -57,6 +57,9 @@ type Route struct {
 	// RetryBuffer is how much of a request body may be kept to send it again
 	// to a fallback (spec.gateway.retryBufferBytes).
 	RetryBuffer int64
+	// usableAtPick says, per entry of Endpoints, whether the fleet read it as
+	// healthy and fresh when the request was picked.
+	usableAtPick []bool
 	// FirstByteTimeout, StreamIdleTimeout and ClientWriteTimeout are the
 	// configuration's bounds on the response (spec.gateway).
 	FirstByteTimeout, StreamIdleTimeout, ClientWriteTimeout time.Duration
@@ -190,6 +193,12 @@ func (g *Router) Route(ctx context.Context, req Request) (*Route, *proxy.Refusal
 		FirstByteTimeout: rt.gw.FirstByte(), StreamIdleTimeout: rt.gw.StreamIdle(), ClientWriteTimeout: rt.gw.ClientWrite()}
 	if req.Explain {
 		r.Scores = explain(d.decision)
+		now := g.now()
+		for _, e := range p.endpoints {
+			if e.ejected(now) {
+				r.Scores += "; ejected " + e.addr // read as unhealthy: passed over while others remain
+			}
+		}
 	}
 	// The reserved endpoint leads even if another ranked higher but was full.
 	r.Endpoints = append(r.Endpoints, d.first.addr)
@@ -213,6 +222,12 @@ func (g *Router) Route(ctx context.Context, req Request) (*Route, *proxy.Refusal
 	// maxAttempts counts the reserved endpoint, wherever it ranked.
 	if len(r.Endpoints) > n {
 		r.Endpoints = r.Endpoints[:n]
+	}
+	r.usableAtPick = make([]bool, len(r.Endpoints))
+	for i, addr := range r.Endpoints {
+		if k := slices.IndexFunc(d.cands, func(e schedule.Endpoint) bool { return e.Address == addr }); k >= 0 {
+			r.usableAtPick[i] = d.cands[k].Healthy && !d.cands[k].Stale
+		}
 	}
 	if len(d.hashes) > 0 {
 		var capacity int
@@ -283,10 +298,16 @@ func (r *Route) Deadline() (time.Time, bool) {
 	return time.Time{}, false
 }
 
-// Usable says whether the fleet reads addr as healthy and fresh now.
-func (r *Route) Usable(addr string) bool {
-	s := r.g.fleet.Snapshot([]string{addr})[0]
-	return s.Healthy && !s.Stale
+// Lost says whether Endpoints[i], read as healthy and fresh when the request
+// was picked, no longer is: it froze or went away, and a request waiting on it
+// is better tried elsewhere. An endpoint not usable at the pick (never scraped,
+// or picked because nothing was healthy) is never lost.
+func (r *Route) Lost(i int) bool {
+	if i >= len(r.usableAtPick) || !r.usableAtPick[i] {
+		return false
+	}
+	s := r.g.fleet.Snapshot(r.Endpoints[i : i+1])[0]
+	return !s.Healthy || s.Stale
 }
 
 // Transport is the scheduler's upstream transport.
