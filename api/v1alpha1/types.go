@@ -269,14 +269,13 @@ type GatewaySpec struct {
 	// up on for the next.
 	// +optional
 	FirstByteTimeout *metav1.Duration `json:"firstByteTimeout,omitempty"`
-	// StreamIdleTimeout ends a response that sends nothing for this long once it
-	// started (default 60s; 0s: none): a stream with an error event, a JSON body
-	// by closing the connection.
+	// StreamIdleTimeout ends a streamed response that sends nothing for this
+	// long once it started, with an error event (default 60s; 0s: none).
 	// +optional
 	StreamIdleTimeout *metav1.Duration `json:"streamIdleTimeout,omitempty"`
-	// ClientWriteTimeout ends a request whose client has not taken a write for
-	// this long (default 30s; 0s: none), releasing its endpoint: a client that
-	// stops reading cannot hold a slot.
+	// ClientWriteTimeout ends a streamed request whose client has not taken a
+	// write for about this long (default 30s; 0s: none), releasing its
+	// endpoint: a client that stops reading cannot hold a slot.
 	// +optional
 	ClientWriteTimeout *metav1.Duration `json:"clientWriteTimeout,omitempty"`
 	// RetryBufferBytes is how much of a body is kept to replay it on a retry

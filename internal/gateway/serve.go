@@ -25,9 +25,6 @@ const maxWholeBody = 32 << 10
 // ServeHTTP implements the OpenAI data plane.
 func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
-	// A write deadline left by the previous request on this connection must
-	// not cut this one's answer (the relay sets its own as it writes).
-	_ = http.NewResponseController(w).SetWriteDeadline(time.Time{})
 	rid := proxy.RequestID(r.Header)
 	w.Header().Set("X-Request-Id", rid)
 	if r.URL.Path == "/v1/models" {
