@@ -129,9 +129,8 @@ type Routing struct {
 	// one tried (default 60s; 0: no bound). A member whose heartbeat stops is
 	// given up on sooner.
 	FirstByteTimeout *metav1.Duration `json:"firstByteTimeout,omitempty"`
-	// StreamIdleTimeout ends an answer that sends nothing for this long once
-	// it started (default 60s; 0: no bound): a stream with an error event, a
-	// JSON body by closing the connection.
+	// StreamIdleTimeout ends a stream that sends nothing for this long once
+	// it started, with an error event (default 60s; 0: no bound).
 	StreamIdleTimeout *metav1.Duration `json:"streamIdleTimeout,omitempty"`
 	// MaxBodyBytes bounds a request body, which is held whole so that it can be
 	// sent to another member (default 32 MiB).
