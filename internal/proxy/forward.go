@@ -491,7 +491,10 @@ func (j *Job) relay(ctx context.Context, w http.ResponseWriter, i int, a answer,
 		res.Code, res.ClientGone = CodeClientGone, true
 	case broke:
 		res.Code, res.Err = CodeStreamError, &AttemptError{Target: j.Targets[i].Name, Err: err}
-		res.TimedOut = errors.Is(ctx.Err(), context.DeadlineExceeded)
+		// A read that fails once the deadline passed is the deadline's doing,
+		// whichever the transport reported first.
+		dl, bounded := ctx.Deadline()
+		res.TimedOut = errors.Is(ctx.Err(), context.DeadlineExceeded) || bounded && !time.Now().Before(dl)
 		if !res.SSE {
 			res.Abort = true
 			break
