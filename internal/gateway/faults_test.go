@@ -235,6 +235,51 @@ func TestFaultFrozenEndpoint(t *testing.T) {
 	t.Logf("frozen endpoint: 16 of 16 answered in %v, %v retried as unhealthy", time.Since(start).Round(time.Millisecond), counter(t, g, "kvgate_retries_total", "reason", "unhealthy"))
 }
 
+// TestFaultPoolFrozen: once the fleet knows every endpoint of a scheduler is
+// down (both frozen), a request is refused at once with 503 and Retry-After
+// instead of waiting on a frozen pod for a timeout; a thawed pool serves again.
+func TestFaultPoolFrozen(t *testing.T) {
+	a, aAddr := startFaulty(t, "slow")
+	b, bAddr := startFaulty(t, "slow")
+	cfg := faultConfig(aAddr, bAddr)
+	// Only the fleet's knowledge can make this fast: the bounds are long.
+	cfg.Spec.Gateway.FirstByteTimeout = &metav1.Duration{Duration: time.Minute}
+	cfg.Spec.Gateway.ResponseHeaderTimeout = &metav1.Duration{Duration: time.Minute}
+	g, base := startGateway(t, cfg)
+	waitScraped(t, g, aAddr, bAddr)
+	a.frozen.Store(true)
+	b.frozen.Store(true)
+	deadline := time.Now().Add(10 * time.Second)
+	for len(g.Unready()) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the fleet never noticed the frozen pool")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	client := &http.Client{Timeout: 5 * time.Second} // a hang fails the test, not the suite
+	for i := range 8 {
+		start := time.Now()
+		resp, err := client.Post(base+"/v1/chat/completions", "application/json", strings.NewReader(chat(llama, `"stream":true`)))
+		if err != nil {
+			t.Fatalf("request %d: %v after %v", i, err, time.Since(start))
+		}
+		raw, _ := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		if took := time.Since(start); took > 2*time.Second {
+			t.Errorf("request %d took %v", i, took)
+		}
+		if resp.StatusCode != 503 || resp.Header.Get("Retry-After") == "" || !strings.Contains(string(raw), "no ready endpoint") {
+			t.Errorf("request %d: %d %v %s", i, resp.StatusCode, resp.Header, raw)
+		}
+	}
+	a.frozen.Store(false)
+	b.frozen.Store(false)
+	waitScraped(t, g, aAddr, bAddr)
+	if resp, raw, _ := call(t, "POST", base+"/v1/chat/completions", chat(llama)); resp.StatusCode != 200 {
+		t.Errorf("thawed: %d %s", resp.StatusCode, raw)
+	}
+}
+
 // TestFaultSlowClients: clients that send a request and never read its answer
 // hold an endpoint slot only until clientWriteTimeout; then others are served.
 func TestFaultSlowClients(t *testing.T) {

@@ -130,13 +130,20 @@ func (g *Router) choose(ctx context.Context, p *scheduler, req schedule.Request,
 		woken := g.freed.wait()
 		// A request lets the more important ones waiting for an endpoint take
 		// it first.
-		if cands := g.waiting.usable(p, p.snapshot(g.fleet, g.prefix, hashes, limit, a.subset, g.now(), sc), a.priority); len(cands) > 0 {
+		all := p.snapshot(g.fleet, g.prefix, hashes, limit, a.subset, g.now(), sc)
+		if cands := g.waiting.usable(p, all, a.priority); len(cands) > 0 {
 			d := p.picker.Pick(req, cands)
 			for _, c := range d.Ranked {
 				if ep := p.endpoint(c.Address); ep != nil && ep.tryAcquire(limit) {
 					return d, cands, ep, 0, ""
 				}
 			}
+		}
+		// Every endpoint known down (none merely full): waiting for a slot
+		// or sending it to a frozen pod would only end in a timeout.
+		if len(all) == 0 && sc.full == 0 && sc.down > 0 {
+			g.m.Shed.WithLabelValues(p.name, "no_endpoint").Inc()
+			return schedule.Decision{}, nil, nil, http.StatusServiceUnavailable, fmt.Sprintf("no ready endpoint for model %q", p.spec.ModelName)
 		}
 		if a.priority < 0 {
 			g.m.Shed.WithLabelValues(p.name, "sheddable").Inc()

@@ -342,6 +342,9 @@ type snapshotScratch struct {
 	addrs   []string
 	snaps   []fleet.Snapshot
 	matched []int
+	// down counts the endpoints left out because the fleet knows them down,
+	// full those left out at their in-flight limit (and not down).
+	down, full int
 }
 
 var snapshotPool = sync.Pool{New: func() any { return new(snapshotScratch) }}
@@ -349,29 +352,44 @@ var snapshotPool = sync.Pool{New: func() any { return new(snapshotScratch) }}
 // snapshot lists a scheduler's endpoints below limit for the picker, with their
 // scraped metrics and, for a prompt's block hashes, their prefix affinity. The
 // list lives in sc. A non-nil subset keeps only the endpoints it names.
+//
+// An endpoint the fleet knows is down — scraped once, then failing its scrapes
+// unhealthyAfter times in a row (killed, frozen) — is left out: a request sent
+// there waits for a timeout. One never scraped (just started, or publishing no
+// metrics) stays, read as unhealthy: picked only when nothing else is left.
 func (p *scheduler) snapshot(fl *fleet.Fleet, idx *prefix.Index, hashes []uint64, limit int, subset []string, now time.Time, sc *snapshotScratch) []schedule.Endpoint {
-	out, addrs, refs := sc.eps[:0], sc.addrs[:0], sc.refs[:0]
+	addrs, refs := sc.addrs[:0], sc.refs[:0]
 	for _, e := range p.endpoints {
-		n := int(e.inFlight.Load())
-		if limit > 0 && n >= limit {
-			continue
-		}
 		if subset != nil && !slices.Contains(subset, e.addr) {
 			continue
 		}
-		out = append(out, schedule.Endpoint{Address: e.addr, InFlight: n})
 		addrs = append(addrs, e.addr)
 		refs = append(refs, e)
 	}
 	// Aligned with addrs: one lookup per endpoint on the request path.
 	sc.snaps = fl.AppendSnapshots(sc.snaps[:0], addrs)
+	out, kept := sc.eps[:0], 0
+	sc.down, sc.full = 0, 0
 	for i := range sc.snaps {
-		s := &sc.snaps[i]
+		s, e := &sc.snaps[i], refs[i]
+		if s.Scraped && !s.Healthy {
+			sc.down++
+			continue
+		}
+		n := int(e.inFlight.Load())
+		if limit > 0 && n >= limit {
+			sc.full++
+			continue
+		}
 		// An ejected endpoint reads as unhealthy: picked only when nothing
 		// healthy is left, and a last fallback.
-		healthy := s.Healthy && !refs[i].ejected(now)
-		out[i].Signals = schedule.Signals{Metrics: s.Metrics, HasMetrics: s.Scraped, Healthy: healthy, Stale: s.Stale, PrefillTokens: float64(s.PrefillTokens)}
+		healthy := s.Healthy && !e.ejected(now)
+		out = append(out, schedule.Endpoint{Address: e.addr, InFlight: n,
+			Signals: schedule.Signals{Metrics: s.Metrics, HasMetrics: s.Scraped, Healthy: healthy, Stale: s.Stale, PrefillTokens: float64(s.PrefillTokens)}})
+		addrs[kept], refs[kept] = e.addr, e
+		kept++
 	}
+	addrs, refs = addrs[:kept], refs[:kept]
 	if len(hashes) > 0 {
 		if cap(sc.matched) < len(addrs) {
 			sc.matched = make([]int, len(addrs))
