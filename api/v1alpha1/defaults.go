@@ -194,7 +194,7 @@ func (g GatewaySpec) UnhealthyAfter() int {
 // ByName lists the weights by scorer name; unset ones are nil.
 func (w Weights) ByName() map[string]*int32 {
 	return map[string]*int32{"queue": w.Queue, "kvCache": w.KVCache, "prefix": w.Prefix, "loraAffinity": w.LoRAAffinity,
-		"runningRequests": w.RunningRequests, "prefillQueue": w.PrefillQueue}
+		"runningRequests": w.RunningRequests, "prefillQueue": w.PrefillQueue, "errorRate": w.ErrorRate}
 }
 
 // Outliers is the outlier detection in force: failures in a row that eject an

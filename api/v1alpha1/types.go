@@ -188,6 +188,9 @@ type Weights struct {
 	// that await their first token.
 	// +kubebuilder:validation:Minimum=0
 	PrefillQueue *int32 `json:"prefillQueue,omitempty"`
+	// ErrorRate weighs the share of an endpoint's recent answers that failed.
+	// +kubebuilder:validation:Minimum=0
+	ErrorRate *int32 `json:"errorRate,omitempty"`
 }
 
 // SaturationSpec holds the thresholds at which an endpoint counts as saturated.

@@ -114,7 +114,9 @@ func Tune(ctx context.Context, w io.Writer, cfg TuneConfig) (schedule.Profile, e
 	}
 	startScore := bestScore
 	fmt.Fprintf(w, "  start  %s  → %s\n", describe(best), fmtScore(cfg.Objective, bestScore))
-	dims := schedule.WeightNames()
+	// The simulated fleet never fails, so errorRate scores every endpoint alike:
+	// searching it would only cost time.
+	dims := slices.DeleteFunc(schedule.WeightNames(), func(n string) bool { return n == "errorRate" })
 	if cfg.Spreads {
 		dims = append(dims, "queueSpread", "runningSpread", "prefillSpread")
 	}

@@ -1,6 +1,7 @@
 package route
 
 import (
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -14,6 +15,51 @@ type outlier struct {
 	failures atomic.Int32 // in a row
 	mu       sync.Mutex
 	count    int // ejections so far, lengthening the next
+	// The recent failure share: an exponentially weighted mean of the answers
+	// (1 failed, 0 not) that fades while no answer comes, read without a lock.
+	rate   atomic.Uint64 // float64 bits
+	rateAt atomic.Int64  // Unix nanoseconds of its last update
+}
+
+const (
+	// errorRateWeight is how much one answer moves the failure share: about
+	// the last 20 answers count.
+	errorRateWeight = 0.1
+	// errorRateHalfLife fades the share of an endpoint no longer tried, so it
+	// is tried again.
+	errorRateHalfLife = 10 * time.Second
+)
+
+// errorRate is the endpoint's recent failure share at now, 0..1.
+func (e *endpoint) errorRate(now time.Time) float64 {
+	r := math.Float64frombits(e.out.rate.Load())
+	if r == 0 {
+		return 0
+	}
+	if dt := now.UnixNano() - e.out.rateAt.Load(); dt > 0 {
+		r *= math.Exp2(-float64(dt) / float64(errorRateHalfLife))
+	}
+	return r
+}
+
+// noteAnswer moves the failure share by one answer.
+func (e *endpoint) noteAnswer(now time.Time, failed bool) {
+	if !failed && e.out.rate.Load() == 0 {
+		return // the common case: nothing to fade, no lock
+	}
+	e.out.mu.Lock()
+	defer e.out.mu.Unlock()
+	r := e.errorRate(now)
+	x := 0.0
+	if failed {
+		x = 1
+	}
+	r += errorRateWeight * (x - r)
+	if r < 1e-3 {
+		r = 0
+	}
+	e.out.rate.Store(math.Float64bits(r))
+	e.out.rateAt.Store(now.UnixNano())
 }
 
 // ejected says whether the endpoint is ejected at now.
@@ -37,6 +83,8 @@ const maxEjectionFactor = 10
 // in a row eject it, unless that would eject more than the policy's share of
 // p's endpoints: the scheduler fails open rather than eject them all.
 func (g *Router) answered(p *scheduler, e *endpoint, failed bool) {
+	now := g.now()
+	e.noteAnswer(now, failed)
 	if !failed {
 		if e.out.failures.Load() != 0 {
 			e.out.failures.Store(0)
@@ -45,7 +93,6 @@ func (g *Router) answered(p *scheduler, e *endpoint, failed bool) {
 	}
 	pol := p.outliers
 	n := e.out.failures.Add(1)
-	now := g.now()
 	if pol.failures == 0 || int(n) < pol.failures || e.ejected(now) {
 		return
 	}

@@ -1,6 +1,7 @@
 package route
 
 import (
+	"math"
 	"slices"
 	"time"
 
@@ -41,6 +42,7 @@ type EndpointView struct {
 	// ejection (the endpoint is picked only when nothing else is).
 	ConsecutiveFailures int     `json:"consecutiveFailures"`
 	EjectedForMs        float64 `json:"ejectedForMs,omitempty"`
+	ErrorRate           float64 `json:"errorRate"` // recent failure share, 0..1
 	LastError           string  `json:"lastError,omitempty"`
 }
 
@@ -60,7 +62,9 @@ func (g *Router) FleetView() []SchedulerView {
 				}
 				ev.PrefixBlocks = g.prefix.EntriesOf(e.addr)
 				ev.ConsecutiveFailures = int(e.out.failures.Load())
-				if now := g.now(); e.ejected(now) {
+				now := g.now()
+				ev.ErrorRate = math.Round(e.errorRate(now)*1000) / 1000
+				if e.ejected(now) {
 					ev.EjectedForMs = float64(time.Unix(0, e.out.until.Load()).Sub(now).Microseconds()) / 1000
 				}
 				v.Endpoints = append(v.Endpoints, ev)

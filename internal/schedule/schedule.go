@@ -36,13 +36,13 @@ type Candidate struct {
 
 // ScoreNames name the per-scorer scores a Candidate can carry, in their order in
 // Scores.
-var ScoreNames = [...]string{"queue", "kvCache", "prefix", "loraAffinity", "runningRequests", "prefillQueue", "inFlight"}
+var ScoreNames = [...]string{"queue", "kvCache", "prefix", "loraAffinity", "runningRequests", "prefillQueue", "errorRate", "inFlight"}
 
 // Scores are a candidate's per-scorer scores; a fixed array, not a map, because a
 // decision fills one per candidate.
 type Scores struct {
 	v   [len(ScoreNames)]float64
-	set uint8
+	set uint16
 }
 
 func scoreIndex(name string) int {

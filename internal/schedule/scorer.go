@@ -20,6 +20,10 @@ type Signals struct {
 	// PrefillTokens are prompt tokens this gateway sent to the endpoint that
 	// await their first token: prefill work queued ahead of a new request.
 	PrefillTokens float64
+	// ErrorRate is the share of the endpoint's recent answers that failed (5xx,
+	// connection failures, timeouts, broken streams), 0..1, fading while it is
+	// not tried: a pod that fails fast looks idle to its metrics.
+	ErrorRate float64
 }
 
 // Scorer scores every candidate in [0,1], higher is better, into out (as long as
@@ -154,4 +158,28 @@ func (q PrefillQueue) Score(_ Request, eps []Endpoint, out []float64) {
 		out[i] = eps[i].PrefillTokens
 	}
 	minMaxLow(out, q.Spread)
+}
+
+// ErrorRate scores the endpoints' recent failure shares min-max normalised with
+// a spread: 25 points more than the best candidate's cost the whole weight (one
+// failure in about 20 answers costs 40% of it). A
+// pod that breaks a third of its streams frees its KV cache and queue early and
+// would otherwise look the idlest; failures every pod shares (a prompt the model
+// rejects) blame none.
+type ErrorRate struct{ Spread float64 }
+
+// ErrorRateSpread is the failure share that spans the errorRate scorer's range.
+const ErrorRateSpread = 0.25
+
+var _ Scorer = ErrorRate{}
+
+// Name implements Scorer.
+func (ErrorRate) Name() string { return "errorRate" }
+
+// Score implements Scorer.
+func (r ErrorRate) Score(_ Request, eps []Endpoint, out []float64) {
+	for i := range eps {
+		out[i] = min(max(eps[i].ErrorRate, 0), 1)
+	}
+	minMaxLow(out, r.Spread)
 }

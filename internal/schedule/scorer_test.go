@@ -29,6 +29,9 @@ func TestScorers(t *testing.T) {
 		{"queue spread: one request is a quarter", Queue{Spread: 4}, Request{}, []Endpoint{ep("a", engine.Metrics{Waiting: 1}), ep("b", engine.Metrics{Waiting: 0})}, []float64{0.75, 1}},
 		{"queue spread exceeded: min-max", Queue{Spread: 4}, Request{}, []Endpoint{ep("a", engine.Metrics{Waiting: 10}), ep("b", engine.Metrics{Waiting: 2}), ep("c", engine.Metrics{Waiting: 6})}, []float64{0, 1, 0.5}},
 		{"prefill queue by tokens, not requests", PrefillQueue{}, Request{}, []Endpoint{{Address: "a", Signals: Signals{PrefillTokens: 8000}}, {Address: "b", Signals: Signals{PrefillTokens: 300}}, {Address: "c"}}, []float64{0, 1 - 300.0/8000, 1}},
+		{"error rate", ErrorRate{Spread: 0.1}, Request{}, []Endpoint{{Address: "a", Signals: Signals{ErrorRate: 0.05}}, {Address: "b"}, {Address: "c", Signals: Signals{ErrorRate: 1.5}}}, []float64{0.95, 1, 0}},
+		{"error rate within the spread", ErrorRate{Spread: 0.1}, Request{}, []Endpoint{{Address: "a", Signals: Signals{ErrorRate: 0.05}}, {Address: "b"}}, []float64{0.5, 1}},
+		{"failures every endpoint shares blame none", ErrorRate{Spread: 0.1}, Request{}, []Endpoint{{Address: "a", Signals: Signals{ErrorRate: 0.3}}, {Address: "b", Signals: Signals{ErrorRate: 0.3}}}, []float64{1, 1}},
 		{"prefill queue spread", PrefillQueue{Spread: 4096}, Request{}, []Endpoint{{Address: "a", Signals: Signals{PrefillTokens: 1024}}, {Address: "b"}}, []float64{0.75, 1}},
 		{"running spread", RunningRequests{Spread: 8}, Request{}, []Endpoint{ep("a", engine.Metrics{Running: 12}), ep("b", engine.Metrics{Running: 10})}, []float64{0.75, 1}},
 		{"lora resident, free slot, waiting, none", LoRAAffinity{}, Request{Adapter: "x"}, []Endpoint{
@@ -101,6 +104,21 @@ func TestWeightedPicker(t *testing.T) {
 				}
 			}
 		})
+	}
+	// With the errorRate scorer, a failing endpoint is no refuge from
+	// saturation: the only unsaturated one, failing 30%, still ranks below
+	// busy endpoints that do not fail; without the scorer it is kept alone.
+	failing := func() []Endpoint {
+		e := ep("failing", engine.Metrics{})
+		e.ErrorRate = 0.3
+		return []Endpoint{ep("busy1", engine.Metrics{Waiting: 6, KVUsage: 0.3}), ep("busy2", engine.Metrics{Waiting: 7, KVUsage: 0.3}), e}
+	}
+	scored := NewWeighted(Profile{Weights: Weights{"queue": 1, "kvCache": 6, "errorRate": 6}, QueueSpread: 16}, Thresholds{}, 1)
+	if d := scored.Pick(Request{}, failing()); len(d.Ranked) != 3 || d.Ranked[0].Address == "failing" {
+		t.Errorf("errorRate scored: ranked %+v, want the failing endpoint not first", d.Ranked)
+	}
+	if d := p.Pick(Request{}, failing()); len(d.Ranked) != 1 || d.Ranked[0].Address != "failing" {
+		t.Errorf("no errorRate scorer: ranked %+v, want the unsaturated endpoint alone", d.Ranked)
 	}
 	// Explanations carry each scorer's score.
 	d := p.Pick(Request{}, []Endpoint{ep("a", engine.Metrics{KVUsage: 0.5})})

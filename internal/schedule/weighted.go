@@ -3,6 +3,7 @@ package schedule
 import (
 	"fmt"
 	"maps"
+	"math"
 	"slices"
 	"sync"
 )
@@ -30,8 +31,8 @@ type Profile struct {
 // and batch weights were chosen.
 var profiles = map[string]Profile{
 	"gie-default": {Weights: GIEDefault},
-	"chat":        {Weights: Weights{"queue": 1, "kvCache": 6, "prefix": 3, "prefillQueue": 2}, QueueSpread: 16},
-	"batch":       {Weights: Weights{"queue": 1, "kvCache": 3, "prefix": 3}, QueueSpread: 8},
+	"chat":        {Weights: Weights{"queue": 1, "kvCache": 6, "prefix": 3, "prefillQueue": 2, "errorRate": 6}, QueueSpread: 16},
+	"batch":       {Weights: Weights{"queue": 1, "kvCache": 3, "prefix": 3, "errorRate": 4}, QueueSpread: 8},
 }
 
 // Equal reports whether two profiles score alike (a missing weight is 0).
@@ -97,8 +98,11 @@ type Weighted struct {
 	weights    []float64 // aligned with scorers
 	slots      []int     // each scorer's index in Scores
 	thresholds Thresholds
-	rng        *lockedRand
-	scratch    sync.Pool // *pickScratch
+	// failing, when the errorRate scorer runs, is the failure share above the
+	// best candidate's that keeps an endpoint from counting as unsaturated.
+	failing float64
+	rng     *lockedRand
+	scratch sync.Pool // *pickScratch
 }
 
 // pickScratch holds one decision's working memory.
@@ -122,12 +126,15 @@ func NewWeighted(pr Profile, t Thresholds, seed uint64) *Weighted {
 	w := pr.Weights
 	p := &Weighted{thresholds: t, rng: newLockedRand(seed)}
 	for _, s := range []Scorer{Queue{Spread: pr.QueueSpread}, KVCache{}, Prefix{}, LoRAAffinity{}, RunningRequests{Spread: pr.RunningSpread},
-		PrefillQueue{Spread: pr.PrefillSpread}} {
+		PrefillQueue{Spread: pr.PrefillSpread}, ErrorRate{Spread: ErrorRateSpread}} {
 		if w[s.Name()] > 0 {
 			p.scorers = append(p.scorers, s)
 			p.weights = append(p.weights, w[s.Name()])
 			p.slots = append(p.slots, scoreIndex(s.Name()))
 		}
+	}
+	if w["errorRate"] > 0 {
+		p.failing = ErrorRateSpread
 	}
 	return p
 }
@@ -202,8 +209,19 @@ func resize[T any](s []T, n int) []T {
 func (p *Weighted) filter(req Request, eps []Endpoint) []Endpoint {
 	eps = keep(eps, func(e *Endpoint) bool { return e.Healthy })
 	eps = keep(eps, func(e *Endpoint) bool { return !e.Stale })
+	// A failing endpoint is no refuge from saturation: were it the only one
+	// left unsaturated (its broken requests free it early), the filter would
+	// hand it every request whatever its score.
+	ceiling := math.Inf(1)
+	if p.failing > 0 {
+		lo := eps[0].ErrorRate
+		for i := range eps {
+			lo = min(lo, eps[i].ErrorRate)
+		}
+		ceiling = lo + p.failing
+	}
 	eps = keep(eps, func(e *Endpoint) bool {
-		return e.Waiting < p.thresholds.Queue && e.KVUsage < p.thresholds.KVUsage
+		return e.Waiting < p.thresholds.Queue && e.KVUsage < p.thresholds.KVUsage && e.ErrorRate < ceiling
 	})
 	if req.Adapter != "" {
 		eps = keep(eps, func(e *Endpoint) bool {
