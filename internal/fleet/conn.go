@@ -48,7 +48,7 @@ func (s *scrapeConn) get(timeout time.Duration, dst *bytes.Buffer) error {
 	deadline := time.Now().Add(timeout)
 	c, err := s.conn(deadline)
 	if err != nil {
-		return err
+		return unreachable{err}
 	}
 	if err := s.roundTrip(c, deadline, dst); err != nil {
 		s.drop(c)
@@ -89,14 +89,14 @@ func (s *scrapeConn) conn(deadline time.Time) (net.Conn, error) {
 
 func (s *scrapeConn) roundTrip(c net.Conn, deadline time.Time, dst *bytes.Buffer) error {
 	if err := c.SetDeadline(deadline); err != nil {
-		return err
+		return unreachable{err}
 	}
 	if _, err := c.Write(s.req); err != nil {
-		return err
+		return unreachable{err}
 	}
 	resp, err := http.ReadResponse(s.br, nil)
 	if err != nil {
-		return err
+		return unreachable{err}
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
@@ -126,3 +126,14 @@ func (s *scrapeConn) drop(c net.Conn) {
 	}
 	s.mu.Unlock()
 }
+
+// unreachable is a scrape that got no answer at all (refused, reset, timed
+// out): the process is gone or frozen, unlike one whose /metrics answers an
+// error while it may still serve.
+type unreachable struct{ err error }
+
+func (u unreachable) Error() string { return u.err.Error() }
+func (u unreachable) Unwrap() error { return u.err }
+
+// IsUnreachable reports whether a scrape's error is one that got no answer.
+func IsUnreachable(err error) bool { return errors.As(err, new(unreachable)) }

@@ -58,13 +58,16 @@ const maxExposition = 8 << 20
 type Snapshot struct {
 	Address string
 	engine.Metrics
-	Dialect   engine.Dialect
-	Scraped   bool          // at least one scrape succeeded
-	Age       time.Duration // since the last successful scrape
-	Stale     bool
-	Healthy   bool
-	Failures  int
-	LastError string
+	Dialect  engine.Dialect
+	Scraped  bool          // at least one scrape succeeded
+	Age      time.Duration // since the last successful scrape
+	Stale    bool
+	Healthy  bool
+	Failures int
+	// Unreachable: every scrape since the last success failed without an
+	// answer (and one did): the process is gone or frozen.
+	Unreachable bool
+	LastError   string
 	// Pending counts requests dispatched after the last scrape and not yet
 	// reflected in it; they are included in Waiting and KVUsage above.
 	Pending int
@@ -132,11 +135,13 @@ type Accounting struct {
 	Dialect   engine.Dialect // of the last successful scrape
 	ScrapedAt time.Time      // when the last successful scrape began; zero before
 	Failures  int            // consecutive failed scrapes
-	Errors    uint64         // failed scrapes in all
-	LastErr   error
-	pending   []dispatch // dispatched after the last scrape began
-	completed int        // completions of requests dispatched before the last scrape
-	nextID    uint64
+	// Unanswered counts the consecutive failed scrapes that got no answer.
+	Unanswered int
+	Errors     uint64 // failed scrapes in all
+	LastErr    error
+	pending    []dispatch // dispatched after the last scrape began
+	completed  int        // completions of requests dispatched before the last scrape
+	nextID     uint64
 	// prefilling holds the prompt tokens of dispatched requests whose first token
 	// has not come back: work queued ahead of a new request, which the gateway
 	// knows before any scrape does.
@@ -146,7 +151,7 @@ type Accounting struct {
 
 // Observed records a successful scrape that began at started.
 func (a *Accounting) Observed(m engine.Metrics, d engine.Dialect, started time.Time) {
-	a.Metrics, a.Dialect, a.Failures, a.LastErr = m, d, 0, nil
+	a.Metrics, a.Dialect, a.Failures, a.Unanswered, a.LastErr = m, d, 0, 0, nil
 	a.ScrapedAt = started
 	// Dispatches well before the scrape began are in the server's numbers now. A
 	// model server updates its gauges once a step, so a request that arrived in
@@ -167,6 +172,11 @@ func (a *Accounting) Observed(m engine.Metrics, d engine.Dialect, started time.T
 func (a *Accounting) Failed(err error) {
 	a.Failures++
 	a.Errors++
+	if IsUnreachable(err) {
+		a.Unanswered++
+	} else {
+		a.Unanswered = 0
+	}
 	a.LastErr = err
 }
 
@@ -212,7 +222,7 @@ func (a *Accounting) Complete(id uint64) {
 
 // Snapshot folds the dispatches into the last scrape, as of now.
 func (a *Accounting) Snapshot(addr string, now time.Time, staleAfter time.Duration, unhealthyAfter int) Snapshot {
-	s := Snapshot{Address: addr, Metrics: a.Metrics, Dialect: a.Dialect, Scraped: !a.ScrapedAt.IsZero(), Failures: a.Failures, Pending: len(a.pending),
+	s := Snapshot{Address: addr, Metrics: a.Metrics, Dialect: a.Dialect, Scraped: !a.ScrapedAt.IsZero(), Failures: a.Failures, Unreachable: a.Failures > 0 && a.Unanswered == a.Failures, Pending: len(a.pending),
 		PrefillTokens: a.prefillingTotal, ScrapeErrors: a.Errors}
 	if a.LastErr != nil {
 		s.LastError = a.LastErr.Error()

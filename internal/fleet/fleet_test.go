@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"strings"
@@ -193,5 +194,38 @@ func TestBackoff(t *testing.T) {
 	}
 	if got := backoff(3*time.Second, 2*time.Second, 9); got != 3*time.Second {
 		t.Errorf("an interval above the bound: %v", got)
+	}
+}
+
+// TestUnreachable: a snapshot reads unreachable only while every scrape since
+// the last success got no answer — a process gone or frozen, not one whose
+// /metrics answers an error.
+func TestUnreachable(t *testing.T) {
+	noAnswer := unreachable{errors.New("connection refused")}
+	answered := errors.New("metrics answered 500 Internal Server Error")
+	for _, tc := range []struct {
+		name     string
+		failures []error
+		want     bool
+	}{
+		{"scraped fine", nil, false},
+		{"refused", []error{noAnswer, noAnswer, noAnswer}, true},
+		{"metrics answer 500", []error{answered, answered, answered}, false},
+		{"answered, then refused", []error{answered, noAnswer}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var a Accounting
+			now := time.Unix(100, 0)
+			a.Observed(engine.Metrics{}, engine.VLLM, now)
+			for _, err := range tc.failures {
+				a.Failed(err)
+			}
+			if s := a.Snapshot("a", now, 2*time.Second, 3); s.Unreachable != tc.want {
+				t.Errorf("unreachable %v, want %v", s.Unreachable, tc.want)
+			}
+		})
+	}
+	if !IsUnreachable(fmt.Errorf("scrape: %w", noAnswer)) || IsUnreachable(answered) {
+		t.Error("IsUnreachable")
 	}
 }

@@ -411,17 +411,18 @@ func TestUpstreamProtocols(t *testing.T) {
 	}
 }
 
-// A JSON (non-streaming) answer that breaks after its headers cuts the client's
-// connection, so a truncated body is never taken for a whole one, and the endpoint's
-// in-flight count still returns to zero.
+// A JSON (non-streaming) answer past the relay's buffer that breaks once part
+// of it went out cuts the client's connection, so a truncated body is never
+// taken for a whole one, and the endpoint's in-flight count still returns to
+// zero. (One that breaks within the buffer is retried: TestFaultJSONCut.)
 func TestBrokenJSONBodyCutsConnection(t *testing.T) {
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if notMetrics(w, r) {
 			return
 		}
 		w.Header().Set("Content-Type", "application/json")
-		w.Header().Set("Content-Length", "1000")
-		_, _ = w.Write([]byte(`{"choices":[`))
+		w.Header().Set("Content-Length", "100000")
+		_, _ = w.Write([]byte(`{"choices":[` + strings.Repeat(" ", 40000)))
 		_ = http.NewResponseController(w).Flush()
 		panic(http.ErrAbortHandler)
 	}))

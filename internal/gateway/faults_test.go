@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -78,6 +79,20 @@ func (f *faulty) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusOK)
 		_ = http.NewResponseController(w).Flush()
 		panic(http.ErrAbortHandler)
+	case "cut-30": // 30% of streams, drawn at random, break after their first event
+		w.Header().Set("Content-Type", "text/event-stream")
+		event()
+		if cutDraw() < 0.3 {
+			panic(http.ErrAbortHandler)
+		}
+		event()
+		fmt.Fprint(w, "data: [DONE]\n\n")
+	case "json-cut": // part of a JSON answer, then the connection drops
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Content-Length", "1000")
+		fmt.Fprint(w, `{"id":"x","object":"chat.completion","choices":[`)
+		_ = http.NewResponseController(w).Flush()
+		panic(http.ErrAbortHandler)
 	case "idle-mid-stream": // one event, then silence
 		w.Header().Set("Content-Type", "text/event-stream")
 		event()
@@ -111,6 +126,18 @@ func (f *faulty) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}
+}
+
+var cutRand = struct {
+	sync.Mutex
+	*rand.Rand
+}{Rand: rand.New(rand.NewPCG(16, 30))}
+
+// cutDraw draws the fate of one stream of a "cut-30" server.
+func cutDraw() float64 {
+	cutRand.Lock()
+	defer cutRand.Unlock()
+	return cutRand.Float64()
 }
 
 // faultConfig is one scheduler over addrs with short bounds, so that each
@@ -277,6 +304,83 @@ func TestFaultPoolFrozen(t *testing.T) {
 	waitScraped(t, g, aAddr, bAddr)
 	if resp, raw, _ := call(t, "POST", base+"/v1/chat/completions", chat(llama)); resp.StatusCode != 200 {
 		t.Errorf("thawed: %d %s", resp.StatusCode, raw)
+	}
+}
+
+// TestFaultJSONCut: a JSON answer that breaks part-way is read before
+// anything reaches the client, so it is retried on another endpoint; with no
+// other, the client gets a status and an OpenAI error, not a cut connection.
+func TestFaultJSONCut(t *testing.T) {
+	bad, badAddr := startFaulty(t, "json-cut")
+	_, good := startSim(t, llama, simserver.Options{})
+	g, base := startGateway(t, faultConfig(badAddr, good))
+	waitScraped(t, g, badAddr, good)
+	client := sdk(base, option.WithRequestTimeout(10*time.Second))
+	for i := range 20 {
+		c, err := client.Chat.Completions.New(context.Background(), openai.ChatCompletionNewParams{
+			Model: llama, Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage(fmt.Sprint("question ", i))}, MaxTokens: openai.Int(4)})
+		if err != nil || len(c.Choices) == 0 {
+			t.Errorf("request %d: %v", i, err)
+		}
+	}
+	if bad.hits.Load() == 0 {
+		t.Error("the cutting endpoint was never tried")
+	}
+	t.Logf("JSON cut short: 20 of 20 answered; the cutting endpoint got %d, each retried", bad.hits.Load())
+
+	_, base = startGateway(t, faultConfig(badAddr))
+	resp, raw, e := call(t, "POST", base+"/v1/chat/completions", chat(llama))
+	if resp.StatusCode != 503 || resp.Header.Get("Retry-After") == "" || e.Error.Message == "" || strings.Contains(string(raw), "127.0.0.1") {
+		t.Errorf("only a cutting endpoint: %d %s", resp.StatusCode, raw)
+	}
+}
+
+// TestFaultCutStreams: a pod that breaks 30% of its streams after their first
+// event, with idle metrics (its broken streams free it early, so it looks the
+// idlest), draws less than its share once its error rate counts, where it drew
+// the most without; every request ends with its answer or an error event.
+func TestFaultCutStreams(t *testing.T) {
+	share := map[string]float64{}
+	for _, tc := range []struct {
+		name   string
+		weight int32 // of errorRate; -1: the profile's
+	}{{"without errorRate", 0}, {"with errorRate", -1}} {
+		bad, badAddr := startFaulty(t, "cut-30")
+		_, good1 := startSim(t, llama, simserver.Options{})
+		_, good2 := startSim(t, llama, simserver.Options{})
+		cfg := faultConfig(badAddr, good1, good2)
+		off := int32(0) // no ejection: a 30% pod rarely fails five in a row, and this measures the score
+		cfg.Spec.Gateway.OutlierDetection = &v1alpha1.OutlierSpec{ConsecutiveFailures: &off}
+		if tc.weight >= 0 {
+			w := tc.weight
+			cfg.Spec.Schedulers[0].Weights = &v1alpha1.Weights{ErrorRate: &w}
+		}
+		g, base := startGateway(t, cfg)
+		waitScraped(t, g, badAddr, good1, good2)
+		const n = 150
+		failed := 0
+		for _, e := range streamAll(t, base, n) {
+			if e != "" {
+				failed++
+				if !strings.Contains(e, "stream") && !strings.Contains(e, "upstream") {
+					t.Errorf("%s: a failed stream ended with %q, not an error event", tc.name, e)
+				}
+			}
+		}
+		share[tc.name] = float64(bad.hits.Load()) / n
+		rate := 0.0
+		for _, e := range g.FleetView()[0].Endpoints {
+			if e.Address == badAddr {
+				rate = e.ErrorRate
+			}
+		}
+		t.Logf("%s: the cutting pod served %d of %d requests (%.0f%%, a fair share is 33%%), its error rate %.2f; %d streams broke", tc.name, bad.hits.Load(), n, 100*share[tc.name], rate, failed)
+		if failed > int(bad.hits.Load()) {
+			t.Errorf("%s: %d failed requests, more than the cutting pod served (%d)", tc.name, failed, bad.hits.Load())
+		}
+	}
+	if share["with errorRate"] >= 1.0/3 || share["with errorRate"] >= share["without errorRate"]/2 {
+		t.Errorf("the cutting pod's share: %.2f with errorRate, %.2f without; want below a fair third and half the other", share["with errorRate"], share["without errorRate"])
 	}
 }
 
@@ -499,37 +603,48 @@ func TestDrain(t *testing.T) {
 // then gets almost nothing, even with retries off; with every endpoint failing,
 // at most half are ejected (the scheduler fails open).
 func TestOutlierEjection(t *testing.T) {
-	bad, badAddr := startFaulty(t, "500")
-	_, good := startSim(t, llama, simserver.Options{})
-	cfg := faultConfig(badAddr, good)
-	one := int32(1)
-	cfg.Spec.Gateway.MaxAttempts = &one
-	g, base := startGateway(t, cfg)
-	waitScraped(t, g, badAddr, good)
-	failed := 0
-	for range 200 {
-		resp, _, _ := call(t, "POST", base+"/v1/chat/completions", chat(llama))
-		if resp.StatusCode != 200 {
-			failed++
+	// With the default profile the errorRate score passes the pod over after
+	// its first failures; with it off, ejection alone must do it.
+	for _, scored := range []bool{true, false} {
+		bad, badAddr := startFaulty(t, "500")
+		_, good := startSim(t, llama, simserver.Options{})
+		cfg := faultConfig(badAddr, good)
+		one := int32(1)
+		cfg.Spec.Gateway.MaxAttempts = &one
+		if !scored {
+			zero := int32(0)
+			cfg.Spec.Schedulers[0].Weights = &v1alpha1.Weights{ErrorRate: &zero}
 		}
-	}
-	t.Logf("500 at once, idle metrics, no retries: the pod got %d of 200 requests, %d failed", bad.hits.Load(), failed)
-	if hits := bad.hits.Load(); hits > 10 || failed > 10 {
-		t.Errorf("the failing pod got %d of 200 requests (%d failed), want ≤ 10 (5%%)", hits, failed)
-	}
-	if n := counter(t, g, "kvgate_endpoint_ejections_total", "endpoint", badAddr); n != 1 {
-		t.Errorf("ejections %v, want 1", n)
-	}
-	if n := counter(t, g, "kvgate_endpoint_ejected", "endpoint", badAddr); n != 1 {
-		t.Errorf("kvgate_endpoint_ejected %v", n)
-	}
-	for _, e := range g.FleetView()[0].Endpoints {
-		if (e.Address == badAddr) != (e.EjectedForMs > 0) {
-			t.Errorf("/debug/fleet: %s ejected for %v ms", e.Address, e.EjectedForMs)
+		g, base := startGateway(t, cfg)
+		waitScraped(t, g, badAddr, good)
+		failed := 0
+		for range 200 {
+			resp, _, _ := call(t, "POST", base+"/v1/chat/completions", chat(llama))
+			if resp.StatusCode != 200 {
+				failed++
+			}
 		}
-	}
-	if resp, _, _ := call(t, "POST", base+"/v1/chat/completions", chat(llama), "X-Kvgate-Explain", "1"); !strings.Contains(resp.Header.Get("X-Kvgate-Scores"), "; ejected "+badAddr) {
-		t.Errorf("x-kvgate-scores does not show the ejection: %q", resp.Header.Get("X-Kvgate-Scores"))
+		t.Logf("500 at once, idle metrics, no retries, errorRate scored %v: the pod got %d of 200 requests, %d failed", scored, bad.hits.Load(), failed)
+		if hits := bad.hits.Load(); hits > 10 || failed > 10 {
+			t.Errorf("errorRate scored %v: the failing pod got %d of 200 requests (%d failed), want ≤ 10 (5%%)", scored, hits, failed)
+		}
+		if scored {
+			continue
+		}
+		if n := counter(t, g, "kvgate_endpoint_ejections_total", "endpoint", badAddr); n != 1 {
+			t.Errorf("ejections %v, want 1", n)
+		}
+		if n := counter(t, g, "kvgate_endpoint_ejected", "endpoint", badAddr); n != 1 {
+			t.Errorf("kvgate_endpoint_ejected %v", n)
+		}
+		for _, e := range g.FleetView()[0].Endpoints {
+			if (e.Address == badAddr) != (e.EjectedForMs > 0) {
+				t.Errorf("/debug/fleet: %s ejected for %v ms", e.Address, e.EjectedForMs)
+			}
+		}
+		if resp, _, _ := call(t, "POST", base+"/v1/chat/completions", chat(llama), "X-Kvgate-Explain", "1"); !strings.Contains(resp.Header.Get("X-Kvgate-Scores"), "; ejected "+badAddr) {
+			t.Errorf("x-kvgate-scores does not show the ejection: %q", resp.Header.Get("X-Kvgate-Scores"))
+		}
 	}
 
 	// Both failing: one is ejected, the other keeps serving (its 500s) rather

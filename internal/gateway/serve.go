@@ -159,7 +159,11 @@ func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Re
 		},
 		Watch: func(ctx context.Context, i int, giveUp func(error)) { g.watcher.watch(ctx, rt, i, giveUp) },
 		OnFailure: func(i int, e *proxy.AttemptError) {
-			rt.Failed(e.Target)
+			// An endpoint the fleet found down is not an outlier among healthy
+			// ones: counting its waits would keep it ejected once it is back.
+			if !errors.Is(e.Err, errEndpointLost) {
+				rt.Failed(e.Target)
+			}
 			switch {
 			case e.Status != 0:
 				retry = "status"

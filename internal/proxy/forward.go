@@ -313,14 +313,26 @@ func (j *Job) attempt(ctx context.Context, t Target, i int, body io.ReadCloser, 
 	resp, err := rt.RoundTrip(out)
 	a := answer{resp: resp, cancel: cancel}
 	if err == nil && j.WaitFirstByte && !j.retryable(resp.StatusCode) {
-		var late *time.Timer
-		var timedOut atomic.Bool
-		if j.FirstByteTimeout > 0 && strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
-			late = time.AfterFunc(j.FirstByteTimeout, func() { timedOut.Store(true); cancel() })
-		}
-		a.n, a.err = readFirst(resp.Body, buf)
-		if late != nil && !late.Stop() && timedOut.Load() && a.n == 0 {
-			a.err = errFirstByte
+		sse := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
+		if sse {
+			var late *time.Timer
+			var timedOut atomic.Bool
+			if j.FirstByteTimeout > 0 {
+				late = time.AfterFunc(j.FirstByteTimeout, func() { timedOut.Store(true); cancel() })
+			}
+			a.n, a.err = readFirst(resp.Body, buf)
+			if late != nil && !late.Stop() && timedOut.Load() && a.n == 0 {
+				a.err = errFirstByte
+			}
+		} else {
+			// A whole answer is read as far as the buffer goes before anything
+			// is committed: one that breaks within it (most JSON answers are
+			// smaller) is retried like a 5xx, where relaying it would end in
+			// a cut connection.
+			a.n, a.err = fill(resp.Body, buf)
+			if a.err != nil && !errors.Is(a.err, io.EOF) {
+				a.n = 0 // broken before a byte was sent: the attempt failed
+			}
 		}
 		if a.n == 0 && a.err != nil && !errors.Is(a.err, io.EOF) {
 			_ = resp.Body.Close()
@@ -369,6 +381,21 @@ func (j *Job) request(ctx context.Context, t Target, body io.ReadCloser) *http.R
 		out.Header[k] = vs
 	}
 	return out
+}
+
+// fill reads into buf until it is full or the body ends (io.EOF) or fails, and
+// keeps the body's own error (io.ReadFull would turn a clean end into
+// io.ErrUnexpectedEOF, which is also how a cut body with a length reads).
+func fill(body io.Reader, buf []byte) (int, error) {
+	n := 0
+	for n < len(buf) {
+		m, err := body.Read(buf[n:])
+		n += m
+		if err != nil {
+			return n, err
+		}
+	}
+	return n, nil
 }
 
 // readFirst reads into buf until the body yields bytes or ends.
@@ -511,6 +538,11 @@ func (j *Job) relay(ctx context.Context, w http.ResponseWriter, i int, a answer,
 			msg, status = "the gateway is shutting down; retry", http.StatusServiceUnavailable
 		}
 		event, _ := json.Marshal(openai.ErrorBody{Error: openai.ErrorDetail{Message: msg, Type: openai.TypeServer, Code: status}})
+		if writeTimeout > 0 {
+			// The deadline rolls forward with the upstream's data: after a
+			// silent upstream it has long passed, and the event must still go.
+			_ = rc.SetWriteDeadline(time.Now().Add(writeTimeout))
+		}
 		_, _ = fmt.Fprintf(w, "data: %s\n\n", event)
 		_ = rc.Flush()
 	default:

@@ -60,6 +60,14 @@ var upstreams = map[string]http.HandlerFunc{
 		w.(http.Flusher).Flush()
 		panic(http.ErrAbortHandler)
 	},
+	// mid-big-JSON: a JSON body past the relay's buffer that breaks after 40 KB.
+	"mid-big-JSON": func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Content-Length", "100000")
+		_, _ = io.WriteString(w, `{"id":"x","pad":"`+strings.Repeat("x", 40000))
+		w.(http.Flusher).Flush()
+		panic(http.ErrAbortHandler)
+	},
 	// streams: one event, then nothing until the request ends.
 	"streams": func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body) // net/http sees the client go only past the body
@@ -181,7 +189,14 @@ func TestForward(t *testing.T) {
 		{"breaks mid-SSE", []string{"mid-SSE", "good"},
 			want{committed: true, status: 200, code: CodeStreamError, body: event + "data: {\"error\":{\"message\":\"" + midStream},
 			want{committed: true, status: 200, code: CodeStreamError, body: event + "data: {\"error\":{\"message\":\"" + midStream}},
+		// A JSON answer is read whole, as far as the buffer goes, before it
+		// is committed: one that breaks within it is retried.
 		{"breaks a JSON body mid-way", []string{"mid-JSON", "good"},
+			want{committed: true, status: 200, code: CodeStreamError, abort: true, cut: true}, served},
+		{"breaks a JSON body mid-way, none left", []string{"mid-JSON"},
+			want{committed: true, status: 200, code: CodeStreamError, abort: true, cut: true},
+			want{target: 0, status: 502, failures: 1, body: "nothing served"}},
+		{"breaks a JSON body past the buffer", []string{"mid-big-JSON", "good"},
 			want{committed: true, status: 200, code: CodeStreamError, abort: true, cut: true},
 			want{committed: true, status: 200, code: CodeStreamError, abort: true, cut: true}},
 	} {

@@ -353,9 +353,10 @@ var snapshotPool = sync.Pool{New: func() any { return new(snapshotScratch) }}
 // scraped metrics and, for a prompt's block hashes, their prefix affinity. The
 // list lives in sc. A non-nil subset keeps only the endpoints it names.
 //
-// An endpoint the fleet knows is down — scraped once, then failing its scrapes
-// unhealthyAfter times in a row (killed, frozen) — is left out: a request sent
-// there waits for a timeout. One never scraped (just started, or publishing no
+// An endpoint the fleet knows is down — scraped once, then its scrapes getting
+// no answer (refused, timed out) unhealthyAfter times in a row or for longer
+// than staleAfter: killed or frozen — is left out: a request sent there waits
+// for a timeout. One whose /metrics answers an error may still serve, and stays. One never scraped (just started, or publishing no
 // metrics) stays, read as unhealthy: picked only when nothing else is left.
 func (p *scheduler) snapshot(fl *fleet.Fleet, idx *prefix.Index, hashes []uint64, limit int, subset []string, now time.Time, sc *snapshotScratch) []schedule.Endpoint {
 	addrs, refs := sc.addrs[:0], sc.refs[:0]
@@ -372,7 +373,7 @@ func (p *scheduler) snapshot(fl *fleet.Fleet, idx *prefix.Index, hashes []uint64
 	sc.down, sc.full = 0, 0
 	for i := range sc.snaps {
 		s, e := &sc.snaps[i], refs[i]
-		if s.Scraped && !s.Healthy {
+		if s.Scraped && s.Unreachable && (!s.Healthy || s.Stale) {
 			sc.down++
 			continue
 		}
@@ -385,7 +386,7 @@ func (p *scheduler) snapshot(fl *fleet.Fleet, idx *prefix.Index, hashes []uint64
 		// healthy is left, and a last fallback.
 		healthy := s.Healthy && !e.ejected(now)
 		out = append(out, schedule.Endpoint{Address: e.addr, InFlight: n,
-			Signals: schedule.Signals{Metrics: s.Metrics, HasMetrics: s.Scraped, Healthy: healthy, Stale: s.Stale, PrefillTokens: float64(s.PrefillTokens)}})
+			Signals: schedule.Signals{Metrics: s.Metrics, HasMetrics: s.Scraped, Healthy: healthy, Stale: s.Stale, PrefillTokens: float64(s.PrefillTokens), ErrorRate: e.errorRate(now)}})
 		addrs[kept], refs[kept] = e.addr, e
 		kept++
 	}
