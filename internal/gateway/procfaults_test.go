@@ -749,9 +749,13 @@ func podCuttingStreams(t *testing.T, e *procEnv) []outcome {
 	if cut == 0 {
 		t.Error("no stream was cut: the fault did not fire")
 	}
-	// The faulty pod's share is what an error-rate scorer should bring down:
-	// an assertion on share[faulty.addr] belongs here once there is one.
+	// The errorRate scorer passes over the pod whose streams break: its
+	// share stays below a fair third (before the scorer it drew 1.5× its
+	// peers').
 	share := endpointShare(rs)
+	if 3*share[faulty.addr] >= len(rs) {
+		t.Errorf("the cutting pod served %d of %d requests, not less than a fair third", share[faulty.addr], len(rs))
+	}
 	var parts []string
 	for _, s := range e.sims {
 		label := s.addr

@@ -79,10 +79,17 @@ type outlierPolicy struct {
 const maxEjectionFactor = 10
 
 // answered records whether an answer of e, an endpoint of p, failed (a 5xx, a
-// connection failure, a first-byte timeout, a broken stream). Enough failures
+// connection failure, a first-byte timeout, a broken stream), for its error
+// rate and ejection. Enough failures
 // in a row eject it, unless that would eject more than the policy's share of
 // p's endpoints: the scheduler fails open rather than eject them all.
 func (g *Router) answered(p *scheduler, e *endpoint, failed bool) {
+	// Failures of an endpoint the fleet knows is down (a frozen pod's
+	// streams timing out) are the fleet's to act on: counted here they would
+	// keep it ejected or passed over once it is back.
+	if failed && down(&g.fleet.Snapshot([]string{e.addr})[0]) {
+		return
+	}
 	now := g.now()
 	e.noteAnswer(now, failed)
 	if !failed {

@@ -373,7 +373,7 @@ func (p *scheduler) snapshot(fl *fleet.Fleet, idx *prefix.Index, hashes []uint64
 	sc.down, sc.full = 0, 0
 	for i := range sc.snaps {
 		s, e := &sc.snaps[i], refs[i]
-		if s.Scraped && s.Unreachable && (!s.Healthy || s.Stale) {
+		if down(s) {
 			sc.down++
 			continue
 		}
@@ -489,3 +489,7 @@ func (g *Router) now() time.Time {
 	}
 	return time.Now()
 }
+
+// down says whether the fleet knows an endpoint is gone or frozen: scraped once,
+// then its scrapes getting no answer, unhealthyAfter times or for staleAfter.
+func down(s *fleet.Snapshot) bool { return s.Scraped && s.Unreachable && (!s.Healthy || s.Stale) }
