@@ -526,7 +526,7 @@ func TestDrain(t *testing.T) {
 	done := make(chan error, 1)
 	go func() {
 		done <- Run(ctx, ServerOptions{ConfigPath: path, Listen: "127.0.0.1:0", AdminListen: "127.0.0.1:0",
-			PreStop: time.Second, DrainTimeout: time.Second, Ready: ready, Logger: quiet})
+			PreStop: time.Second, DrainTimeout: 2 * time.Second, Ready: ready, Logger: quiet})
 	}()
 	addrs := <-ready
 	api := "http://" + addrs.API + "/v1/chat/completions"
