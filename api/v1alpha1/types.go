@@ -166,6 +166,8 @@ type SchedulerSpec struct {
 	// RouteTimeout bounds a request from arrival to its last byte (default 10m;
 	// 0s disables it).
 	// +optional
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:Pattern=`^(0|(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+)$`
 	RouteTimeout *metav1.Duration `json:"routeTimeout,omitempty"`
 	// Replicas of the endpoint picker when it runs as its own deployment.
 	// +optional
@@ -231,12 +233,18 @@ type PrefixSpec struct {
 type ScrapeSpec struct {
 	// Interval between two scrapes of an endpoint (default 50ms).
 	// +optional
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:Pattern=`^(0|(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+)$`
 	Interval *metav1.Duration `json:"interval,omitempty"`
 	// Timeout of one scrape (default 1s).
 	// +optional
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:Pattern=`^(0|(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+)$`
 	Timeout *metav1.Duration `json:"timeout,omitempty"`
 	// StaleAfter: metrics older than this make an endpoint stale (default 2s).
 	// +optional
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:Pattern=`^(0|(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+)$`
 	StaleAfter *metav1.Duration `json:"staleAfter,omitempty"`
 	// UnhealthyAfter consecutive failed scrapes make an endpoint unhealthy
 	// (default 3).
@@ -258,28 +266,40 @@ type GatewaySpec struct {
 	// QueueTimeout is how long a request may wait for a saturated pool before 429
 	// (default 1s).
 	// +optional
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:Pattern=`^(0|(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+)$`
 	QueueTimeout *metav1.Duration `json:"queueTimeout,omitempty"`
 	// ConnectTimeout bounds dialling an endpoint (default 2s).
 	// +optional
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:Pattern=`^(0|(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+)$`
 	ConnectTimeout *metav1.Duration `json:"connectTimeout,omitempty"`
 	// ResponseHeaderTimeout bounds the wait for an endpoint's response headers
 	// (default 5m: a non-streaming answer's headers come with its last token;
 	// 0s: none). An endpoint that misses it is given up on for the next.
 	// +optional
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:Pattern=`^(0|(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+)$`
 	ResponseHeaderTimeout *metav1.Duration `json:"responseHeaderTimeout,omitempty"`
 	// FirstByteTimeout bounds the wait from a streamed response's headers to its
 	// first event (default 60s; 0s: none). An endpoint that misses it is given
 	// up on for the next.
 	// +optional
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:Pattern=`^(0|(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+)$`
 	FirstByteTimeout *metav1.Duration `json:"firstByteTimeout,omitempty"`
 	// StreamIdleTimeout ends a streamed response that sends nothing for this
 	// long once it started, with an error event (default 60s; 0s: none).
 	// +optional
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:Pattern=`^(0|(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+)$`
 	StreamIdleTimeout *metav1.Duration `json:"streamIdleTimeout,omitempty"`
 	// ClientWriteTimeout ends a streamed request whose client has not taken a
 	// write for about this long (default 30s; 0s: none), releasing its
 	// endpoint: a client that stops reading cannot hold a slot.
 	// +optional
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:Pattern=`^(0|(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+)$`
 	ClientWriteTimeout *metav1.Duration `json:"clientWriteTimeout,omitempty"`
 	// RetryBufferBytes is how much of a body is kept to replay it on a retry
 	// (default 8 MiB); a larger body is streamed once and not retried.
@@ -306,6 +326,8 @@ type OutlierSpec struct {
 	ConsecutiveFailures *int32 `json:"consecutiveFailures,omitempty"`
 	// BaseEjectionTime is the first ejection's length (default 30s).
 	// +optional
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:Pattern=`^(0|(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+)$`
 	BaseEjectionTime *metav1.Duration `json:"baseEjectionTime,omitempty"`
 	// MaxEjectionPercent of a scheduler's endpoints ejected at once (default 50).
 	// +kubebuilder:validation:Minimum=0

@@ -294,6 +294,34 @@ func TestCRDValidation(t *testing.T) {
 			}
 		})
 	}
+	// A duration the gateway could not decode is refused by the API server,
+	// not accepted and left to break every replica that reads it.
+	for _, tc := range []struct {
+		value string
+		ok    bool
+	}{{"abc", false}, {"30", false}, {"1m30", false}, {"-5s", false}, {"1m30s", true}, {"0", true}, {"250ms", true}, {"1.5h", true}} {
+		t.Run("duration "+tc.value, func(t *testing.T) {
+			u := &unstructured.Unstructured{Object: map[string]any{
+				"apiVersion": v1alpha1.APIVersion, "kind": v1alpha1.Kind,
+				"metadata": map[string]any{"generateName": "dur-", "namespace": "crd"},
+				"spec": map[string]any{
+					"gateway":    map[string]any{"queueTimeout": tc.value, "scrape": map[string]any{"interval": tc.value}},
+					"schedulers": []any{map[string]any{"name": "a", "modelName": "m", "routeTimeout": tc.value, "modelSelector": map[string]any{"matchLabels": map[string]any{"app": "x"}}}},
+				},
+			}}
+			err := k.c.Create(context.Background(), u)
+			if tc.ok != (err == nil) {
+				t.Fatalf("%q: err = %v, want accepted %v", tc.value, err, tc.ok)
+			}
+			if err != nil {
+				for _, field := range []string{"spec.gateway.queueTimeout", "spec.gateway.scrape.interval", "spec.schedulers[0].routeTimeout"} {
+					if !strings.Contains(err.Error(), field) {
+						t.Errorf("%q: the error does not name %s: %v", tc.value, field, err)
+					}
+				}
+			}
+		})
+	}
 	// The closed schema: an unknown field is an error for a strict client.
 	u := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": v1alpha1.APIVersion, "kind": v1alpha1.Kind,
