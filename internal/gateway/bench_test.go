@@ -35,21 +35,34 @@ var (
 	buildErr  error
 )
 
-func kvgateBinary(b *testing.B) string {
+// kvgateBinary builds cmd/kvgate once per test binary, for the benchmarks and
+// the process fault suite. It goes to one path per user, replaced by a rename,
+// so that runs do not pile up binaries in the temp directory and a run never
+// executes another's half-written file.
+func kvgateBinary(t testing.TB) string {
+	t.Helper()
 	buildOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "kvgate-bench")
+		dir := filepath.Join(os.TempDir(), fmt.Sprintf("kvgate-test-%d", os.Getuid()))
+		if buildErr = os.MkdirAll(dir, 0o700); buildErr != nil {
+			return
+		}
+		tmp, err := os.CreateTemp(dir, "kvgate-*")
 		if err != nil {
 			buildErr = err
 			return
 		}
-		binPath = filepath.Join(dir, "kvgate")
-		out, err := exec.Command("go", "build", "-o", binPath, "github.com/kvgate/kvgate/cmd/kvgate").CombinedOutput()
+		_ = tmp.Close()
+		out, err := exec.Command("go", "build", "-o", tmp.Name(), "github.com/kvgate/kvgate/cmd/kvgate").CombinedOutput()
 		if err != nil {
-			buildErr = fmt.Errorf("build: %w\n%s", err, out)
+			_ = os.Remove(tmp.Name())
+			buildErr = fmt.Errorf("go build cmd/kvgate: %w\n%s", err, out)
+			return
 		}
+		binPath = filepath.Join(dir, "kvgate")
+		buildErr = os.Rename(tmp.Name(), binPath)
 	})
 	if buildErr != nil {
-		b.Fatal(buildErr)
+		t.Fatal(buildErr)
 	}
 	return binPath
 }

@@ -2,7 +2,6 @@ package gateway
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -10,9 +9,7 @@ import (
 	"log/slog"
 	"maps"
 	"net/http"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -22,6 +19,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/api/v1alpha1"
+	"github.com/kvgate/kvgate/internal/logtest"
 )
 
 // The process fault suite: real `kvgate sim` processes — killed (SIGKILL),
@@ -35,69 +33,16 @@ import (
 // to be caught mid-way by a fault, short enough for bursts of a hundred.
 const procMaxTokens = 48
 
-var (
-	procBuildOnce sync.Once
-	procBinPath   string
-	procBuildErr  error
-)
-
-// procBinary builds cmd/kvgate once per test binary. It goes to one path per
-// user, replaced by a rename, so that runs do not pile up binaries in the temp
-// directory and a run never executes another's half-written file.
-func procBinary(t testing.TB) string {
-	t.Helper()
-	procBuildOnce.Do(func() {
-		dir := filepath.Join(os.TempDir(), fmt.Sprintf("kvgate-procfaults-%d", os.Getuid()))
-		if procBuildErr = os.MkdirAll(dir, 0o700); procBuildErr != nil {
-			return
-		}
-		tmp, err := os.CreateTemp(dir, "kvgate-*")
-		if err != nil {
-			procBuildErr = err
-			return
-		}
-		_ = tmp.Close()
-		out, err := exec.Command("go", "build", "-o", tmp.Name(), "github.com/kvgate/kvgate/cmd/kvgate").CombinedOutput()
-		if err != nil {
-			_ = os.Remove(tmp.Name())
-			procBuildErr = fmt.Errorf("go build cmd/kvgate: %w\n%s", err, out)
-			return
-		}
-		procBinPath = filepath.Join(dir, "kvgate")
-		procBuildErr = os.Rename(tmp.Name(), procBinPath)
-	})
-	if procBuildErr != nil {
-		t.Fatal(procBuildErr)
-	}
-	return procBinPath
-}
-
-// syncBuffer is a bytes.Buffer safe for a process's output and a test's reads.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-// tail is the buffer's last n lines.
-func (b *syncBuffer) tail(n int) string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	lines := strings.Split(strings.TrimRight(b.buf.String(), "\n"), "\n")
+// lastLines is text's last n lines.
+func lastLines(text string, n int) string {
+	lines := strings.Split(strings.TrimRight(text, "\n"), "\n")
 	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }
 
-// grep is the buffer's lines that contain s.
-func (b *syncBuffer) grep(s string) string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
+// linesWith is text's lines that contain s.
+func linesWith(text, s string) string {
 	var out []string
-	for l := range strings.SplitSeq(b.buf.String(), "\n") {
+	for l := range strings.SplitSeq(text, "\n") {
 		if strings.Contains(l, s) {
 			out = append(out, l)
 		}
@@ -109,19 +54,19 @@ func (b *syncBuffer) grep(s string) string {
 type simProc struct {
 	cmd  *exec.Cmd
 	addr string
-	log  *syncBuffer // its stderr: the simulator's warnings
+	log  *logtest.Buffer // its stderr: the simulator's warnings
 }
 
 // startSimProc runs `kvgate sim` for llama on a free loopback port until the
 // test ends; cleanup thaws it (SIGCONT) before killing it.
 func startSimProc(t *testing.T) *simProc {
 	t.Helper()
-	cmd := exec.Command(procBinary(t), "sim", "--listen", "127.0.0.1:0", "--model", llama, "--gpu", "h100", "--model-size", "8b", "--log-level", "warn")
+	cmd := exec.Command(kvgateBinary(t), "sim", "--listen", "127.0.0.1:0", "--model", llama, "--gpu", "h100", "--model-size", "8b", "--log-level", "warn")
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &simProc{cmd: cmd, log: &syncBuffer{}}
+	p := &simProc{cmd: cmd, log: &logtest.Buffer{}}
 	cmd.Stderr = p.log
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -130,7 +75,7 @@ func startSimProc(t *testing.T) *simProc {
 		_ = cmd.Process.Signal(syscall.SIGCONT)
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
-		if l := p.log.tail(30); t.Failed() && l != "" {
+		if l := lastLines(p.log.String(), 30); t.Failed() && l != "" {
 			t.Logf("sim %s stderr (last lines):\n%s", p.addr, l)
 		}
 	})
@@ -147,7 +92,7 @@ func startSimProc(t *testing.T) *simProc {
 	select {
 	case p.addr = <-found:
 	case <-time.After(30 * time.Second):
-		t.Fatalf("kvgate sim did not say where it serves within 30s; stderr:\n%s", p.log.tail(30))
+		t.Fatalf("kvgate sim did not say where it serves within 30s; stderr:\n%s", lastLines(p.log.String(), 30))
 	}
 	return p
 }
@@ -371,8 +316,8 @@ type procEnv struct {
 	sims []*simProc
 	g    *Gateway
 	c    *wireClient
-	t0   time.Time   // when the case's load began
-	glog *syncBuffer // the gateway's warnings
+	t0   time.Time       // when the case's load began
+	glog *logtest.Buffer // the gateway's warnings
 }
 
 func (e *procEnv) addrs() []string {
@@ -428,9 +373,9 @@ func (e *procEnv) checkWire(t *testing.T, rs []outcome) {
 	for _, o := range rs {
 		switch {
 		case o.kind == kindCut:
-			t.Errorf("SILENT LOSS: %s; the gateway logged:\n%s", e.describe(o), e.glog.grep("request_id="+o.id+" "))
+			t.Errorf("SILENT LOSS: %s; the gateway logged:\n%s", e.describe(o), linesWith(e.glog.String(), "request_id="+o.id+" "))
 		case o.kind == kindHang:
-			t.Errorf("HANG: %s; the gateway logged:\n%s", e.describe(o), e.glog.grep("request_id="+o.id+" "))
+			t.Errorf("HANG: %s; the gateway logged:\n%s", e.describe(o), linesWith(e.glog.String(), "request_id="+o.id+" "))
 		case o.bad != "":
 			t.Errorf("bad body: %s", e.describe(o))
 		}
@@ -490,7 +435,7 @@ func TestProcessFaults(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs simulator processes for over a minute")
 	}
-	procBinary(t) // once, before the cases start their clocks
+	kvgateBinary(t) // once, before the cases start their clocks
 	for _, tc := range []struct {
 		name string
 		pods int
@@ -506,10 +451,10 @@ func TestProcessFaults(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			glog := &syncBuffer{}
+			glog := &logtest.Buffer{}
 			t.Cleanup(func() {
 				if t.Failed() {
-					t.Logf("gateway warnings (last lines):\n%s", glog.tail(30))
+					t.Logf("gateway warnings (last lines):\n%s", lastLines(glog.String(), 30))
 				}
 			})
 			e := &procEnv{glog: glog}
