@@ -356,8 +356,9 @@ var snapshotPool = sync.Pool{New: func() any { return new(snapshotScratch) }}
 // An endpoint the fleet knows is down — scraped once, then its scrapes getting
 // no answer (refused, timed out) unhealthyAfter times in a row or for longer
 // than staleAfter: killed or frozen — is left out: a request sent there waits
-// for a timeout. One whose /metrics answers an error may still serve, and stays. One never scraped (just started, or publishing no
-// metrics) stays, read as unhealthy: picked only when nothing else is left.
+// for a timeout. One whose /metrics answers an error may still serve, and
+// stays; so does one never scraped (just started, or publishing no metrics),
+// read as unhealthy: picked only when nothing else is left.
 func (p *scheduler) snapshot(fl *fleet.Fleet, idx *prefix.Index, hashes []uint64, limit int, subset []string, now time.Time, sc *snapshotScratch) []schedule.Endpoint {
 	addrs, refs := sc.addrs[:0], sc.refs[:0]
 	for _, e := range p.endpoints {
