@@ -283,9 +283,11 @@ func TestScenarios(t *testing.T) {
 // interval 60 s / limit has.
 func TestRequestsBoundary(t *testing.T) {
 	for _, backend := range backends {
-		limits := []int64{1, 7, 100, 333}
+		limits := []int64{1, 7, 100}
 		if backend == onLocal {
-			limits = append(limits, 9000, 99991) // too many for one interval of real time on Redis
+			// Too many for one interval of real time on Redis: 333 calls must
+			// all land within 180 ms, which a loaded 2-core -race run missed.
+			limits = append(limits, 333, 9000, 99991)
 		}
 		t.Run(backend, func(t *testing.T) {
 			e := newEnv(t, backend, Options{})
