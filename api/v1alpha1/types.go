@@ -25,6 +25,11 @@ const APIVersion = Group + "/" + Version
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
 // +kubebuilder:resource:shortName=igwc
+// +kubebuilder:printcolumn:name="Accepted",type=string,JSONPath=`.status.conditions[?(@.type=="Accepted")].status`
+// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
+// +kubebuilder:printcolumn:name="Schedulers",type=integer,JSONPath=`.status.servedSchedulers`
+// +kubebuilder:printcolumn:name="Endpoints",type=integer,JSONPath=`.status.readyEndpoints`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type InferenceGatewayConfig struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata,omitempty"`
@@ -338,14 +343,24 @@ type OutlierSpec struct {
 
 // InferenceGatewayConfigStatus is the observed state.
 type InferenceGatewayConfigStatus struct {
+	// ObservedGeneration is the generation being served: after a rejected edit,
+	// the last accepted one (the Accepted condition's observedGeneration names
+	// the latest seen).
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
-	// Conditions Accepted and Ready.
+	// Conditions Accepted (the latest generation) and Ready (what is served has
+	// ready endpoints in every scheduler, now).
 	// +optional
 	Conditions []metav1.Condition `json:"conditions,omitempty"`
-	// Schedulers reports each scheduler's endpoints and rollout.
+	// Schedulers reports each served scheduler's endpoints and rollout.
 	// +optional
 	Schedulers []SchedulerStatus `json:"schedulers,omitempty"`
+	// ServedSchedulers is the number of schedulers served.
+	// +optional
+	ServedSchedulers int32 `json:"servedSchedulers,omitempty"`
+	// ReadyEndpoints is the number of endpoints served, over all schedulers.
+	// +optional
+	ReadyEndpoints int32 `json:"readyEndpoints,omitempty"`
 }
 
 // SchedulerStatus is one scheduler's observed state.
