@@ -55,6 +55,20 @@ func (e *Error) Error() string {
 	return b.String()
 }
 
+// Messages lists the problems as "path: message", without file or line: for a
+// resource read from the API server, whose lines mean nothing to its author.
+func (e *Error) Messages() []string {
+	out := make([]string, 0, len(e.Problems))
+	for _, p := range e.Problems {
+		if p.Path != "" {
+			out = append(out, p.Path+": "+p.Message)
+		} else {
+			out = append(out, p.Message)
+		}
+	}
+	return out
+}
+
 // Load reads and checks the document in path.
 func Load(path string) (*v1alpha1.InferenceGatewayConfig, error) {
 	data, err := os.ReadFile(path)
@@ -176,11 +190,22 @@ func walk(n *yaml.Node, t reflect.Type, path string, out *[]Problem) {
 	if n.Tag == "!!null" {
 		return
 	}
-	// Types that decode themselves (durations, quantities, times) accept scalars.
+	add := func(msg string) { *out = append(*out, Problem{Line: n.Line, Path: path, Message: msg}) }
+	// Types that decode themselves (durations, quantities, times) are tried on
+	// their scalar here, so that a bad one is reported at its field rather than
+	// as a decoder error with no path.
 	if reflect.PointerTo(t).Implements(jsonUnmarshaler) || reflect.PointerTo(t).Implements(textUnmarshaler) {
+		if n.Kind == yaml.ScalarNode {
+			if err := decodeScalar(n.Value, t); err != nil {
+				msg := err.Error()
+				if !strings.Contains(msg, n.Value) {
+					msg = fmt.Sprintf("%q: %s", n.Value, msg)
+				}
+				add(msg)
+			}
+		}
 		return
 	}
-	add := func(msg string) { *out = append(*out, Problem{Line: n.Line, Path: path, Message: msg}) }
 	switch t.Kind() {
 	case reflect.Struct:
 		if n.Kind != yaml.MappingNode {
@@ -236,6 +261,16 @@ func walk(n *yaml.Node, t reflect.Type, path string, out *[]Problem) {
 			add(fmt.Sprintf("must be a number, got %q", n.Value))
 		}
 	}
+}
+
+// decodeScalar decodes one YAML scalar into a new value of a self-decoding type.
+func decodeScalar(v string, t reflect.Type) error {
+	ptr := reflect.New(t)
+	if u, ok := ptr.Interface().(json.Unmarshaler); ok {
+		raw, _ := json.Marshal(v)
+		return u.UnmarshalJSON(raw)
+	}
+	return ptr.Interface().(encoding.TextUnmarshaler).UnmarshalText([]byte(v))
 }
 
 // jsonFields maps a struct's JSON names to field types, following inlined fields.
