@@ -35,7 +35,11 @@ func (g *Gateway) AdminHandler() http.Handler {
 		case g.Draining():
 			http.Error(w, "draining", http.StatusServiceUnavailable)
 		case !g.Configured() && !g.opts.ReadyWithoutConfig:
-			http.Error(w, "no configuration", http.StatusServiceUnavailable)
+			msg := "no configuration"
+			if _, _, err := g.ConfigStatus(); err != nil {
+				msg += ": the last one was rejected: " + err.Error()
+			}
+			http.Error(w, msg, http.StatusServiceUnavailable)
 		case len(g.Unready()) > 0:
 			// A load balancer should send this replica nothing it cannot serve.
 			http.Error(w, "no ready endpoint for scheduler "+strings.Join(g.Unready(), ", "), http.StatusServiceUnavailable)

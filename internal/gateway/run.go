@@ -44,6 +44,9 @@ type Frontend = serving.Server
 // a frontend that has one.
 type Addrs struct{ API, Admin, Health string }
 
+// sourceStopTimeout bounds the wait for a configuration source to stop.
+const sourceStopTimeout = 10 * time.Second
+
 // Run loads the configuration, serves until ctx ends, then drains.
 func Run(ctx context.Context, o ServerOptions) error {
 	log := o.Logger
@@ -74,8 +77,12 @@ func Run(ctx context.Context, o ServerOptions) error {
 	if err != nil {
 		return err
 	}
-	watchCtx, stopWatch := context.WithCancel(ctx)
+	// The configuration source outlives the stop signal: pods leaving during
+	// the drain still leave the pool. It ends once the drain is over, and Run
+	// waits (a bounded while) for it to tidy up, e.g. release its Lease.
+	watchCtx, stopWatch := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopWatch()
+	sourceDone := make(chan struct{})
 	var api Frontend = serving.NewAPI(g, log)
 	if o.Frontend != nil {
 		if api, err = o.Frontend(watchCtx, g); err != nil {
@@ -91,8 +98,17 @@ func Run(ctx context.Context, o ServerOptions) error {
 	errc := make(chan error, 1)
 	if o.Source != nil {
 		go func() {
+			defer close(sourceDone)
 			if err := o.Source(watchCtx, g); err != nil && watchCtx.Err() == nil {
 				errc <- fmt.Errorf("configuration source: %w", err)
+			}
+		}()
+		defer func() {
+			stopWatch()
+			select {
+			case <-sourceDone:
+			case <-time.After(sourceStopTimeout):
+				log.Warn("the configuration source did not stop in time", "timeout", sourceStopTimeout)
 			}
 		}()
 	} else {

@@ -7,6 +7,7 @@ package kube
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -26,6 +27,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -37,6 +39,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	"github.com/kvgate/kvgate/api/v1alpha1"
+	"github.com/kvgate/kvgate/internal/config"
 )
 
 // InferencePoolGVK is the upstream pool resource kvgate accepts as a pool source.
@@ -48,23 +51,39 @@ type Applier interface {
 	RecordRejected(err error)
 }
 
-// Reconciler keeps the gateway's configuration equal to the cluster's.
+// GVK of the resource kvgate serves. It is read as an unstructured object so
+// that one the typed decoder would refuse (a duration no kvgate can parse,
+// stored before the schema checked it) is a rejected configuration, not a
+// watch that never syncs.
+var configGVK = v1alpha1.GroupVersion.WithKind(v1alpha1.Kind)
+
+// Reconciler keeps the gateway serving what the cluster says. Accepting a new
+// configuration and following the pods are separate: the served configuration
+// (the last accepted generation) always has its endpoints resolved against the
+// pods of now, whether the newest edit was rejected or the resource deleted.
 type Reconciler struct {
 	Client  client.Client
 	Target  types.NamespacedName // the InferenceGatewayConfig this gateway serves
 	Gateway Applier
 	Log     *slog.Logger
-	// Leader says whether this replica may write status (leader election); nil
-	// writes always.
+	// Leader says whether this replica may write status and Events (leader
+	// election); nil writes always.
 	Leader func() bool
-	// Pools says whether the InferencePool resource is installed.
-	Pools bool
-	// kick, when set, re-runs the reconcile on demand (on winning the Lease).
+	// Events records Kubernetes Events on the resource; nil records none.
+	Events events.EventRecorder
+	// Pools says whether the API server serves the InferencePool resource now;
+	// nil means it does not.
+	Pools func() bool
+	// kick, when set, re-runs the reconcile on demand (on winning the Lease, on
+	// the InferencePool resource appearing).
 	kick <-chan event.GenericEvent
 
 	mu       sync.Mutex
-	lastGood *v1alpha1.InferenceGatewayConfig
-	rejected bool // the last attempt was refused: the next good one is applied even if unchanged
+	serving  *v1alpha1.InferenceGatewayConfig // the accepted spec, endpoints unresolved; nil before the first
+	applied  *v1alpha1.InferenceGatewayConfig // what the gateway runs: serving, resolved
+	recorded bool                             // a rejection was recorded in the gateway since the last apply
+	logged   string                           // the last rejection logged, so that pod events do not repeat it
+	gone     bool                             // the resource's deletion was logged
 }
 
 // specError is a problem with the configuration itself, reported in status
@@ -83,34 +102,50 @@ func Scheme() (*runtime.Scheme, error) {
 	return s, nil
 }
 
+// configObject is an empty unstructured InferenceGatewayConfig.
+func configObject() *unstructured.Unstructured {
+	u := &unstructured.Unstructured{}
+	u.SetGroupVersionKind(configGVK)
+	return u
+}
+
+// poolObject is an empty unstructured InferencePool.
+func poolObject() *unstructured.Unstructured {
+	u := &unstructured.Unstructured{}
+	u.SetGroupVersionKind(InferencePoolGVK)
+	return u
+}
+
 // SetupWithManager registers the reconciler: the config itself, and any Pod or
-// InferencePool in its namespace, trigger a reconcile of the one config.
-func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
-	toTarget := handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
-		if o.GetNamespace() != r.Target.Namespace {
-			return nil
-		}
-		return []reconcile.Request{{NamespacedName: r.Target}}
-	})
+// InferencePool in its namespace, trigger a reconcile of the one config. It
+// returns the controller, to which watchPools adds the InferencePool watch
+// when the resource appears later.
+func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) (controller.Controller, error) {
 	// Status writes bump the resource version but not the generation: only spec
 	// changes (and pods) need a reconcile.
 	b := ctrl.NewControllerManagedBy(mgr).
 		Named("kvgate").
-		For(&v1alpha1.InferenceGatewayConfig{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
-		Watches(&corev1.Pod{}, toTarget).
+		For(configObject(), builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		Watches(&corev1.Pod{}, r.toTarget()).
 		// Every replica reconciles: serving must not wait for an election.
 		WithOptions(controller.Options{NeedLeaderElection: ptr(false)})
-	if r.Pools {
-		pool := &unstructured.Unstructured{}
-		pool.SetGroupVersionKind(InferencePoolGVK)
-		b = b.Watches(pool, toTarget)
+	if r.Pools != nil && r.Pools() {
+		b = b.Watches(poolObject(), r.toTarget())
 	}
 	if r.kick != nil {
-		b = b.WatchesRawSource(source.Channel(r.kick, handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []reconcile.Request {
-			return []reconcile.Request{{NamespacedName: r.Target}}
-		})))
+		b = b.WatchesRawSource(source.Channel(r.kick, r.toTarget()))
 	}
-	return b.Complete(r)
+	return b.Build(r)
+}
+
+// toTarget maps any object of the target's namespace (or a kick) to the target.
+func (r *Reconciler) toTarget() handler.EventHandler {
+	return handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
+		if ns := o.GetNamespace(); ns != "" && ns != r.Target.Namespace {
+			return nil
+		}
+		return []reconcile.Request{{NamespacedName: r.Target}}
+	})
 }
 
 // Reconcile implements reconcile.Reconciler.
@@ -118,84 +153,244 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	if req.NamespacedName != r.Target {
 		return reconcile.Result{}, nil
 	}
-	var cfg v1alpha1.InferenceGatewayConfig
-	if err := r.Client.Get(ctx, r.Target, &cfg); err != nil {
-		if apierrors.IsNotFound(err) {
-			r.Log.Warn("InferenceGatewayConfig not found; the last configuration keeps serving", "config", r.Target)
-			return reconcile.Result{}, nil
-		}
-		return reconcile.Result{}, err
-	}
-	status := v1alpha1.InferenceGatewayConfigStatus{ObservedGeneration: cfg.Generation}
-	resolved, perScheduler, err := r.resolve(ctx, &cfg)
-	var spec specError
-	if err != nil && !errors.As(err, &spec) {
-		return reconcile.Result{}, err // the API server's trouble: retried with backoff
-	}
-	if err == nil {
-		r.mu.Lock()
-		same := r.lastGood != nil && !r.rejected && equality.Semantic.DeepEqual(r.lastGood.Spec, resolved.Spec)
-		r.mu.Unlock()
-		// An event that changes nothing the gateway serves (another pod in the
-		// namespace, a status write) must not rebuild pools and transports.
-		if !same {
-			err = r.Gateway.Apply(resolved)
-		}
-	}
+	res, err := r.reconcile(ctx)
 	if err != nil {
-		r.mu.Lock()
-		r.rejected = true
-		r.mu.Unlock()
-		r.Gateway.RecordRejected(err)
-		r.Log.Error("configuration rejected; the last good one keeps serving", "config", r.Target, "err", err)
-		ready := metav1.Condition{Type: "Ready", Status: metav1.ConditionFalse, Reason: "NothingServing", Message: "no configuration has been accepted yet; fix the spec"}
-		if r.hasLastGood() {
-			ready = metav1.Condition{Type: "Ready", Status: metav1.ConditionTrue, Reason: "LastGoodServing", Message: "the last accepted configuration keeps serving; fix the spec to apply a new one"}
-		}
-		status.Conditions = []metav1.Condition{{Type: "Accepted", Status: metav1.ConditionFalse, Reason: "Invalid", Message: trim(err.Error())}, ready}
-		return reconcile.Result{}, r.writeStatus(ctx, &cfg, status)
+		// Retried with backoff; controller-runtime logs it too.
+		r.Log.Warn("reconcile failed; retrying", "config", r.Target, "err", err)
 	}
-	r.mu.Lock()
-	r.lastGood, r.rejected = resolved, false
-	r.mu.Unlock()
-	status.Schedulers = perScheduler
-	status.Conditions = []metav1.Condition{{Type: "Accepted", Status: metav1.ConditionTrue, Reason: "Accepted", Message: "the configuration is valid and serving"}}
-	var empty []string
-	for _, s := range perScheduler {
-		if s.Endpoints == 0 {
-			empty = append(empty, s.Name)
-		}
-	}
-	if len(empty) == 0 {
-		status.Conditions = append(status.Conditions, metav1.Condition{Type: "Ready", Status: metav1.ConditionTrue, Reason: "EndpointsReady", Message: "every scheduler has ready endpoints"})
-	} else {
-		msgs := make([]string, 0, len(empty))
-		for _, n := range empty {
-			msgs = append(msgs, n+": "+schedulerCondition(perScheduler, n))
-		}
-		status.Conditions = append(status.Conditions, metav1.Condition{Type: "Ready", Status: metav1.ConditionFalse, Reason: "NoReadyEndpoints", Message: trim(strings.Join(msgs, "; "))})
-	}
-	return reconcile.Result{}, r.writeStatus(ctx, &cfg, status)
+	return res, err
 }
 
-func (r *Reconciler) hasLastGood() bool {
+func (r *Reconciler) reconcile(ctx context.Context) (reconcile.Result, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.lastGood != nil
+	obj := configObject()
+	found := true
+	if err := r.Client.Get(ctx, r.Target, obj); err != nil {
+		if !apierrors.IsNotFound(err) {
+			return reconcile.Result{}, err
+		}
+		found = false
+	}
+	var latest *v1alpha1.InferenceGatewayConfig
+	var problems []string
+	if found {
+		latest, problems = decode(obj)
+	}
+	r.Log.Debug("reconcile", "config", r.Target, "found", found, "generation", obj.GetGeneration(), "problems", problems)
+	// The newest generation is served when it is valid and the gateway takes
+	// it; else the one served before goes on, following the pods of now.
+	var statuses []v1alpha1.SchedulerStatus
+	for _, cand := range []*v1alpha1.InferenceGatewayConfig{latest, r.serving} {
+		if cand == nil || (cand == latest && len(problems) > 0) {
+			continue
+		}
+		resolved, sts, err := r.resolve(ctx, cand)
+		var spec specError
+		if err != nil && !errors.As(err, &spec) {
+			return reconcile.Result{}, err // the API server's trouble: retried with backoff
+		}
+		if err == nil {
+			err = r.apply(resolved)
+		}
+		if err != nil {
+			if cand == latest {
+				problems = append(problems, err.Error())
+				continue
+			}
+			return reconcile.Result{}, err
+		}
+		if cand == latest && (r.serving == nil || r.serving.Generation != latest.Generation) {
+			r.Log.Info("configuration accepted", "config", r.Target, "generation", latest.Generation, "schedulers", len(latest.Spec.Schedulers))
+		}
+		r.serving, statuses = cand, sts
+		break
+	}
+	if len(problems) > 0 {
+		err := fmt.Errorf("generation %d rejected: %s", obj.GetGeneration(), strings.Join(problems, "; "))
+		r.Gateway.RecordRejected(err)
+		r.recorded = true
+		if key := err.Error(); key != r.logged {
+			r.logged = key
+			if r.serving != nil {
+				r.Log.Error("configuration rejected; the last accepted one keeps serving", "config", r.Target, "generation", obj.GetGeneration(),
+					"serving", r.serving.Generation, "problems", problems)
+			} else {
+				r.Log.Error("configuration rejected and none was accepted before: nothing is served until it is fixed", "config", r.Target,
+					"generation", obj.GetGeneration(), "problems", problems)
+			}
+		}
+	} else {
+		r.logged = ""
+	}
+	if !found {
+		if r.serving != nil && !r.gone {
+			r.gone = true
+			r.Log.Warn("InferenceGatewayConfig deleted; its last configuration keeps serving its pods until kvgate is stopped or it is created again", "config", r.Target)
+		}
+		return reconcile.Result{}, nil
+	}
+	r.gone = false
+	return r.writeStatus(ctx, obj, r.status(latest, obj.GetGeneration(), problems, statuses))
+}
+
+// apply hands a resolved configuration to the gateway unless it is what runs.
+// An event that changes nothing served (another pod in the namespace, a status
+// write) must not rebuild pools and transports.
+func (r *Reconciler) apply(resolved *v1alpha1.InferenceGatewayConfig) error {
+	if r.applied != nil && !r.recorded && equality.Semantic.DeepEqual(r.applied.Spec, resolved.Spec) {
+		return nil
+	}
+	if err := r.Gateway.Apply(resolved); err != nil {
+		return err
+	}
+	r.applied, r.recorded = resolved, false
+	return nil
+}
+
+// decode reads the resource's spec as kvgate's file loader does: every field
+// that does not decode, and every check that fails, is one problem naming its
+// field.
+func decode(obj *unstructured.Unstructured) (*v1alpha1.InferenceGatewayConfig, []string) {
+	doc := obj.DeepCopy().Object
+	// Status is kvgate's own output (possibly written by a newer replica);
+	// metadata beyond the name is the API server's.
+	delete(doc, "status")
+	doc["metadata"] = map[string]any{"name": obj.GetName(), "namespace": obj.GetNamespace()}
+	// A field that does not decode hides the checks of the rest: it is
+	// dropped and the rest read again, so that status lists every problem.
+	var problems []string
+	seen := map[string]bool{}
+	for range 10 {
+		raw, err := json.Marshal(doc)
+		if err != nil {
+			return nil, append(problems, err.Error())
+		}
+		cfg, err := config.Parse(obj.GetNamespace()+"/"+obj.GetName(), raw)
+		if err == nil {
+			if len(problems) > 0 {
+				return nil, problems
+			}
+			cfg.ObjectMeta = metav1.ObjectMeta{Namespace: obj.GetNamespace(), Name: obj.GetName(), Generation: obj.GetGeneration(), UID: obj.GetUID()}
+			return cfg, nil
+		}
+		var ce *config.Error
+		if !errors.As(err, &ce) {
+			return nil, append(problems, err.Error())
+		}
+		dropped := false
+		for i, msg := range ce.Messages() {
+			if !seen[msg] {
+				seen[msg] = true
+				problems = append(problems, msg)
+			}
+			if p := ce.Problems[i].Path; p != "" && dropPath(doc, p) {
+				dropped = true
+			}
+		}
+		if !dropped {
+			break
+		}
+	}
+	return nil, problems
+}
+
+// dropPath deletes the field at a path like spec.schedulers[0].routeTimeout
+// from a JSON document, saying whether it was there.
+func dropPath(doc map[string]any, path string) bool {
+	var cur any = doc
+	parts := strings.Split(path, ".")
+	for i, part := range parts {
+		name, idx, _ := strings.Cut(part, "[")
+		m, ok := cur.(map[string]any)
+		if !ok {
+			return false
+		}
+		last := i == len(parts)-1
+		if idx == "" {
+			if last {
+				_, there := m[name]
+				delete(m, name)
+				return there
+			}
+			cur = m[name]
+			continue
+		}
+		list, ok := m[name].([]any)
+		n, err := strconv.Atoi(strings.TrimSuffix(idx, "]"))
+		if !ok || err != nil || n < 0 || n >= len(list) {
+			return false
+		}
+		if last {
+			return false // list items are not dropped: the indexes of later problems would move
+		}
+		cur = list[n]
+	}
+	return false
+}
+
+
+// status describes what is served now and what became of the newest edit.
+func (r *Reconciler) status(latest *v1alpha1.InferenceGatewayConfig, generation int64, problems []string, sts []v1alpha1.SchedulerStatus) v1alpha1.InferenceGatewayConfigStatus {
+	accepted := metav1.Condition{Type: "Accepted", Status: metav1.ConditionTrue, Reason: "Accepted", ObservedGeneration: generation,
+		Message: fmt.Sprintf("generation %d is valid and serving", generation)}
+	if len(problems) > 0 {
+		msg := problems[0]
+		if len(problems) > 1 {
+			msg = fmt.Sprintf("%d problems: %s", len(problems), strings.Join(problems, "; "))
+		}
+		accepted = metav1.Condition{Type: "Accepted", Status: metav1.ConditionFalse, Reason: "Invalid", ObservedGeneration: generation, Message: trim(msg)}
+	}
+	st := v1alpha1.InferenceGatewayConfigStatus{Conditions: []metav1.Condition{accepted}}
+	if r.serving == nil {
+		st.Conditions = append(st.Conditions, metav1.Condition{Type: "Ready", Status: metav1.ConditionFalse, Reason: "NothingServing", ObservedGeneration: generation,
+			Message: "no generation of this resource has been accepted: nothing is served until it is fixed"})
+		return st
+	}
+	st.ObservedGeneration = r.serving.Generation
+	for i := range sts {
+		for j := range sts[i].Conditions {
+			sts[i].Conditions[j].ObservedGeneration = r.serving.Generation
+		}
+	}
+	st.Schedulers = sts
+	st.ServedSchedulers = int32(len(sts))
+	var empty []string
+	for _, s := range sts {
+		st.ReadyEndpoints += s.Endpoints
+		if s.Endpoints == 0 {
+			empty = append(empty, s.Name+": "+schedulerCondition(sts, s.Name))
+		}
+	}
+	served := ""
+	if latest == nil || r.serving.Generation != latest.Generation {
+		served = fmt.Sprintf(" (serving generation %d: generation %d was rejected)", r.serving.Generation, generation)
+	}
+	ready := metav1.Condition{Type: "Ready", Status: metav1.ConditionTrue, Reason: "EndpointsReady", ObservedGeneration: r.serving.Generation,
+		Message: "every scheduler has ready endpoints" + served}
+	if len(empty) > 0 {
+		ready = metav1.Condition{Type: "Ready", Status: metav1.ConditionFalse, Reason: "NoReadyEndpoints", ObservedGeneration: r.serving.Generation,
+			Message: trim(strings.Join(empty, "; ") + served)}
+	}
+	st.Conditions = append(st.Conditions, ready)
+	return st
 }
 
 // resolve fills each scheduler's endpoints from the ready pods it selects and
-// reports per-scheduler status.
+// reports per-scheduler status. A pool whose InferencePool is missing (or
+// whose resource is not installed) has no endpoints, like a pod set gone to
+// zero; only a selector kvgate cannot use is a spec error.
 func (r *Reconciler) resolve(ctx context.Context, cfg *v1alpha1.InferenceGatewayConfig) (*v1alpha1.InferenceGatewayConfig, []v1alpha1.SchedulerStatus, error) {
 	out := cfg.DeepCopy()
 	var statuses []v1alpha1.SchedulerStatus
 	for i := range out.Spec.Schedulers {
 		sc := &out.Spec.Schedulers[i]
 		if sc.ModelSelector == nil && sc.PoolRef == "" {
-			statuses = append(statuses, v1alpha1.SchedulerStatus{Name: sc.Name, Endpoints: int32(len(sc.Endpoints)), RolloutState: "Available"})
+			statuses = append(statuses, v1alpha1.SchedulerStatus{Name: sc.Name, Endpoints: int32(len(sc.Endpoints)), RolloutState: "Available",
+				Conditions: []metav1.Condition{{Type: "Ready", Status: metav1.ConditionTrue, Reason: "StaticEndpoints", Message: fmt.Sprintf("%d static endpoints", len(sc.Endpoints))}}})
 			continue
 		}
-		sel, port, err := r.selectorOf(ctx, cfg.Namespace, sc)
+		src, err := r.sourceOf(ctx, cfg.Namespace, sc)
 		if err != nil {
 			var spec specError
 			if errors.As(err, &spec) {
@@ -203,8 +398,17 @@ func (r *Reconciler) resolve(ctx context.Context, cfg *v1alpha1.InferenceGateway
 			}
 			return nil, nil, err
 		}
+		// The pool's endpoints come from the cluster only.
+		sc.Endpoints = []string{}
+		if src.missing != nil {
+			statuses = append(statuses, v1alpha1.SchedulerStatus{Name: sc.Name, RolloutState: "Pending", Conditions: []metav1.Condition{*src.missing}})
+			continue
+		}
+		if src.appProtocol != "" {
+			sc.AppProtocol = src.appProtocol
+		}
 		var pods corev1.PodList
-		if err := r.Client.List(ctx, &pods, client.InNamespace(cfg.Namespace), client.MatchingLabelsSelector{Selector: sel}); err != nil {
+		if err := r.Client.List(ctx, &pods, client.InNamespace(cfg.Namespace), client.MatchingLabelsSelector{Selector: src.selector}); err != nil {
 			return nil, nil, err
 		}
 		ready, total := []string{}, 0
@@ -215,110 +419,183 @@ func (r *Reconciler) resolve(ctx context.Context, cfg *v1alpha1.InferenceGateway
 			}
 			total++
 			if podReady(p) && p.Status.PodIP != "" {
-				ready = append(ready, hostPort(p.Status.PodIP, port))
+				for _, port := range src.ports {
+					ready = append(ready, hostPort(p.Status.PodIP, port))
+				}
 			}
 		}
 		sort.Strings(ready)
-		// The pool's endpoints come from the cluster only.
 		sc.Endpoints = slices.Compact(ready)
 		st := v1alpha1.SchedulerStatus{Name: sc.Name, Endpoints: int32(len(sc.Endpoints))}
+		readyPods := len(sc.Endpoints) / max(len(src.ports), 1)
+		ports := ""
+		if len(src.ports) > 1 {
+			ports = fmt.Sprintf(", %d target ports each", len(src.ports))
+		}
 		switch {
 		case total == 0:
 			st.RolloutState = "Pending"
 			st.Conditions = []metav1.Condition{{Type: "Ready", Status: metav1.ConditionFalse, Reason: "NoMatchingPods",
-				Message: fmt.Sprintf("no pod in namespace %s matches selector %q", cfg.Namespace, sel.String())}}
-		case len(ready) == 0:
+				Message: fmt.Sprintf("no pod in namespace %s matches selector %q%s", cfg.Namespace, src.selector.String(), src.from)}}
+		case readyPods == 0:
 			st.RolloutState = "Degraded"
 			st.Conditions = []metav1.Condition{{Type: "Ready", Status: metav1.ConditionFalse, Reason: "NoReadyPods",
-				Message: fmt.Sprintf("%d pods match selector %q, none is ready with an IP", total, sel.String())}}
-		case len(ready) < total:
+				Message: fmt.Sprintf("%d pods match selector %q%s, none is ready with an IP", total, src.selector.String(), src.from)}}
+		case readyPods < total:
 			st.RolloutState = "Progressing"
 			st.Conditions = []metav1.Condition{{Type: "Ready", Status: metav1.ConditionTrue, Reason: "SomePodsReady",
-				Message: fmt.Sprintf("%d of %d matching pods ready", len(ready), total)}}
+				Message: fmt.Sprintf("%d of %d matching pods ready%s", readyPods, total, ports)}}
 		default:
 			st.RolloutState = "Available"
 			st.Conditions = []metav1.Condition{{Type: "Ready", Status: metav1.ConditionTrue, Reason: "PodsReady",
-				Message: fmt.Sprintf("%d matching pods ready", total)}}
+				Message: fmt.Sprintf("%d matching pods ready%s", total, ports)}}
 		}
 		statuses = append(statuses, st)
 	}
 	return out, statuses, nil
 }
 
-// selectorOf returns a scheduler's pod selector and target port, from its own
+// podSource is where a scheduler's pods come from.
+type podSource struct {
+	selector    labels.Selector
+	ports       []int
+	appProtocol string            // from the InferencePool; "" keeps the scheduler's
+	from        string            // " (InferencePool x)" for messages
+	missing     *metav1.Condition // set when the pool cannot be read: no endpoints
+}
+
+// sourceOf returns a scheduler's pod selector and target ports, from its own
 // fields or from the InferencePool it names.
-func (r *Reconciler) selectorOf(ctx context.Context, ns string, sc *v1alpha1.SchedulerSpec) (labels.Selector, int, error) {
+func (r *Reconciler) sourceOf(ctx context.Context, ns string, sc *v1alpha1.SchedulerSpec) (podSource, error) {
 	if sc.PoolRef == "" {
 		sel, err := metav1.LabelSelectorAsSelector(sc.ModelSelector)
 		if err != nil {
-			return nil, 0, specError{fmt.Errorf("modelSelector: %w", err)}
+			return podSource{}, specError{fmt.Errorf("modelSelector: %w", err)}
 		}
 		if sel.Empty() {
-			return nil, 0, specError{errors.New("modelSelector selects every pod; give it labels")}
+			return podSource{}, specError{errors.New("modelSelector selects every pod; give it labels")}
 		}
-		return sel, sc.Port(), nil
+		return podSource{selector: sel, ports: []int{sc.Port()}}, nil
 	}
-	if !r.Pools {
-		return nil, 0, specError{fmt.Errorf("poolRef %q: the InferencePool resource (inference.networking.k8s.io/v1) was not installed when kvgate started", sc.PoolRef)}
+	pending := func(reason, format string, args ...any) (podSource, error) {
+		return podSource{missing: &metav1.Condition{Type: "Ready", Status: metav1.ConditionFalse, Reason: reason, Message: fmt.Sprintf(format, args...)}}, nil
 	}
-	pool := &unstructured.Unstructured{}
-	pool.SetGroupVersionKind(InferencePoolGVK)
+	if r.Pools == nil || !r.Pools() {
+		return pending("InferencePoolNotInstalled", "poolRef %q: the API server does not serve InferencePools (inference.networking.k8s.io/v1); kvgate starts watching them as soon as their CRD is installed", sc.PoolRef)
+	}
+	pool := poolObject()
 	if err := r.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: sc.PoolRef}, pool); err != nil {
-		if apierrors.IsNotFound(err) {
-			return nil, 0, specError{fmt.Errorf("poolRef %q: no InferencePool of that name in namespace %s", sc.PoolRef, ns)}
+		if apierrors.IsNotFound(err) || meta.IsNoMatchError(err) {
+			return pending("InferencePoolNotFound", "poolRef %q: no InferencePool of that name in namespace %s", sc.PoolRef, ns)
 		}
-		return nil, 0, fmt.Errorf("poolRef %q: %w", sc.PoolRef, err)
+		return podSource{}, fmt.Errorf("poolRef %q: %w", sc.PoolRef, err)
 	}
 	ml, _, err := unstructured.NestedStringMap(pool.Object, "spec", "selector", "matchLabels")
 	if err != nil || len(ml) == 0 {
-		return nil, 0, specError{fmt.Errorf("InferencePool %q has no spec.selector.matchLabels", sc.PoolRef)}
+		return pending("InvalidInferencePool", "InferencePool %q has no spec.selector.matchLabels", sc.PoolRef)
 	}
+	src := podSource{selector: labels.SelectorFromSet(ml), from: fmt.Sprintf(" (InferencePool %s)", sc.PoolRef)}
 	ports, _, _ := unstructured.NestedSlice(pool.Object, "spec", "targetPorts")
-	port := sc.Port()
-	if len(ports) > 0 {
-		if m, ok := ports[0].(map[string]any); ok {
-			if n, ok := m["number"].(int64); ok {
-				port = int(n)
+	for _, p := range ports {
+		if m, ok := p.(map[string]any); ok {
+			if n, ok := m["number"].(int64); ok && n > 0 && n < 65536 {
+				src.ports = append(src.ports, int(n))
 			}
 		}
 	}
-	return labels.SelectorFromSet(ml), port, nil
+	if len(src.ports) == 0 {
+		return pending("InvalidInferencePool", "InferencePool %q has no spec.targetPorts", sc.PoolRef)
+	}
+	slices.Sort(src.ports)
+	src.ports = slices.Compact(src.ports)
+	switch proto, _, _ := unstructured.NestedString(pool.Object, "spec", "appProtocol"); proto {
+	case "", v1alpha1.AppProtocolHTTP, v1alpha1.AppProtocolH2C:
+		src.appProtocol = proto
+	default:
+		return pending("InvalidInferencePool", "InferencePool %q: appProtocol %q is not %s or %s", sc.PoolRef, proto, v1alpha1.AppProtocolHTTP, v1alpha1.AppProtocolH2C)
+	}
+	return src, nil
 }
 
-func (r *Reconciler) writeStatus(ctx context.Context, cfg *v1alpha1.InferenceGatewayConfig, st v1alpha1.InferenceGatewayConfigStatus) error {
+// writeStatus writes st (and the Events its changes call for) when this
+// replica holds the status Lease and st differs from what the resource says.
+func (r *Reconciler) writeStatus(ctx context.Context, obj *unstructured.Unstructured, st v1alpha1.InferenceGatewayConfigStatus) (reconcile.Result, error) {
 	if r.Leader != nil && !r.Leader() {
-		return nil // another replica writes status; winning the Lease re-runs this
+		return reconcile.Result{}, nil // another replica writes status; winning the Lease re-runs this
+	}
+	var prev v1alpha1.InferenceGatewayConfigStatus
+	if raw, ok := obj.Object["status"].(map[string]any); ok {
+		// A status this replica cannot read (a newer kvgate's) is rewritten.
+		_ = runtime.DefaultUnstructuredConverter.FromUnstructured(raw, &prev)
 	}
 	// Conditions that did not change keep their transition times, so that an
 	// unchanged status compares equal and is not rewritten on every pod event.
-	keepTimes(st.Conditions, cfg.Status.Conditions, cfg.Generation)
+	keepTimes(st.Conditions, prev.Conditions)
 	for i := range st.Schedulers {
-		var prev []metav1.Condition
-		for _, old := range cfg.Status.Schedulers {
-			if old.Name == st.Schedulers[i].Name {
-				prev = old.Conditions
+		var old []metav1.Condition
+		for _, o := range prev.Schedulers {
+			if o.Name == st.Schedulers[i].Name {
+				old = o.Conditions
 			}
 		}
-		keepTimes(st.Schedulers[i].Conditions, prev, cfg.Generation)
+		keepTimes(st.Schedulers[i].Conditions, old)
 	}
-	if equality.Semantic.DeepEqual(cfg.Status, st) {
-		return nil
+	if equality.Semantic.DeepEqual(prev, st) {
+		return reconcile.Result{}, nil
 	}
-	cfg.Status = st
-	if err := r.Client.Status().Update(ctx, cfg); err != nil {
-		// A conflict too goes back to the queue: status-only changes trigger no
-		// event, so nothing else would write this status again.
-		return fmt.Errorf("writing status: %w", err)
+	raw, err := runtime.DefaultUnstructuredConverter.ToUnstructured(&st)
+	if err != nil {
+		return reconcile.Result{}, err
 	}
-	return nil
+	u := obj.DeepCopy()
+	u.Object["status"] = raw
+	if err := r.Client.Status().Update(ctx, u); err != nil {
+		if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
+			// Someone wrote the resource in between (an edit: its own event
+			// follows) or deleted it. Routine: read it again.
+			r.Log.Debug("status update raced another write; retrying", "config", r.Target, "err", err)
+			return reconcile.Result{Requeue: true}, nil
+		}
+		// Status-only changes trigger no event, so nothing else would write
+		// this status again: back to the queue.
+		return reconcile.Result{}, fmt.Errorf("writing status: %w", err)
+	}
+	r.events(u, prev, st)
+	return reconcile.Result{}, nil
 }
 
-// keepTimes stamps conditions with the generation, and with the transition time
-// of the same condition in prev when its status did not change (else now).
-func keepTimes(conds, prev []metav1.Condition, generation int64) {
+// events records what changed between two statuses: a generation accepted or
+// rejected, the served configuration degraded or recovered.
+func (r *Reconciler) events(obj runtime.Object, prev, st v1alpha1.InferenceGatewayConfigStatus) {
+	if r.Events == nil {
+		return
+	}
+	emit := func(typ, reason, note string) {
+		r.Events.Eventf(obj, nil, typ, reason, reason, "%s", trimEvent(note))
+	}
+	was, now := meta.FindStatusCondition(prev.Conditions, "Accepted"), meta.FindStatusCondition(st.Conditions, "Accepted")
+	if now != nil && (was == nil || was.Status != now.Status || was.ObservedGeneration != now.ObservedGeneration || was.Message != now.Message) {
+		if now.Status == metav1.ConditionTrue {
+			emit(corev1.EventTypeNormal, "Accepted", now.Message)
+		} else {
+			emit(corev1.EventTypeWarning, "Rejected", fmt.Sprintf("generation %d: %s", now.ObservedGeneration, now.Message))
+		}
+	}
+	was, now = meta.FindStatusCondition(prev.Conditions, "Ready"), meta.FindStatusCondition(st.Conditions, "Ready")
+	switch {
+	case now == nil:
+	case now.Status != metav1.ConditionTrue && (was == nil || was.Status == metav1.ConditionTrue):
+		emit(corev1.EventTypeWarning, "Degraded", now.Message)
+	case now.Status == metav1.ConditionTrue && was != nil && was.Status != metav1.ConditionTrue:
+		emit(corev1.EventTypeNormal, "Recovered", now.Message)
+	}
+}
+
+// keepTimes gives each condition the transition time of the same condition in
+// prev when its status did not change (else now).
+func keepTimes(conds, prev []metav1.Condition) {
 	for i := range conds {
 		c := &conds[i]
-		c.ObservedGeneration = generation
 		if old := meta.FindStatusCondition(prev, c.Type); old != nil && old.Status == c.Status {
 			c.LastTransitionTime = old.LastTransitionTime
 		}
@@ -351,6 +628,14 @@ func hostPort(ip string, port int) string {
 		return "[" + ip + "]:" + strconv.Itoa(port)
 	}
 	return ip + ":" + strconv.Itoa(port)
+}
+
+// trimEvent keeps an Event's note within the API's 1 KiB limit.
+func trimEvent(s string) string {
+	if len(s) > 1024 {
+		return s[:1021] + "..."
+	}
+	return s
 }
 
 // trim keeps condition messages within the API's 32 KiB limit.

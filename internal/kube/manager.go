@@ -8,9 +8,10 @@ import (
 	"sync/atomic"
 	"time"
 
-	"k8s.io/apimachinery/pkg/api/meta"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/rand"
+	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/leaderelection"
@@ -23,6 +24,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	"github.com/kvgate/kvgate/api/v1alpha1"
 )
@@ -35,6 +37,8 @@ type Options struct {
 	// LeaderElection gates status writes (not serving) on a Lease named after the
 	// target, so that several replicas do not fight over status.
 	LeaderElection bool
+	// PoolPollInterval overrides PoolPollInterval (tests).
+	PoolPollInterval time.Duration
 }
 
 // SetLoggers routes controller-runtime's and client-go's (klog) logs to l. Both
@@ -44,11 +48,18 @@ func SetLoggers(l *slog.Logger) {
 	klog.SetLogger(toLogr(l))
 }
 
+// PoolPollInterval is how often kvgate looks for the InferencePool resource
+// while the API server does not serve it, so that installing its CRD needs no
+// restart.
+const PoolPollInterval = 5 * time.Second
+
 // Start runs the controller until ctx ends. Every replica watches and serves;
-// with LeaderElection only the replica holding the Lease writes status. Losing
-// the Lease (an API server outage, say) only stops status writes: the replica
-// keeps serving and campaigns again. controller-runtime's own election would
-// stop the whole manager instead, so kvgate runs client-go's elector itself.
+// with LeaderElection only the replica holding the Lease writes status and
+// Events. Losing the Lease (an API server outage, say) only stops status
+// writes: the replica keeps serving and campaigns again. controller-runtime's
+// own election would stop the whole manager instead, so kvgate runs client-go's
+// elector itself. Start returns once the Lease is released, so that the next
+// replica takes status over at once.
 func Start(ctx context.Context, cfg *rest.Config, o Options) error {
 	scheme, err := Scheme()
 	if err != nil {
@@ -63,8 +74,8 @@ func Start(ctx context.Context, cfg *rest.Config, o Options) error {
 		Metrics:                metricsserver.Options{BindAddress: "0"}, // kvgate serves its own
 		HealthProbeBindAddress: "0",
 		// Only the target's namespace is watched: least privilege, and a cache no
-		// larger than the namespace's pods. InferencePools are read as
-		// unstructured objects, from the cache too.
+		// larger than the namespace's pods. The InferenceGatewayConfig and
+		// InferencePools are read as unstructured objects, from the cache too.
 		Cache:      cache.Options{DefaultNamespaces: map[string]cache.Config{o.Target.Namespace: {}}},
 		Client:     client.Options{Cache: &client.CacheOptions{Unstructured: true}},
 		Controller: config.Controller{SkipNameValidation: ptr(true)},
@@ -72,36 +83,111 @@ func Start(ctx context.Context, cfg *rest.Config, o Options) error {
 	if err != nil {
 		return fmt.Errorf("controller manager: %w", err)
 	}
-	pools := true
-	if _, err := mgr.GetRESTMapper().RESTMapping(InferencePoolGVK.GroupKind(), InferencePoolGVK.Version); err != nil {
-		if !meta.IsNoMatchError(err) {
-			return fmt.Errorf("looking up the InferencePool resource: %w", err)
-		}
-		pools = false
-	}
-	kick := make(chan event.GenericEvent, 1)
-	r := &Reconciler{Client: mgr.GetClient(), Target: o.Target, Gateway: o.Gateway, Log: o.Log, Pools: pools, kick: kick}
-	if o.LeaderElection {
-		var elected atomic.Bool
-		r.Leader = elected.Load
-		if err := campaign(ctx, cfg, o, &elected, kick); err != nil {
-			return err
-		}
-	}
-	if err := r.SetupWithManager(mgr); err != nil {
-		return err
-	}
-	o.Log.Info("watching the cluster", "config", o.Target, "inferencePools", r.Pools, "leaderElection", o.LeaderElection)
-	return mgr.Start(ctx)
-}
-
-// campaign keeps trying to hold the status Lease until ctx ends, flipping
-// elected; winning it re-runs the reconcile so that status is written at once.
-func campaign(ctx context.Context, cfg *rest.Config, o Options, elected *atomic.Bool, kick chan<- event.GenericEvent) error {
 	cs, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return err
 	}
+	var pools atomic.Bool
+	installed, err := poolsServed(cs.Discovery())
+	if err != nil {
+		return fmt.Errorf("looking up the InferencePool resource: %w", err)
+	}
+	pools.Store(installed)
+	kick := make(chan event.GenericEvent, 1)
+	r := &Reconciler{Client: mgr.GetClient(), Target: o.Target, Gateway: o.Gateway, Log: o.Log, Pools: pools.Load, kick: kick,
+		Events: mgr.GetEventRecorder("kvgate")}
+	var released <-chan struct{}
+	if o.LeaderElection {
+		var elected atomic.Bool
+		r.Leader = elected.Load
+		if released, err = campaign(ctx, cs, o, &elected, kick); err != nil {
+			return err
+		}
+	}
+	c, err := r.SetupWithManager(mgr)
+	if err != nil {
+		return err
+	}
+	if !installed {
+		interval := o.PoolPollInterval
+		if interval <= 0 {
+			interval = PoolPollInterval
+		}
+		go watchPools(ctx, cs.Discovery(), interval, o.Log, func() error {
+			if err := c.Watch(source.Kind[client.Object](mgr.GetCache(), poolObject(), r.toTarget())); err != nil {
+				return err
+			}
+			pools.Store(true)
+			poke(kick)
+			return nil
+		})
+	}
+	o.Log.Info("watching the cluster", "config", o.Target, "inferencePools", installed, "leaderElection", o.LeaderElection)
+	err = mgr.Start(ctx)
+	if released != nil {
+		select {
+		case <-released:
+		case <-time.After(5 * time.Second):
+			o.Log.Warn("the status lease was not released in 5s; the next replica takes status over when it expires")
+		}
+	}
+	return err
+}
+
+// poolsServed says whether the API server serves InferencePools.
+func poolsServed(d discovery.DiscoveryInterface) (bool, error) {
+	list, err := d.ServerResourcesForGroupVersion(InferencePoolGVK.GroupVersion().String())
+	if err != nil {
+		if apierrors.IsNotFound(err) {
+			return false, nil
+		}
+		return false, err
+	}
+	for _, res := range list.APIResources {
+		if res.Kind == InferencePoolGVK.Kind {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// watchPools polls discovery until the InferencePool resource is served, then
+// calls found (which starts its watch) and returns.
+func watchPools(ctx context.Context, d discovery.DiscoveryInterface, every time.Duration, log *slog.Logger, found func() error) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		ok, err := poolsServed(d)
+		if err != nil || !ok {
+			continue
+		}
+		if err := found(); err != nil {
+			log.Warn("the InferencePool resource appeared but cannot be watched; retrying", "err", err)
+			continue
+		}
+		log.Info("the InferencePool resource is installed; watching InferencePools")
+		return
+	}
+}
+
+// poke queues one reconcile, unless one is queued already.
+func poke(kick chan<- event.GenericEvent) {
+	select {
+	case kick <- event.GenericEvent{Object: &v1alpha1.InferenceGatewayConfig{}}:
+	default:
+	}
+}
+
+// campaign keeps trying to hold the status Lease until ctx ends, flipping
+// elected; winning it re-runs the reconcile so that status is written at once.
+// The returned channel closes once the elector has stopped and released the
+// Lease.
+func campaign(ctx context.Context, cs kubernetes.Interface, o Options, elected *atomic.Bool, kick chan<- event.GenericEvent) (<-chan struct{}, error) {
 	host, _ := os.Hostname()
 	name := "kvgate-status-" + o.Target.Name
 	if len(name) > 63 {
@@ -110,35 +196,39 @@ func campaign(ctx context.Context, cfg *rest.Config, o Options, elected *atomic.
 	lock, err := resourcelock.New(resourcelock.LeasesResourceLock, o.Target.Namespace, name, cs.CoreV1(), cs.CoordinationV1(),
 		resourcelock.ResourceLockConfig{Identity: host + "_" + rand.String(8)})
 	if err != nil {
-		return err
+		return nil, err
 	}
+	// A released Lease is taken at the next retry: 1 s (up to 1.2 s with
+	// client-go's jitter) after the previous holder stops.
 	le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
-		Lock: lock, LeaseDuration: 15 * time.Second, RenewDeadline: 10 * time.Second, RetryPeriod: 2 * time.Second,
+		Lock: lock, LeaseDuration: 15 * time.Second, RenewDeadline: 10 * time.Second, RetryPeriod: time.Second,
 		ReleaseOnCancel: true, Name: name,
 		Callbacks: leaderelection.LeaderCallbacks{
 			OnStartedLeading: func(context.Context) {
 				elected.Store(true)
-				select {
-				case kick <- event.GenericEvent{Object: &v1alpha1.InferenceGatewayConfig{}}:
-				default:
-				}
+				poke(kick)
 			},
 			OnStoppedLeading: func() { elected.Store(false) },
 		},
 	})
 	if err != nil {
-		return err
+		return nil, err
 	}
+	done := make(chan struct{})
 	go func() {
+		defer close(done)
 		for ctx.Err() == nil {
-			le.Run(ctx) // returns when the lease is lost; campaign again
+			le.Run(ctx) // returns when the lease is lost, or released as ctx ends
 			if ctx.Err() == nil {
 				o.Log.Warn("lost the status lease; still serving, campaigning again", "lease", name)
-				time.Sleep(2 * time.Second)
+				select {
+				case <-ctx.Done():
+				case <-time.After(2 * time.Second):
+				}
 			}
 		}
 	}()
-	return nil
+	return done, nil
 }
 
 func ptr[T any](v T) *T { return &v }
