@@ -329,7 +329,6 @@ func dropPath(doc map[string]any, path string) bool {
 	return false
 }
 
-
 // status describes what is served now and what became of the newest edit.
 func (r *Reconciler) status(latest *v1alpha1.InferenceGatewayConfig, generation int64, problems []string, sts []v1alpha1.SchedulerStatus) v1alpha1.InferenceGatewayConfigStatus {
 	accepted := metav1.Condition{Type: "Accepted", Status: metav1.ConditionTrue, Reason: "Accepted", ObservedGeneration: generation,

@@ -192,8 +192,8 @@ func endpointsOf(t *testing.T, g *gateway.Gateway, scheduler string) string {
 
 // replica is one kvgate replica: a gateway fed by the controller.
 type replica struct {
-	g    *countingGateway
-	url  string // the OpenAI API
+	g       *countingGateway
+	url     string // the OpenAI API
 	logs    *logtest.Buffer
 	stop    context.CancelFunc // stops the controller (the gateway goes on)
 	stopped chan struct{}      // closed when the controller has returned, err with its result
