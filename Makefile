@@ -27,19 +27,15 @@ test:
 	  elif [ -n "$$KVGATE_SKIP" ]; then echo "make test: passed, without the parts listed above"; \
 	  else echo "make test: passed"; fi; exit $$rc
 
-## generate: the CRD (config/crd/bases) and deep-copy functions from api/v1alpha1.
+## generate: deep-copy code from api/; the InferenceGatewayConfig CRD into config/crd/bases
+## (and the chart's crds/), the InferencePool CRD into config/crd/inferencepool (and the
+## chart's files/), which nothing installs by default (hack/generate.sh).
 generate:
-	T=$$(./hack/tools.sh) && $$T/controller-gen object paths=./api/... && \
-	  $$T/controller-gen crd paths=./api/... output:crd:dir=config/crd/bases && \
-	  cp config/crd/bases/*.yaml deploy/helm/kvgate/crds/
+	./hack/generate.sh
 
+## verify-generate: fails when any generated file or copy differs from what generate writes.
 verify-generate:
-	@T=$$(./hack/tools.sh) && tmp=$$(mktemp -d) && \
-	  $$T/controller-gen crd paths=./api/... output:crd:dir=$$tmp && \
-	  diff -r $$tmp config/crd/bases && diff -r config/crd/bases deploy/helm/kvgate/crds && rm -rf $$tmp && \
-	  cp api/v1alpha1/zz_generated.deepcopy.go $$tmp.go && $$T/controller-gen object paths=./api/... && \
-	  if ! cmp -s $$tmp.go api/v1alpha1/zz_generated.deepcopy.go; then mv $$tmp.go api/v1alpha1/zz_generated.deepcopy.go; \
-	    echo "generated code is stale: run make generate"; exit 1; fi; rm -f $$tmp.go
+	@./hack/generate.sh --verify
 
 ## unit: the tests; the Kubernetes ones run against a real kube-apiserver and etcd,
 ## built once from the Go module proxy by hack/envtest-bins.sh (cached in
