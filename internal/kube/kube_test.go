@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -27,7 +26,6 @@ import (
 	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
-	"sigs.k8s.io/yaml"
 
 	"github.com/kvgate/kvgate/api/v1alpha1"
 	"github.com/kvgate/kvgate/internal/gateway"
@@ -527,76 +525,4 @@ func TestInferencePool(t *testing.T) {
 		st := k.status(t, ns, "gw")
 		return condition(st, "Ready").Status == metav1.ConditionTrue && len(st.Schedulers) == 1 && st.Schedulers[0].Endpoints == 1
 	})
-}
-
-// TestHelmChart renders the chart with helm and sends every object to the API
-// server as a server-side dry run: the chart is valid against a real cluster's
-// schemas, the CRD's included.
-func TestHelmChart(t *testing.T) {
-	helm := testenv.Require(t, testenv.Helm)
-	k := startCluster(t)
-	k.namespace(t, "chart")
-	out, err := exec.Command(helm, "template", "kvgate", filepath.Join("..", "..", "deploy", "helm", "kvgate"), "--namespace", "chart",
-		"--set", "serviceMonitor.enabled=false",
-		"--set-json", `config.spec={"bbr":{"enabled":true},"schedulers":[{"name":"llama","modelName":"m","modelSelector":{"matchLabels":{"app":"llama"}}}]}`).CombinedOutput()
-	if err != nil {
-		t.Fatalf("helm template: %v\n%s", err, out)
-	}
-	kinds := map[string]bool{}
-	for _, doc := range strings.Split(string(out), "\n---") {
-		var obj unstructured.Unstructured
-		if err := yaml.Unmarshal([]byte(doc), &obj.Object); err != nil {
-			t.Fatalf("rendered YAML: %v\n%s", err, doc)
-		}
-		if len(obj.Object) == 0 {
-			continue
-		}
-		obj.SetNamespace("chart")
-		if err := k.c.Create(context.Background(), &obj, client.DryRunAll, client.FieldValidation("Strict")); err != nil {
-			t.Errorf("%s %s: server-side dry run: %v", obj.GetKind(), obj.GetName(), err)
-		}
-		kinds[obj.GetKind()] = true
-	}
-	for _, want := range []string{"Deployment", "Service", "ServiceAccount", "Role", "RoleBinding", "PodDisruptionBudget", "InferenceGatewayConfig"} {
-		if !kinds[want] {
-			t.Errorf("chart renders no %s (rendered %v)", want, kinds)
-		}
-	}
-}
-
-// TestKustomizeBase sends the kustomize base's manifests (config/) to the API
-// server as strict server-side dry runs, in the namespace the base sets.
-func TestKustomizeBase(t *testing.T) {
-	k := startCluster(t)
-	k.namespace(t, "kvgate-system")
-	root := filepath.Join("..", "..", "config")
-	var kust struct {
-		Namespace string   `json:"namespace"`
-		Resources []string `json:"resources"`
-	}
-	raw, err := os.ReadFile(filepath.Join(root, "default", "kustomization.yaml"))
-	if err != nil || yaml.Unmarshal(raw, &kust) != nil || kust.Namespace != "kvgate-system" {
-		t.Fatalf("config/default/kustomization.yaml: %v %+v", err, kust)
-	}
-	kinds := map[string]bool{}
-	for _, f := range []string{"rbac/role.yaml", "manager/deployment.yaml", "samples/inferencegatewayconfig.yaml"} {
-		raw, err := os.ReadFile(filepath.Join(root, f))
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, doc := range strings.Split(string(raw), "\n---") {
-			var obj unstructured.Unstructured
-			if err := yaml.Unmarshal([]byte(doc), &obj.Object); err != nil || len(obj.Object) == 0 {
-				continue
-			}
-			obj.SetNamespace(kust.Namespace)
-			if err := k.c.Create(context.Background(), &obj, client.DryRunAll, client.FieldValidation("Strict")); err != nil {
-				t.Errorf("%s: %s %s: %v", f, obj.GetKind(), obj.GetName(), err)
-			}
-			kinds[obj.GetKind()] = true
-		}
-	}
-	if len(kinds) < 7 {
-		t.Errorf("kinds checked: %v", kinds)
-	}
 }

@@ -1,0 +1,578 @@
+package kube
+
+// The manifests kvgate ships — the helm chart (deploy/helm/kvgate) and the
+// kustomize base (config/) — checked against a real API server.
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
+
+	poolv1 "github.com/kvgate/kvgate/api/inferencepool/v1"
+	"github.com/kvgate/kvgate/internal/testenv"
+	"github.com/kvgate/kvgate/internal/waittest"
+)
+
+var (
+	repoRoot = filepath.Join("..", "..")
+	chartDir = filepath.Join(repoRoot, "deploy", "helm", "kvgate")
+)
+
+const (
+	poolCRDFile = "inference.networking.k8s.io_inferencepools.yaml"
+	poolCRDName = "inferencepools.inference.networking.k8s.io"
+)
+
+// decode splits a YAML stream into its objects, leaving out empty documents.
+func decode(t *testing.T, what string, raw []byte) []*unstructured.Unstructured {
+	t.Helper()
+	var objs []*unstructured.Unstructured
+	for _, doc := range strings.Split("\n"+string(raw), "\n---") {
+		obj := &unstructured.Unstructured{}
+		if err := yaml.Unmarshal([]byte(doc), &obj.Object); err != nil {
+			t.Fatalf("%s: %v\n%s", what, err, doc)
+		}
+		if len(obj.Object) > 0 {
+			objs = append(objs, obj)
+		}
+	}
+	return objs
+}
+
+func kinds(objs []*unstructured.Unstructured) []string {
+	var ks []string
+	for _, o := range objs {
+		ks = append(ks, o.GetKind())
+	}
+	return ks
+}
+
+// one returns the one object of kind in objs, failing the test unless there is
+// exactly one; into, when not nil, receives it converted to a typed object.
+func one(t *testing.T, objs []*unstructured.Unstructured, kind string, into any) *unstructured.Unstructured {
+	t.Helper()
+	var found []*unstructured.Unstructured
+	for _, o := range objs {
+		if o.GetKind() == kind {
+			found = append(found, o)
+		}
+	}
+	if len(found) != 1 {
+		t.Fatalf("%d objects of kind %s, want 1 (kinds: %v)", len(found), kind, kinds(objs))
+	}
+	if into != nil {
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(found[0].Object, into); err != nil {
+			t.Fatalf("%s: %v", kind, err)
+		}
+	}
+	return found[0]
+}
+
+// dryRun sends obj to the API server as a strict server-side dry run, in ns when
+// its kind is namespaced. A cluster-scoped object the cluster already has (the
+// namespace, or a CRD the test cluster was started with) passed validation
+// before the API server found the name taken.
+func (k *cluster) dryRun(t *testing.T, ns string, obj *unstructured.Unstructured) {
+	t.Helper()
+	namespaced, err := k.c.IsObjectNamespaced(obj)
+	if err != nil {
+		t.Errorf("%s %s: %v", obj.GetKind(), obj.GetName(), err)
+		return
+	}
+	if namespaced {
+		obj.SetNamespace(ns)
+	}
+	err = k.c.Create(context.Background(), obj.DeepCopy(), client.DryRunAll, client.FieldValidation("Strict"))
+	if err != nil && (namespaced || !apierrors.IsAlreadyExists(err)) {
+		t.Errorf("%s %s: server-side dry run: %v", obj.GetKind(), obj.GetName(), err)
+	}
+}
+
+// allows reports whether role grants every one of verbs on resource in group.
+func allows(role rbacv1.Role, group, resource string, verbs ...string) bool {
+	for _, v := range verbs {
+		if !slices.ContainsFunc(role.Rules, func(r rbacv1.PolicyRule) bool {
+			return slices.Contains(r.APIGroups, group) && slices.Contains(r.Resources, resource) && slices.Contains(r.Verbs, v)
+		}) {
+			return false
+		}
+	}
+	return true
+}
+
+// helmCmd runs helm with its caches and configuration in the test's own
+// folder, not the user's.
+func helmCmd(t *testing.T, helm string, args ...string) *exec.Cmd {
+	home := t.TempDir()
+	cmd := exec.Command(helm, args...)
+	cmd.Env = append(os.Environ(), "HELM_CACHE_HOME="+home+"/cache", "HELM_CONFIG_HOME="+home+"/config", "HELM_DATA_HOME="+home+"/data")
+	return cmd
+}
+
+// chartConfig makes the chart create an InferenceGatewayConfig too.
+var chartConfig = []string{"--set-json", `config.spec={"bbr":{"enabled":true},"schedulers":[{"name":"llama","modelName":"m","modelSelector":{"matchLabels":{"app":"llama"}}}]}`}
+
+// TestHelmChart renders the chart with helm template, with the values each case
+// sets, and sends every object to the API server as a strict server-side dry
+// run: the chart is valid against a real cluster's schemas, kvgate's CRD's included.
+// The InferencePool CRD the chart renders on request is created for real, and
+// the API server then takes valid InferencePools and refuses invalid ones.
+func TestHelmChart(t *testing.T) {
+	helm := testenv.Require(t, testenv.Helm)
+	k := startCluster(t)
+	const ns = "chart"
+	k.namespace(t, ns)
+	base := []string{"Deployment", "Service", "ServiceAccount", "Role", "RoleBinding", "InferenceGatewayConfig"}
+	cases := []struct {
+		name   string
+		flags  []string // besides chartConfig
+		want   []string // kinds the chart must render
+		absent []string // kinds it must not
+		check  func(t *testing.T, objs []*unstructured.Unstructured)
+	}{{
+		name: "defaults", want: append(base, "PodDisruptionBudget"), absent: []string{"CustomResourceDefinition", "ServiceMonitor"},
+		check: func(t *testing.T, objs []*unstructured.Unstructured) {
+			var role rbacv1.Role
+			one(t, objs, "Role", &role)
+			if !allows(role, "", "events", "create", "patch") || !allows(role, "events.k8s.io", "events", "create", "patch") {
+				t.Errorf("the Role does not let kvgate create and patch core and events.k8s.io events: %+v", role.Rules)
+			}
+		},
+	}, {
+		name: "one replica, no PodDisruptionBudget", flags: []string{"--set", "replicas=1"},
+		want: base, absent: []string{"PodDisruptionBudget"},
+		check: func(t *testing.T, objs []*unstructured.Unstructured) {
+			var d appsv1.Deployment
+			one(t, objs, "Deployment", &d)
+			if d.Spec.Replicas == nil || *d.Spec.Replicas != 1 {
+				t.Errorf("deployment replicas %v, want 1", d.Spec.Replicas)
+			}
+		},
+	}, {
+		name: "two replicas, a PodDisruptionBudget", flags: []string{"--set", "replicas=2", "--set", "podDisruptionBudget.minAvailable=1"},
+		want: append(base, "PodDisruptionBudget"),
+		check: func(t *testing.T, objs []*unstructured.Unstructured) {
+			var pdb policyv1.PodDisruptionBudget
+			one(t, objs, "PodDisruptionBudget", &pdb)
+			if pdb.Spec.MinAvailable == nil || pdb.Spec.MinAvailable.IntValue() != 1 {
+				t.Errorf("minAvailable %v, want 1", pdb.Spec.MinAvailable)
+			}
+		},
+	}, {
+		name: "ServiceMonitor enabled, cluster without its CRD", flags: []string{"--set", "serviceMonitor.enabled=true"},
+		want: base, absent: []string{"ServiceMonitor"},
+	}, {
+		name:  "ServiceMonitor enabled, cluster with its CRD",
+		flags: []string{"--set", "serviceMonitor.enabled=true", "--api-versions", "monitoring.coreos.com/v1/ServiceMonitor"},
+		want:  append(base, "ServiceMonitor"),
+	}, {
+		name: "InferencePool CRD", flags: []string{"--set", "inferencePool.installCRD=true"},
+		want: append(base, "CustomResourceDefinition"),
+		check: func(t *testing.T, objs []*unstructured.Unstructured) {
+			crd := one(t, objs, "CustomResourceDefinition", nil)
+			if crd.GetName() != poolCRDName || crd.GetAnnotations()["helm.sh/resource-policy"] != "keep" {
+				t.Fatalf("CRD %s, annotations %v: want %s, kept on uninstall", crd.GetName(), crd.GetAnnotations(), poolCRDName)
+			}
+			k.installPoolCRD(t, crd)
+			k.checkPools(t, ns)
+		},
+	}}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			args := append([]string{"template", "kvgate", chartDir, "--namespace", ns}, chartConfig...)
+			out, err := helmCmd(t, helm, append(args, c.flags...)...).Output()
+			if err != nil {
+				t.Fatalf("helm template: %v\n%s", err, out)
+			}
+			objs := decode(t, "helm template", out)
+			got := kinds(objs)
+			for _, w := range c.want {
+				if !slices.Contains(got, w) {
+					t.Errorf("chart renders no %s (rendered %v)", w, got)
+				}
+			}
+			for _, a := range c.absent {
+				if slices.Contains(got, a) {
+					t.Errorf("chart renders a %s (rendered %v)", a, got)
+				}
+			}
+			for _, obj := range objs {
+				switch obj.GetKind() {
+				case "ServiceMonitor": // the test cluster has no Prometheus Operator CRDs
+				case "CustomResourceDefinition": // created for real by the case's check
+				default:
+					k.dryRun(t, ns, obj)
+				}
+			}
+			if c.check != nil {
+				c.check(t, objs)
+			}
+		})
+	}
+
+	// What helm install prints after it installed: the notes say what the chart
+	// left out, against the cluster's own API discovery (no ServiceMonitor).
+	t.Run("NOTES.txt", func(t *testing.T) {
+		args := append([]string{"install", "kvgate", chartDir, "--namespace", ns, "--dry-run=server", "--kubeconfig", k.kubeconfig(t),
+			"--set", "replicas=1", "--set", "serviceMonitor.enabled=true"}, chartConfig...)
+		out, err := helmCmd(t, helm, args...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("helm install --dry-run=server: %v\n%s", err, out)
+		}
+		manifest, notes, ok := strings.Cut(string(out), "\nNOTES:\n")
+		if !ok {
+			t.Fatalf("no NOTES in\n%s", out)
+		}
+		if strings.Contains(manifest, "kind: ServiceMonitor") || strings.Contains(manifest, "kind: PodDisruptionBudget") {
+			t.Errorf("manifest has a ServiceMonitor or PodDisruptionBudget:\n%s", manifest)
+		}
+		for _, want := range []string{"kvgate serves the InferenceGatewayConfig chart/kvgate.", "No PodDisruptionBudget", "No ServiceMonitor"} {
+			if !strings.Contains(notes, want) {
+				t.Errorf("NOTES lack %q:\n%s", want, notes)
+			}
+		}
+	})
+}
+
+// kubeconfig writes a kubeconfig file for the test cluster, for tools such as
+// helm that talk to it on their own.
+func (k *cluster) kubeconfig(t *testing.T) string {
+	t.Helper()
+	kc := clientcmdapi.NewConfig()
+	kc.Clusters["envtest"] = &clientcmdapi.Cluster{Server: k.cfg.Host, CertificateAuthorityData: k.cfg.CAData}
+	kc.AuthInfos["envtest"] = &clientcmdapi.AuthInfo{ClientCertificateData: k.cfg.CertData, ClientKeyData: k.cfg.KeyData, Token: k.cfg.BearerToken}
+	kc.Contexts["envtest"] = &clientcmdapi.Context{Cluster: "envtest", AuthInfo: "envtest"}
+	kc.CurrentContext = "envtest"
+	path := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := clientcmd.WriteToFile(*kc, path); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// poolClient is a client that knows kvgate's InferencePool types.
+func (k *cluster) poolClient(t *testing.T) client.Client {
+	t.Helper()
+	s := runtime.NewScheme()
+	if err := poolv1.AddToScheme(s); err != nil {
+		t.Fatal(err)
+	}
+	c, err := client.New(k.cfg, client.Options{Scheme: s})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// installPoolCRD creates crd for real, in place of any InferencePool CRD the
+// cluster has, and waits until the API server serves InferencePools under its
+// schema: the defaults it sets show that it does.
+func (k *cluster) installPoolCRD(t *testing.T, crd *unstructured.Unstructured) {
+	t.Helper()
+	ctx := context.Background()
+	var cur unstructured.Unstructured
+	cur.SetGroupVersionKind(crd.GroupVersionKind())
+	switch err := k.c.Get(ctx, types.NamespacedName{Name: crd.GetName()}, &cur); {
+	case apierrors.IsNotFound(err):
+		err = k.c.Create(ctx, crd, client.FieldValidation("Strict"))
+		if err != nil {
+			t.Fatalf("creating the InferencePool CRD: %v", err)
+		}
+	case err != nil:
+		t.Fatal(err)
+	default:
+		crd.SetResourceVersion(cur.GetResourceVersion())
+		if err := k.c.Update(ctx, crd, client.FieldValidation("Strict")); err != nil {
+			t.Fatalf("replacing the InferencePool CRD: %v", err)
+		}
+	}
+	pc := k.poolClient(t)
+	waittest.Until(t, 20*time.Second, "the InferencePool CRD's schema in effect", func() bool {
+		p := pool("probe", nil)
+		p.Namespace = "default"
+		return pc.Create(ctx, p, client.DryRunAll) == nil && p.Spec.AppProtocol == poolv1.AppProtocolHTTP
+	})
+}
+
+// pool is a valid InferencePool, as change leaves it.
+func pool(name string, change func(*poolv1.InferencePoolSpec)) *poolv1.InferencePool {
+	p := &poolv1.InferencePool{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: poolv1.InferencePoolSpec{
+			Selector:    poolv1.LabelSelector{MatchLabels: map[string]string{"app": "llama"}},
+			TargetPorts: []poolv1.Port{{Number: 8000}, {Number: 8001}},
+		},
+	}
+	if change != nil {
+		change(&p.Spec)
+	}
+	return p
+}
+
+// checkPools: the API server, serving kvgate's InferencePool CRD, takes valid
+// pools, filling in the upstream defaults, and refuses invalid ones naming the
+// rule broken.
+func (k *cluster) checkPools(t *testing.T, ns string) {
+	t.Helper()
+	ctx := context.Background()
+	pc := k.poolClient(t)
+	epp := func(s *poolv1.InferencePoolSpec) {
+		s.EndpointPickerRef = &poolv1.EndpointPickerRef{Name: "llama-epp", Port: &poolv1.Port{Number: 9002}}
+	}
+	p := pool("defaults", epp)
+	p.Namespace = ns
+	if err := pc.Create(ctx, p); err != nil {
+		t.Fatalf("valid pool refused: %v", err)
+	}
+	var got poolv1.InferencePool
+	if err := pc.Get(ctx, client.ObjectKeyFromObject(p), &got); err != nil {
+		t.Fatal(err)
+	}
+	e := got.Spec.EndpointPickerRef
+	if got.Spec.AppProtocol != poolv1.AppProtocolHTTP || e == nil || e.Group == nil || *e.Group != "" || e.Kind != "Service" ||
+		e.FailureMode != poolv1.FailClose || !slices.Equal(got.Spec.Ports(), []int32{8000, 8001}) {
+		t.Errorf("stored pool %+v, endpointPickerRef %+v: want the defaults http, group \"\", kind Service, FailClose", got.Spec, e)
+	}
+
+	eight := func(s *poolv1.InferencePoolSpec) {
+		s.TargetPorts = nil
+		for i := range int32(8) {
+			s.TargetPorts = append(s.TargetPorts, poolv1.Port{Number: 8000 + i})
+		}
+	}
+	cases := []struct {
+		name   string
+		change func(*poolv1.InferencePoolSpec)
+		refuse string // what the API server's answer says; "" when it takes the pool
+	}{
+		{"eight target ports, h2c", func(s *poolv1.InferencePoolSpec) { eight(s); s.AppProtocol = poolv1.AppProtocolH2C }, ""},
+		{"endpoint picker not a Service, no port", func(s *poolv1.InferencePoolSpec) {
+			g := "example.com"
+			s.EndpointPickerRef = &poolv1.EndpointPickerRef{Group: &g, Kind: "Picker", Name: "p", FailureMode: poolv1.FailOpen}
+		}, ""},
+		{"nine target ports", func(s *poolv1.InferencePoolSpec) {
+			eight(s)
+			s.TargetPorts = append(s.TargetPorts, poolv1.Port{Number: 9000})
+		}, "spec.targetPorts: Too many: 9"},
+		{"no target ports", func(s *poolv1.InferencePoolSpec) { s.TargetPorts = nil }, "spec.targetPorts: Required value"},
+		{"duplicate port", func(s *poolv1.InferencePoolSpec) {
+			s.TargetPorts = []poolv1.Port{{Number: 8000}, {Number: 8001}, {Number: 8000}}
+		}, "port number must be unique"},
+		{"port 0", func(s *poolv1.InferencePoolSpec) { s.TargetPorts = []poolv1.Port{{Number: 0}} }, "spec.targetPorts[0].number"},
+		{"endpoint picker kind Service without port", func(s *poolv1.InferencePoolSpec) {
+			s.EndpointPickerRef = &poolv1.EndpointPickerRef{Kind: "Service", Name: "llama-epp"}
+		}, "port is required when kind is 'Service' or unspecified"},
+		{"endpoint picker kind unset without port", func(s *poolv1.InferencePoolSpec) {
+			s.EndpointPickerRef = &poolv1.EndpointPickerRef{Name: "llama-epp"}
+		}, "port is required when kind is 'Service' or unspecified"},
+		{"empty selector", func(s *poolv1.InferencePoolSpec) { s.Selector.MatchLabels = nil }, "spec.selector.matchLabels: Required value"},
+		{"unknown appProtocol", func(s *poolv1.InferencePoolSpec) { s.AppProtocol = "grpc" }, `spec.appProtocol: Unsupported value: "grpc"`},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			p := pool(strings.ReplaceAll(strings.ReplaceAll(strings.ToLower(c.name), " ", "-"), ",", ""), c.change)
+			p.Namespace = ns
+			err := pc.Create(ctx, p)
+			switch {
+			case c.refuse == "" && err != nil:
+				t.Errorf("valid pool refused: %v", err)
+			case c.refuse != "" && err == nil:
+				t.Errorf("invalid pool taken: %+v", p.Spec)
+			case c.refuse != "" && (!apierrors.IsInvalid(err) || !strings.Contains(err.Error(), c.refuse)):
+				t.Errorf("refused with %v, want an Invalid error saying %q", err, c.refuse)
+			}
+		})
+	}
+}
+
+// kustomization is the part of a kustomization.yaml this test reads.
+type kustomization struct {
+	Namespace string   `json:"namespace"`
+	Resources []string `json:"resources"`
+}
+
+func readKustomization(t *testing.T, dir string) kustomization {
+	t.Helper()
+	var kust kustomization
+	raw, err := os.ReadFile(filepath.Join(dir, "kustomization.yaml"))
+	if err == nil {
+		err = yaml.UnmarshalStrict(raw, &kust)
+	}
+	if err != nil {
+		t.Fatalf("%s: %v", dir, err)
+	}
+	return kust
+}
+
+// kustomizeFiles lists the manifest files kustomize builds dir from, following
+// resources that are folders into their own kustomization.yaml.
+func kustomizeFiles(t *testing.T, dir string) []string {
+	t.Helper()
+	var files []string
+	for _, r := range readKustomization(t, dir).Resources {
+		p := filepath.Join(dir, r)
+		fi, err := os.Stat(p)
+		switch {
+		case err != nil:
+			t.Fatalf("%s lists %s: %v", dir, r, err)
+		case fi.IsDir():
+			files = append(files, kustomizeFiles(t, p)...)
+		default:
+			files = append(files, p)
+		}
+	}
+	return files
+}
+
+// resolve expands the $(VAR) references in arg from the container's env, as
+// the kubelet does, for values given literally or as the pod's namespace.
+func resolve(t *testing.T, arg string, env []corev1.EnvVar, podNamespace string) string {
+	t.Helper()
+	for _, e := range env {
+		v := e.Value
+		if e.ValueFrom != nil {
+			if e.ValueFrom.FieldRef == nil || e.ValueFrom.FieldRef.FieldPath != "metadata.namespace" {
+				continue
+			}
+			v = podNamespace
+		}
+		arg = strings.ReplaceAll(arg, "$("+e.Name+")", v)
+	}
+	if strings.Contains(arg, "$(") {
+		t.Errorf("%q refers to a variable the test cannot resolve", arg)
+	}
+	return arg
+}
+
+// flagValue returns the value of --name in args, given as --name=value or as
+// --name value.
+func flagValue(args []string, name string) (string, bool) {
+	for i, a := range args {
+		if v, ok := strings.CutPrefix(a, "--"+name+"="); ok {
+			return v, true
+		}
+		if a == "--"+name && i+1 < len(args) {
+			return args[i+1], true
+		}
+	}
+	return "", false
+}
+
+// TestKustomizeBase checks the kustomize base (config/default and everything
+// it includes, as kubectl apply -k would build it) and the sample config: each
+// object is valid as a strict server-side dry run in the namespace the base
+// sets; the deployment serves the sample, as installed there; the InferencePool
+// CRD is left to config/crd/inferencepool, which installs it on its own.
+func TestKustomizeBase(t *testing.T) {
+	k := startCluster(t)
+	root := filepath.Join(repoRoot, "config")
+	kust := readKustomization(t, filepath.Join(root, "default"))
+	if kust.Namespace != "kvgate-system" {
+		t.Fatalf("config/default installs into %q, want kvgate-system", kust.Namespace)
+	}
+	k.namespace(t, kust.Namespace)
+	files := kustomizeFiles(t, filepath.Join(root, "default"))
+	var objs []*unstructured.Unstructured
+	for _, f := range files {
+		raw, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		objs = append(objs, decode(t, f, raw)...)
+	}
+	samplePath := filepath.Join(root, "samples", "inferencegatewayconfig.yaml")
+	raw, err := os.ReadFile(samplePath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	samples := decode(t, samplePath, raw)
+	if len(samples) != 1 || samples[0].GetKind() != "InferenceGatewayConfig" {
+		t.Fatalf("%s: want one InferenceGatewayConfig, have %v", samplePath, kinds(samples))
+	}
+	sample := samples[0]
+
+	t.Run("valid in "+kust.Namespace, func(t *testing.T) {
+		for _, obj := range append(slices.Clone(objs), sample) {
+			k.dryRun(t, kust.Namespace, obj)
+		}
+		got := kinds(objs)
+		for _, want := range []string{"Namespace", "CustomResourceDefinition", "Role", "RoleBinding", "ServiceAccount", "Deployment", "Service", "PodDisruptionBudget"} {
+			if !slices.Contains(got, want) {
+				t.Errorf("config/default installs no %s (installs %v)", want, got)
+			}
+		}
+	})
+
+	t.Run("--igwc names the sample", func(t *testing.T) {
+		var d appsv1.Deployment
+		one(t, objs, "Deployment", &d)
+		want := kust.Namespace + "/" + sample.GetName()
+		for _, c := range d.Spec.Template.Spec.Containers {
+			v, ok := flagValue(c.Args, "igwc")
+			if !ok {
+				t.Fatalf("container %s: no --igwc in %q", c.Name, c.Args)
+			}
+			if got := resolve(t, v, c.Env, kust.Namespace); got != want {
+				t.Errorf("container %s serves --igwc %q (%q as the kubelet resolves it), want %q: %s installed into %s",
+					c.Name, v, got, want, samplePath, kust.Namespace)
+			}
+		}
+	})
+
+	t.Run("Role writes events", func(t *testing.T) {
+		var role rbacv1.Role
+		one(t, objs, "Role", &role)
+		if !allows(role, "", "events", "create", "patch") || !allows(role, "events.k8s.io", "events", "create", "patch") {
+			t.Errorf("the Role does not let kvgate create and patch core and events.k8s.io events: %+v", role.Rules)
+		}
+	})
+
+	t.Run("InferencePool CRD only from config/crd/inferencepool", func(t *testing.T) {
+		for _, o := range objs {
+			if o.GetKind() == "CustomResourceDefinition" && o.GetName() == poolCRDName {
+				t.Errorf("config/default installs the InferencePool CRD")
+			}
+		}
+		dir := filepath.Join(root, "crd", "inferencepool")
+		files := kustomizeFiles(t, dir)
+		if len(files) != 1 || filepath.Base(files[0]) != poolCRDFile {
+			t.Fatalf("%s builds from %v, want %s alone", dir, files, poolCRDFile)
+		}
+		raw, err := os.ReadFile(files[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		chartCopy, err := os.ReadFile(filepath.Join(chartDir, "files", poolCRDFile))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(raw, chartCopy) {
+			t.Errorf("%s and the chart's files/%s differ: run make generate", files[0], poolCRDFile)
+		}
+		crds := decode(t, files[0], raw)
+		if len(crds) != 1 || crds[0].GetKind() != "CustomResourceDefinition" || crds[0].GetName() != poolCRDName {
+			t.Fatalf("%s: want the CRD %s alone, have %v", files[0], poolCRDName, kinds(crds))
+		}
+		k.dryRun(t, "", crds[0])
+	})
+}
