@@ -25,7 +25,6 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -38,12 +37,13 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
+	poolv1 "github.com/kvgate/kvgate/api/inferencepool/v1"
 	"github.com/kvgate/kvgate/api/v1alpha1"
 	"github.com/kvgate/kvgate/internal/config"
 )
 
 // InferencePoolGVK is the upstream pool resource kvgate accepts as a pool source.
-var InferencePoolGVK = schema.GroupVersionKind{Group: "inference.networking.k8s.io", Version: "v1", Kind: "InferencePool"}
+var InferencePoolGVK = poolv1.GroupVersion.WithKind("InferencePool")
 
 // Applier is what the controller drives: the gateway.
 type Applier interface {
@@ -99,6 +99,9 @@ func Scheme() (*runtime.Scheme, error) {
 	if err := v1alpha1.AddToScheme(s); err != nil {
 		return nil, err
 	}
+	if err := poolv1.AddToScheme(s); err != nil {
+		return nil, err
+	}
 	return s, nil
 }
 
@@ -106,13 +109,6 @@ func Scheme() (*runtime.Scheme, error) {
 func configObject() *unstructured.Unstructured {
 	u := &unstructured.Unstructured{}
 	u.SetGroupVersionKind(configGVK)
-	return u
-}
-
-// poolObject is an empty unstructured InferencePool.
-func poolObject() *unstructured.Unstructured {
-	u := &unstructured.Unstructured{}
-	u.SetGroupVersionKind(InferencePoolGVK)
 	return u
 }
 
@@ -130,7 +126,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) (controller.Controller, 
 		// Every replica reconciles: serving must not wait for an election.
 		WithOptions(controller.Options{NeedLeaderElection: ptr(false)})
 	if r.Pools != nil && r.Pools() {
-		b = b.Watches(poolObject(), r.toTarget())
+		b = b.Watches(&poolv1.InferencePool{}, r.toTarget())
 	}
 	if r.kick != nil {
 		b = b.WatchesRawSource(source.Channel(r.kick, r.toTarget()))
@@ -482,24 +478,20 @@ func (r *Reconciler) sourceOf(ctx context.Context, ns string, sc *v1alpha1.Sched
 	if r.Pools == nil || !r.Pools() {
 		return pending("InferencePoolNotInstalled", "poolRef %q: the API server does not serve InferencePools (inference.networking.k8s.io/v1); kvgate starts watching them as soon as their CRD is installed", sc.PoolRef)
 	}
-	pool := poolObject()
-	if err := r.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: sc.PoolRef}, pool); err != nil {
+	var pool poolv1.InferencePool
+	if err := r.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: sc.PoolRef}, &pool); err != nil {
 		if apierrors.IsNotFound(err) || meta.IsNoMatchError(err) {
 			return pending("InferencePoolNotFound", "poolRef %q: no InferencePool of that name in namespace %s", sc.PoolRef, ns)
 		}
 		return podSource{}, fmt.Errorf("poolRef %q: %w", sc.PoolRef, err)
 	}
-	ml, _, err := unstructured.NestedStringMap(pool.Object, "spec", "selector", "matchLabels")
-	if err != nil || len(ml) == 0 {
+	if len(pool.Spec.Selector.MatchLabels) == 0 {
 		return pending("InvalidInferencePool", "InferencePool %q has no spec.selector.matchLabels", sc.PoolRef)
 	}
-	src := podSource{selector: labels.SelectorFromSet(ml), from: fmt.Sprintf(" (InferencePool %s)", sc.PoolRef)}
-	ports, _, _ := unstructured.NestedSlice(pool.Object, "spec", "targetPorts")
-	for _, p := range ports {
-		if m, ok := p.(map[string]any); ok {
-			if n, ok := m["number"].(int64); ok && n > 0 && n < 65536 {
-				src.ports = append(src.ports, int(n))
-			}
+	src := podSource{selector: labels.SelectorFromSet(pool.Spec.Selector.MatchLabels), from: fmt.Sprintf(" (InferencePool %s)", sc.PoolRef)}
+	for _, n := range pool.Spec.Ports() {
+		if n > 0 && n < 65536 {
+			src.ports = append(src.ports, int(n))
 		}
 	}
 	if len(src.ports) == 0 {
@@ -507,7 +499,7 @@ func (r *Reconciler) sourceOf(ctx context.Context, ns string, sc *v1alpha1.Sched
 	}
 	slices.Sort(src.ports)
 	src.ports = slices.Compact(src.ports)
-	switch proto, _, _ := unstructured.NestedString(pool.Object, "spec", "appProtocol"); proto {
+	switch proto := string(pool.Spec.AppProtocol); proto {
 	case "", v1alpha1.AppProtocolHTTP, v1alpha1.AppProtocolH2C:
 		src.appProtocol = proto
 	default:

@@ -53,7 +53,7 @@ type cluster struct {
 }
 
 // poolCRD is the InferencePool CRD kvgate ships.
-var poolCRD = filepath.Join("testdata", "inferencepool-crd.yaml")
+var poolCRD = filepath.Join("..", "..", "config", "crd", "inferencepool")
 
 func startCluster(t *testing.T) *cluster {
 	t.Helper()

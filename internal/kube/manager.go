@@ -26,6 +26,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
+	poolv1 "github.com/kvgate/kvgate/api/inferencepool/v1"
 	"github.com/kvgate/kvgate/api/v1alpha1"
 )
 
@@ -74,8 +75,8 @@ func Start(ctx context.Context, cfg *rest.Config, o Options) error {
 		Metrics:                metricsserver.Options{BindAddress: "0"}, // kvgate serves its own
 		HealthProbeBindAddress: "0",
 		// Only the target's namespace is watched: least privilege, and a cache no
-		// larger than the namespace's pods. The InferenceGatewayConfig and
-		// InferencePools are read as unstructured objects, from the cache too.
+		// larger than the namespace's pods. The InferenceGatewayConfig is read
+		// as an unstructured object, from the cache too.
 		Cache:      cache.Options{DefaultNamespaces: map[string]cache.Config{o.Target.Namespace: {}}},
 		Client:     client.Options{Cache: &client.CacheOptions{Unstructured: true}},
 		Controller: config.Controller{SkipNameValidation: ptr(true)},
@@ -114,7 +115,7 @@ func Start(ctx context.Context, cfg *rest.Config, o Options) error {
 			interval = PoolPollInterval
 		}
 		go watchPools(ctx, cs.Discovery(), interval, o.Log, func() error {
-			if err := c.Watch(source.Kind[client.Object](mgr.GetCache(), poolObject(), r.toTarget())); err != nil {
+			if err := c.Watch(source.Kind[client.Object](mgr.GetCache(), &poolv1.InferencePool{}, r.toTarget())); err != nil {
 				return err
 			}
 			pools.Store(true)

@@ -44,7 +44,7 @@ const (
 )
 
 // decode splits a YAML stream into its objects, leaving out empty documents.
-func decode(t *testing.T, what string, raw []byte) []*unstructured.Unstructured {
+func decodeYAML(t *testing.T, what string, raw []byte) []*unstructured.Unstructured {
 	t.Helper()
 	var objs []*unstructured.Unstructured
 	for _, doc := range strings.Split("\n"+string(raw), "\n---") {
@@ -204,7 +204,7 @@ func TestHelmChart(t *testing.T) {
 			if err != nil {
 				t.Fatalf("helm template: %v\n%s", err, out)
 			}
-			objs := decode(t, "helm template", out)
+			objs := decodeYAML(t, "helm template", out)
 			got := kinds(objs)
 			for _, w := range c.want {
 				if !slices.Contains(got, w) {
@@ -498,14 +498,14 @@ func TestKustomizeBase(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		objs = append(objs, decode(t, f, raw)...)
+		objs = append(objs, decodeYAML(t, f, raw)...)
 	}
 	samplePath := filepath.Join(root, "samples", "inferencegatewayconfig.yaml")
 	raw, err := os.ReadFile(samplePath)
 	if err != nil {
 		t.Fatal(err)
 	}
-	samples := decode(t, samplePath, raw)
+	samples := decodeYAML(t, samplePath, raw)
 	if len(samples) != 1 || samples[0].GetKind() != "InferenceGatewayConfig" {
 		t.Fatalf("%s: want one InferenceGatewayConfig, have %v", samplePath, kinds(samples))
 	}
@@ -569,7 +569,7 @@ func TestKustomizeBase(t *testing.T) {
 		if !bytes.Equal(raw, chartCopy) {
 			t.Errorf("%s and the chart's files/%s differ: run make generate", files[0], poolCRDFile)
 		}
-		crds := decode(t, files[0], raw)
+		crds := decodeYAML(t, files[0], raw)
 		if len(crds) != 1 || crds[0].GetKind() != "CustomResourceDefinition" || crds[0].GetName() != poolCRDName {
 			t.Fatalf("%s: want the CRD %s alone, have %v", files[0], poolCRDName, kinds(crds))
 		}
