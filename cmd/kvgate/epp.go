@@ -94,7 +94,7 @@ with --bbr-configmaps, from ConfigMaps labelled inference.networking.k8s.io/bbr-
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&o.Server.ConfigPath, "config", "", "InferenceGatewayConfig file")
+	f.StringVar(&o.Server.ConfigPath, "config", "", "InferenceGatewayConfig file (this or --igwc is required)")
 	f.StringVar(&o.Server.Listen, "listen", ":9002", "address of the ext_proc gRPC service")
 	f.StringVar(&o.HealthListen, "health-listen", ":9003", "address of the gRPC health service")
 	f.StringVar(&o.Server.AdminListen, "admin-listen", ":9090", "address of /metrics, /healthz, /readyz and /debug")

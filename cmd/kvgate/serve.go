@@ -63,7 +63,7 @@ pods become endpoints as they come and go, and the resource's status reports wha
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&o.ConfigPath, "config", "", "InferenceGatewayConfig file (required)")
+	f.StringVar(&o.ConfigPath, "config", "", "InferenceGatewayConfig file (this or --igwc is required)")
 	f.StringVar(&o.Listen, "listen", ":8080", "address of the OpenAI API")
 	f.StringVar(&o.AdminListen, "admin-listen", ":9090", "address of /metrics, /healthz, /readyz and /debug")
 	f.DurationVar(&o.DrainTimeout, "drain-timeout", 30*time.Second, "how long in-flight requests may finish after a stop signal (then they end with an explicit error)")
