@@ -14,6 +14,7 @@ import (
 	"maps"
 	"net"
 	"net/http"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -192,12 +193,27 @@ func (g *Router) Apply(cfg *v1alpha1.InferenceGatewayConfig) error {
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	for i, sc := range cfg.Spec.Schedulers {
-		picker, err := newPicker(sc, g.opts.Profile, g.opts.Seed+uint64(i))
-		if err != nil {
-			return fmt.Errorf("scheduler %s: %w", sc.Name, err)
+	// A scheduler whose settings did not change (only its endpoints: pods came
+	// or went) keeps its picker and its transport, with the connections open.
+	prev := map[string]*scheduler{}
+	if old := g.routes.Load(); old != nil && reflect.DeepEqual(old.gw, gw) {
+		for _, p := range old.schedulers {
+			prev[p.name] = p
 		}
-		p := &scheduler{name: sc.Name, spec: sc, picker: picker, transport: newTransport(gw, sc.H2C())}
+	}
+	kept := map[*http.Transport]bool{}
+	for i, sc := range cfg.Spec.Schedulers {
+		var p *scheduler
+		if old := prev[sc.Name]; old != nil && sameSettings(old.spec, sc) {
+			p = &scheduler{name: sc.Name, spec: sc, picker: old.picker, transport: old.transport}
+			kept[old.transport] = true
+		} else {
+			picker, err := newPicker(sc, g.opts.Profile, g.opts.Seed+uint64(i))
+			if err != nil {
+				return fmt.Errorf("scheduler %s: %w", sc.Name, err)
+			}
+			p = &scheduler{name: sc.Name, spec: sc, picker: picker, transport: newTransport(gw, sc.H2C())}
+		}
 		p.outliers.failures, p.outliers.base, p.outliers.maxShare = gw.Outliers()
 		if usesPrefix(sc, g.opts.Profile) {
 			p.prefix = prefixConfig{blockChars: sc.PrefixBlockChars(), maxBlocks: sc.PrefixMaxBlocks(), capacity: sc.PrefixCapacity(),
@@ -267,10 +283,19 @@ func (g *Router) Apply(cfg *v1alpha1.InferenceGatewayConfig) error {
 	if old != nil {
 		// Idle connections of the old transports go; busy ones finish their request.
 		for _, p := range old.schedulers {
-			p.transport.CloseIdleConnections()
+			if !kept[p.transport] {
+				p.transport.CloseIdleConnections()
+			}
 		}
 	}
 	return nil
+}
+
+// sameSettings says whether two specs of a scheduler differ at most in their
+// endpoints.
+func sameSettings(a, b v1alpha1.SchedulerSpec) bool {
+	a.Endpoints, b.Endpoints = nil, nil
+	return reflect.DeepEqual(a, b)
 }
 
 // RecordRejected notes a configuration that failed to load, for /debug/config and
