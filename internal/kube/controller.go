@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -545,7 +546,7 @@ func (r *Reconciler) writeStatus(ctx context.Context, obj *unstructured.Unstruct
 			// Someone wrote the resource in between (an edit: its own event
 			// follows) or deleted it. Routine: read it again.
 			r.Log.Debug("status update raced another write; retrying", "config", r.Target, "err", err)
-			return reconcile.Result{Requeue: true}, nil
+			return reconcile.Result{RequeueAfter: 100 * time.Millisecond}, nil
 		}
 		// Status-only changes trigger no event, so nothing else would write
 		// this status again: back to the queue.

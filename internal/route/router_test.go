@@ -18,9 +18,13 @@ func TestApplyKeepsUnchangedSchedulers(t *testing.T) {
 		edit func(*v1alpha1.InferenceGatewayConfig)
 		keep bool
 	}{
-		{"endpoints only", func(c *v1alpha1.InferenceGatewayConfig) { c.Spec.Schedulers[0].Endpoints = []string{"10.0.0.2:8000", "10.0.0.3:8000"} }, true},
+		{"endpoints only", func(c *v1alpha1.InferenceGatewayConfig) {
+			c.Spec.Schedulers[0].Endpoints = []string{"10.0.0.2:8000", "10.0.0.3:8000"}
+		}, true},
 		{"nothing", func(*v1alpha1.InferenceGatewayConfig) {}, true},
-		{"weights", func(c *v1alpha1.InferenceGatewayConfig) { c.Spec.Schedulers[0].Weights = &v1alpha1.Weights{Queue: &two} }, false},
+		{"weights", func(c *v1alpha1.InferenceGatewayConfig) {
+			c.Spec.Schedulers[0].Weights = &v1alpha1.Weights{Queue: &two}
+		}, false},
 		{"app protocol", func(c *v1alpha1.InferenceGatewayConfig) { c.Spec.Schedulers[0].AppProtocol = v1alpha1.AppProtocolH2C }, false},
 		{"gateway settings", func(c *v1alpha1.InferenceGatewayConfig) { c.Spec.Gateway.MaxAttempts = &two }, false},
 	} {
