@@ -96,11 +96,17 @@ type ObjectiveSpec struct {
 }
 
 // BBRSpec configures body-based routing.
+//
+// +kubebuilder:validation:XValidation:rule="!has(self.replicas)",message="replicas is not supported: scale the kvgate Deployment instead (Helm value replicas)",fieldPath=".replicas"
 type BBRSpec struct {
 	// Enabled turns on routing by the body's model field; required when there is
 	// more than one scheduler.
 	Enabled bool `json:"enabled"`
-	// Replicas of the body-based router when it runs as its own deployment.
+	// Replicas is refused: the body-based router runs inside kvgate, so scale
+	// the kvgate Deployment instead (Helm value replicas).
+	//
+	// Deprecated: kept only so that a document carrying it decodes and is
+	// refused with that message rather than as an unknown field.
 	// +optional
 	Replicas *int32 `json:"replicas,omitempty"`
 	// MaxRequestBodyBytes bounds a request body (default 268435456, 256 MiB).
@@ -109,6 +115,8 @@ type BBRSpec struct {
 }
 
 // SchedulerSpec is one model pool and how it picks a pod.
+//
+// +kubebuilder:validation:XValidation:rule="!has(self.replicas)",message="replicas is not supported: scale the kvgate Deployment instead (Helm value replicas)",fieldPath=".replicas"
 type SchedulerSpec struct {
 	// Name identifies the scheduler in metrics, headers and logs.
 	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`
@@ -174,7 +182,11 @@ type SchedulerSpec struct {
 	// +kubebuilder:validation:Type=string
 	// +kubebuilder:validation:Pattern=`^(0|(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+)$`
 	RouteTimeout *metav1.Duration `json:"routeTimeout,omitempty"`
-	// Replicas of the endpoint picker when it runs as its own deployment.
+	// Replicas is refused: the endpoint picker runs inside kvgate, so scale the
+	// kvgate Deployment instead (Helm value replicas).
+	//
+	// Deprecated: kept only so that a document carrying it decodes and is
+	// refused with that message rather than as an unknown field.
 	// +optional
 	Replicas *int32 `json:"replicas,omitempty"`
 }

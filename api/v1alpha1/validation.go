@@ -52,6 +52,10 @@ const (
 	maxAttemptsLimit = 10
 )
 
+// MsgReplicas refuses bbr.replicas and schedulers[].replicas; the CRD's
+// schema says the same (its markers in types.go).
+const MsgReplicas = "replicas is not supported: scale the kvgate Deployment instead (Helm value replicas)"
+
 // Known names for the enumerated fields.
 var (
 	Pickers     = []string{"kvgate", "least-request", "round-robin", "random", "power-of-two"}
@@ -100,6 +104,9 @@ func (v *fieldErrors) bbr(s *InferenceGatewayConfigSpec) {
 	}
 	if b := s.BBR.MaxRequestBodyBytes; b != nil && (*b < 1024 || *b > maxBodyLimit) {
 		v.add("spec.bbr.maxRequestBodyBytes", "must be between 1024 and %d, got %d", maxBodyLimit, *b)
+	}
+	if s.BBR.Replicas != nil {
+		v.add("spec.bbr.replicas", MsgReplicas)
 	}
 }
 
@@ -167,6 +174,9 @@ func (v *fieldErrors) scheduler(p string, i int, sc SchedulerSpec, names map[str
 	v.scoring(p, sc)
 	if sc.RouteTimeout != nil && sc.RouteTimeout.Duration < 0 {
 		v.add(p+".routeTimeout", "must not be negative")
+	}
+	if sc.Replicas != nil {
+		v.add(p+".replicas", MsgReplicas)
 	}
 }
 

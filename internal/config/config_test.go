@@ -77,6 +77,8 @@ func TestParseErrors(t *testing.T) {
 		{"wrong api version", "gateway.kvgate.io/v1alpha1", "gateway.kvgate.io/v9", `igwc.yaml:1: apiVersion: is "gateway.kvgate.io/v9"`},
 		{"wrong kind", "kind: InferenceGatewayConfig", "kind: Gateway", `igwc.yaml:2: kind: is "Gateway"`},
 		{"no endpoints", `    endpoints: ["127.0.0.1:8001", "127.0.0.1:8002"]`, "", "spec.schedulers[0]: needs a modelSelector"},
+		{"scheduler replicas", "    routeTimeout: 30s", "    routeTimeout: 30s\n    replicas: 2", "igwc.yaml:18: spec.schedulers[0].replicas: replicas is not supported: scale the kvgate Deployment instead (Helm value replicas)"},
+		{"bbr replicas", "    enabled: true", "    enabled: true\n    replicas: 2", "igwc.yaml:8: spec.bbr.replicas: replicas is not supported"},
 		{"bad name", "  - name: qwen", "  - name: Qwen_32B", `spec.schedulers[1].name: "Qwen_32B" must be a DNS label`},
 		{"adapter clash", "[sql-expert]", "[Qwen/Qwen2.5-32B]", "is already served"},
 		{"yaml syntax", "  bbr:\n", "  bbr: [\n", "not valid YAML"},
