@@ -2,9 +2,8 @@ package v1alpha1
 
 import (
 	"fmt"
-	"net"
+	"regexp"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -52,9 +51,21 @@ const (
 	maxAttemptsLimit = 10
 )
 
-// MsgReplicas refuses bbr.replicas and schedulers[].replicas; the CRD's
-// schema says the same (its markers in types.go).
-const MsgReplicas = "replicas is not supported: scale the kvgate Deployment instead (Helm value replicas)"
+// Messages the CRD's schema gives in the same words (its markers in types.go),
+// so that kubectl apply and kvgate refuse a document alike.
+const (
+	MsgReplicas       = "replicas is not supported: scale the kvgate Deployment instead (Helm value replicas)"
+	MsgEndpointSource = "must take its endpoints from exactly one of modelSelector, poolRef (Kubernetes) or endpoints (static)"
+	MsgEmptySelector  = "selects every pod: give it matchLabels or matchExpressions"
+)
+
+// HostPortPattern is what a static endpoint must match: host:port, the host a
+// name or an IPv4 address, or an IPv6 address in brackets (as net.SplitHostPort
+// reads them), and a decimal port between 1 and 65535. The items:Pattern marker
+// on SchedulerSpec.Endpoints is the same expression.
+const HostPortPattern = `^(\[[^\[\]]+\]|[^:\[\]]+):0*([1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])$`
+
+var hostPort = regexp.MustCompile(HostPortPattern)
 
 // Known names for the enumerated fields.
 var (
@@ -182,12 +193,21 @@ func (v *fieldErrors) scheduler(p string, i int, sc SchedulerSpec, names map[str
 
 // endpoints checks where a scheduler's endpoints come from and how they are reached.
 func (v *fieldErrors) endpoints(p string, sc SchedulerSpec) {
-	if sc.ModelSelector == nil && len(sc.Endpoints) == 0 && sc.PoolRef == "" {
-		v.add(p, "needs a modelSelector or poolRef (Kubernetes) or static endpoints")
+	// One source: in Kubernetes poolRef would win over modelSelector. (The
+	// CRD's schema also refuses static endpoints beside either, which kvgate
+	// would ignore there; Validate cannot, for it also checks the
+	// configuration the controller resolves, whose endpoints are the pods the
+	// selector or pool picked.)
+	selector, pool := sc.ModelSelector != nil, sc.PoolRef != ""
+	if selector && pool || !selector && !pool && len(sc.Endpoints) == 0 {
+		v.add(p, MsgEndpointSource)
+	}
+	if ms := sc.ModelSelector; ms != nil && len(ms.MatchLabels) == 0 && len(ms.MatchExpressions) == 0 {
+		v.add(p+".modelSelector", MsgEmptySelector)
 	}
 	for j, ep := range sc.Endpoints {
-		if err := checkHostPort(ep); err != nil {
-			v.add(fmt.Sprintf("%s.endpoints[%d]", p, j), "%q: %v", ep, err)
+		if !hostPort.MatchString(ep) {
+			v.add(fmt.Sprintf("%s.endpoints[%d]", p, j), "%q is not host:port with a port between 1 and 65535", ep)
 		}
 	}
 	if sc.TargetPort < 0 || sc.TargetPort > 65535 {
@@ -286,21 +306,6 @@ func checkEnum(add func(string, string, ...any), path, v string, known []string)
 	if v != "" && !slices.Contains(known, v) {
 		add(path, "%q is not one of %s", v, strings.Join(known, ", "))
 	}
-}
-
-func checkHostPort(s string) error {
-	host, port, err := net.SplitHostPort(s)
-	if err != nil {
-		return err
-	}
-	if host == "" {
-		return fmt.Errorf("missing host")
-	}
-	n, err := strconv.Atoi(port)
-	if err != nil || n < 1 || n > 65535 {
-		return fmt.Errorf("port must be between 1 and 65535")
-	}
-	return nil
 }
 
 func isDNSLabel(s string) bool {
