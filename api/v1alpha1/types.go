@@ -51,6 +51,7 @@ type InferenceGatewayConfigList struct {
 //
 // +kubebuilder:validation:XValidation:rule="size(self.schedulers) <= 1 || (has(self.bbr) && self.bbr.enabled)",message="bbr.enabled must be true when there is more than one scheduler: the model in the body picks the pool"
 // +kubebuilder:validation:XValidation:rule="self.schedulers.all(s, self.schedulers.exists_one(t, t.modelName == s.modelName))",message="modelName must be unique across schedulers"
+// +kubebuilder:validation:XValidation:rule="self.schedulers.all(s, !has(s.loraAdapters) || s.loraAdapters.all(a, !(a in self.schedulers.map(t, t.modelName))))",message="a loraAdapters entry must not be the modelName of a scheduler",fieldPath=".schedulers"
 type InferenceGatewayConfigSpec struct {
 	// BBR is the body-based router that reads the model from the request body.
 	// +optional
@@ -110,12 +111,16 @@ type BBRSpec struct {
 	// +optional
 	Replicas *int32 `json:"replicas,omitempty"`
 	// MaxRequestBodyBytes bounds a request body (default 268435456, 256 MiB).
+	// +kubebuilder:validation:Minimum=1024
+	// +kubebuilder:validation:Maximum=1073741824
 	// +optional
 	MaxRequestBodyBytes *int64 `json:"maxRequestBodyBytes,omitempty"`
 }
 
-// SchedulerSpec is one model pool and how it picks a pod.
+// SchedulerSpec is one model pool and how it picks a pod. Its endpoints come
+// from exactly one of modelSelector, poolRef and endpoints.
 //
+// +kubebuilder:validation:XValidation:rule="(has(self.modelSelector) ? 1 : 0) + (has(self.poolRef) && size(self.poolRef) > 0 ? 1 : 0) + (has(self.endpoints) && size(self.endpoints) > 0 ? 1 : 0) == 1",message="must take its endpoints from exactly one of modelSelector, poolRef (Kubernetes) or endpoints (static)"
 // +kubebuilder:validation:XValidation:rule="!has(self.replicas)",message="replicas is not supported: scale the kvgate Deployment instead (Helm value replicas)",fieldPath=".replicas"
 type SchedulerSpec struct {
 	// Name identifies the scheduler in metrics, headers and logs.
@@ -125,11 +130,17 @@ type SchedulerSpec struct {
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=253
 	ModelName string `json:"modelName"`
-	// ModelSelector selects the model-server pods of the pool (in Kubernetes).
+	// ModelSelector selects the model-server pods of the pool (in Kubernetes);
+	// it must have matchLabels or matchExpressions: an empty one would select
+	// every pod of the namespace.
+	// +kubebuilder:validation:XValidation:rule="(has(self.matchLabels) && size(self.matchLabels) > 0) || (has(self.matchExpressions) && size(self.matchExpressions) > 0)",message="selects every pod: give it matchLabels or matchExpressions"
 	// +optional
 	ModelSelector *metav1.LabelSelector `json:"modelSelector,omitempty"`
-	// Endpoints lists the pool's servers as host:port outside Kubernetes.
+	// Endpoints lists the pool's servers as host:port outside Kubernetes; the
+	// host is a name, an IPv4 address or a bracketed IPv6 address, the port
+	// between 1 and 65535.
 	// +kubebuilder:validation:MaxItems=1024
+	// +kubebuilder:validation:items:Pattern=`^(\[[^\[\]]+\]|[^:\[\]]+):0*([1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])$`
 	// +optional
 	Endpoints []string `json:"endpoints,omitempty"`
 	// PoolRef names an InferencePool (inference.networking.k8s.io/v1) in the same
@@ -164,9 +175,11 @@ type SchedulerSpec struct {
 	// +optional
 	Weights *Weights `json:"weights,omitempty"`
 	// LoRAAdapters are adapter names served by this pool; a request naming one is
-	// routed here.
+	// routed here. An adapter name is unique in the configuration: neither
+	// another adapter nor any scheduler's modelName.
 	// +kubebuilder:validation:MaxItems=50
 	// +kubebuilder:validation:items:MinLength=1
+	// +listType=set
 	// +optional
 	LoRAAdapters []string `json:"loraAdapters,omitempty"`
 	// Saturation marks an endpoint too busy to take more; saturated endpoints are
@@ -181,6 +194,7 @@ type SchedulerSpec struct {
 	// +optional
 	// +kubebuilder:validation:Type=string
 	// +kubebuilder:validation:Pattern=`^(0|(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+)$`
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('0s')",message="must fit in a Go time.Duration (at most 2562047h)"
 	RouteTimeout *metav1.Duration `json:"routeTimeout,omitempty"`
 	// Replicas is refused: the endpoint picker runs inside kvgate, so scale the
 	// kvgate Deployment instead (Helm value replicas).
@@ -191,24 +205,34 @@ type SchedulerSpec struct {
 	Replicas *int32 `json:"replicas,omitempty"`
 }
 
+// The int32 fields without a tighter bound carry Maximum=2147483647: without
+// it the API server would store a larger number, which kvgate cannot decode.
+
 // Weights of the scorers; each is a non-negative integer.
 type Weights struct {
 	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=2147483647
 	Queue *int32 `json:"queue,omitempty"`
 	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=2147483647
 	KVCache *int32 `json:"kvCache,omitempty"`
 	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=2147483647
 	Prefix *int32 `json:"prefix,omitempty"`
 	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=2147483647
 	LoRAAffinity *int32 `json:"loraAffinity,omitempty"`
 	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=2147483647
 	RunningRequests *int32 `json:"runningRequests,omitempty"`
 	// PrefillQueue weighs the prompt tokens this gateway has queued at an endpoint
 	// that await their first token.
 	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=2147483647
 	PrefillQueue *int32 `json:"prefillQueue,omitempty"`
 	// ErrorRate weighs the share of an endpoint's recent answers that failed.
 	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=2147483647
 	ErrorRate *int32 `json:"errorRate,omitempty"`
 }
 
@@ -216,6 +240,7 @@ type Weights struct {
 type SaturationSpec struct {
 	// QueueDepth: this many waiting requests or more saturate (default 5).
 	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=2147483647
 	// +optional
 	QueueDepth *int32 `json:"queueDepth,omitempty"`
 	// KVCachePercent: KV-cache usage at or above this percentage saturates
@@ -242,21 +267,26 @@ type PrefixSpec struct {
 	// CapacityBlocks is how many blocks an endpoint is remembered to hold when its
 	// metrics do not give its KV-cache size (default 31250).
 	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=2147483647
 	// +optional
 	CapacityBlocks *int32 `json:"capacityBlocks,omitempty"`
 }
 
 // ScrapeSpec tunes how model-server metrics are read.
+//
+// +kubebuilder:validation:XValidation:rule="!has(self.staleAfter) || duration(self.staleAfter) >= (has(self.interval) ? duration(self.interval) : duration('50ms'))",message="must be at least the scrape interval (default 50ms)",fieldPath=".staleAfter"
 type ScrapeSpec struct {
 	// Interval between two scrapes of an endpoint (default 50ms).
 	// +optional
 	// +kubebuilder:validation:Type=string
 	// +kubebuilder:validation:Pattern=`^(0|(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+)$`
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('10ms') && duration(self) <= duration('1m')",message="must be between 10ms and 1m"
 	Interval *metav1.Duration `json:"interval,omitempty"`
 	// Timeout of one scrape (default 1s).
 	// +optional
 	// +kubebuilder:validation:Type=string
 	// +kubebuilder:validation:Pattern=`^(0|(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+)$`
+	// +kubebuilder:validation:XValidation:rule="duration(self) > duration('0s') && duration(self) <= duration('1m')",message="must be between 1ns and 1m"
 	Timeout *metav1.Duration `json:"timeout,omitempty"`
 	// StaleAfter: metrics older than this make an endpoint stale (default 2s).
 	// +optional
@@ -266,6 +296,7 @@ type ScrapeSpec struct {
 	// UnhealthyAfter consecutive failed scrapes make an endpoint unhealthy
 	// (default 3).
 	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=2147483647
 	// +optional
 	UnhealthyAfter *int32 `json:"unhealthyAfter,omitempty"`
 }
@@ -274,10 +305,14 @@ type ScrapeSpec struct {
 type GatewaySpec struct {
 	// MaxAttempts is how many endpoints a request may try before its response
 	// starts (default 3; 1 disables retries).
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=10
 	// +optional
 	MaxAttempts *int32 `json:"maxAttempts,omitempty"`
 	// MaxInFlightPerEndpoint saturates an endpoint at this many requests in flight
 	// through this gateway (default 0: no limit).
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=2147483647
 	// +optional
 	MaxInFlightPerEndpoint *int32 `json:"maxInFlightPerEndpoint,omitempty"`
 	// QueueTimeout is how long a request may wait for a saturated pool before 429
@@ -285,11 +320,13 @@ type GatewaySpec struct {
 	// +optional
 	// +kubebuilder:validation:Type=string
 	// +kubebuilder:validation:Pattern=`^(0|(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+)$`
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('0s') && duration(self) <= duration('1m')",message="must be between 0s and 1m"
 	QueueTimeout *metav1.Duration `json:"queueTimeout,omitempty"`
 	// ConnectTimeout bounds dialling an endpoint (default 2s).
 	// +optional
 	// +kubebuilder:validation:Type=string
 	// +kubebuilder:validation:Pattern=`^(0|(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+)$`
+	// +kubebuilder:validation:XValidation:rule="duration(self) > duration('0s') && duration(self) <= duration('1m')",message="must be between 1ns and 1m"
 	ConnectTimeout *metav1.Duration `json:"connectTimeout,omitempty"`
 	// ResponseHeaderTimeout bounds the wait for an endpoint's response headers
 	// (default 5m: a non-streaming answer's headers come with its last token;
@@ -297,6 +334,7 @@ type GatewaySpec struct {
 	// +optional
 	// +kubebuilder:validation:Type=string
 	// +kubebuilder:validation:Pattern=`^(0|(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+)$`
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('0s')",message="must fit in a Go time.Duration (at most 2562047h)"
 	ResponseHeaderTimeout *metav1.Duration `json:"responseHeaderTimeout,omitempty"`
 	// FirstByteTimeout bounds the wait from a streamed response's headers to its
 	// first event (default 60s; 0s: none). An endpoint that misses it is given
@@ -304,12 +342,14 @@ type GatewaySpec struct {
 	// +optional
 	// +kubebuilder:validation:Type=string
 	// +kubebuilder:validation:Pattern=`^(0|(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+)$`
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('0s')",message="must fit in a Go time.Duration (at most 2562047h)"
 	FirstByteTimeout *metav1.Duration `json:"firstByteTimeout,omitempty"`
 	// StreamIdleTimeout ends a streamed response that sends nothing for this
 	// long once it started, with an error event (default 60s; 0s: none).
 	// +optional
 	// +kubebuilder:validation:Type=string
 	// +kubebuilder:validation:Pattern=`^(0|(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+)$`
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('0s')",message="must fit in a Go time.Duration (at most 2562047h)"
 	StreamIdleTimeout *metav1.Duration `json:"streamIdleTimeout,omitempty"`
 	// ClientWriteTimeout ends a streamed request whose client has not taken a
 	// write for about this long (default 30s; 0s: none), releasing its
@@ -317,9 +357,11 @@ type GatewaySpec struct {
 	// +optional
 	// +kubebuilder:validation:Type=string
 	// +kubebuilder:validation:Pattern=`^(0|(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+)$`
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('0s')",message="must fit in a Go time.Duration (at most 2562047h)"
 	ClientWriteTimeout *metav1.Duration `json:"clientWriteTimeout,omitempty"`
 	// RetryBufferBytes is how much of a body is kept to replay it on a retry
 	// (default 8 MiB); a larger body is streamed once and not retried.
+	// +kubebuilder:validation:Minimum=0
 	// +optional
 	RetryBufferBytes *int64 `json:"retryBufferBytes,omitempty"`
 	// Scrape tunes how model-server metrics are read.
@@ -339,12 +381,14 @@ type GatewaySpec struct {
 type OutlierSpec struct {
 	// ConsecutiveFailures that eject an endpoint (default 5; 0 disables).
 	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=2147483647
 	// +optional
 	ConsecutiveFailures *int32 `json:"consecutiveFailures,omitempty"`
 	// BaseEjectionTime is the first ejection's length (default 30s).
 	// +optional
 	// +kubebuilder:validation:Type=string
 	// +kubebuilder:validation:Pattern=`^(0|(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+)$`
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('1s') && duration(self) <= duration('1h')",message="must be between 1s and 1h"
 	BaseEjectionTime *metav1.Duration `json:"baseEjectionTime,omitempty"`
 	// MaxEjectionPercent of a scheduler's endpoints ejected at once (default 50).
 	// +kubebuilder:validation:Minimum=0

@@ -1,6 +1,7 @@
 package v1alpha1
 
 import (
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -113,5 +114,27 @@ func TestHostPort(t *testing.T) {
 		if got := hostPort.MatchString(tc.s); got != tc.ok {
 			t.Errorf("%q: matched %v, want %v", tc.s, got, tc.ok)
 		}
+	}
+}
+
+// TestMarkersMatch: the CRD is generated from the markers in types.go; they
+// must say what Validate says, in the same words.
+func TestMarkersMatch(t *testing.T) {
+	src, err := os.ReadFile("types.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"+kubebuilder:validation:items:Pattern=`" + HostPortPattern + "`",
+		`message="` + MsgReplicas + `",fieldPath=".replicas"`,
+		`message="` + MsgEndpointSource + `"`,
+		`message="` + MsgEmptySelector + `"`,
+	} {
+		if !strings.Contains(string(src), want) {
+			t.Errorf("types.go has no marker %s", want)
+		}
+	}
+	if n := strings.Count(string(src), `message="`+MsgReplicas+`"`); n != 2 {
+		t.Errorf("the replicas message is on %d markers, want 2 (bbr and schedulers[])", n)
 	}
 }
