@@ -215,7 +215,7 @@ func TestAdmission(t *testing.T) {
 	slow, slowAddr := startSim(t, llama, simserver.Options{})
 	_ = slow
 	t.Run("no endpoint", func(t *testing.T) {
-		cfg := gatewayConfig(v1alpha1.SchedulerSpec{Name: "empty", ModelName: llama, ModelSelector: &metav1.LabelSelector{}})
+		cfg := gatewayConfig(v1alpha1.SchedulerSpec{Name: "empty", ModelName: llama, ModelSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "none"}}})
 		_, base := startGateway(t, cfg)
 		resp, _, e := call(t, "POST", base+"/v1/chat/completions", chat(llama))
 		if resp.StatusCode != 503 || resp.Header.Get("Retry-After") == "" || !strings.Contains(e.Error.Message, "no ready endpoint") {
