@@ -2,7 +2,9 @@ package kube
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -15,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
@@ -402,6 +405,35 @@ func TestLeaseHandover(t *testing.T) {
 		t.Fatal(err)
 	}
 	waittest.Until(t, 10*time.Second, "status from the new holder", func() bool {
-		return condition(k.status(t, ns, "gw"), "Accepted").Status == metav1.ConditionTrue
+		st := k.status(t, ns, "gw")
+		return condition(st, "Accepted").Status == metav1.ConditionTrue && st.ReadyEndpoints == 1
 	})
+
+	// What kubectl get igwc prints: the API server's table for the resource.
+	rc, err := rest.HTTPClientFor(k.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req, _ := http.NewRequest(http.MethodGet, strings.TrimSuffix(k.cfg.Host, "/")+"/apis/gateway.kvgate.io/v1alpha1/namespaces/lease/inferencegatewayconfigs", nil)
+	req.Header.Set("Accept", "application/json;as=Table;v=v1;g=meta.k8s.io")
+	resp, err := rc.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	var table metav1.Table
+	if err := json.Unmarshal(body, &table); err != nil {
+		t.Fatalf("%v: %d %s", err, resp.StatusCode, body)
+	}
+	var cols []string
+	for _, c := range table.ColumnDefinitions {
+		cols = append(cols, c.Name)
+	}
+	if got := strings.Join(cols, " "); got != "Name Accepted Ready Schedulers Endpoints Age" || len(table.Rows) != 1 {
+		t.Fatalf("kubectl get columns %q, %d rows", got, len(table.Rows))
+	}
+	if got := fmt.Sprint(table.Rows[0].Cells[:5]); got != "[gw True True 1 1]" {
+		t.Errorf("kubectl get row %s, want [gw True True 1 1]", got)
+	}
 }
