@@ -22,50 +22,13 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/internal/procstat"
+	"github.com/kvgate/kvgate/internal/testenv"
 )
 
 // The benchmarks here run `kvgate sim` and `kvgate serve` as their own processes,
 // the way they are deployed, and drive them from the benchmark process over
 // loopback. Every figure is measured side by side with a direct connection to the
 // same simulated server in the same run. docs/benchmarks.md quotes them.
-
-var (
-	buildOnce sync.Once
-	binPath   string
-	buildErr  error
-)
-
-// kvgateBinary builds cmd/kvgate once per test binary, for the benchmarks and
-// the process fault suite. It goes to one path per user, replaced by a rename,
-// so that runs do not pile up binaries in the temp directory and a run never
-// executes another's half-written file.
-func kvgateBinary(t testing.TB) string {
-	t.Helper()
-	buildOnce.Do(func() {
-		dir := filepath.Join(os.TempDir(), fmt.Sprintf("kvgate-test-%d", os.Getuid()))
-		if buildErr = os.MkdirAll(dir, 0o700); buildErr != nil {
-			return
-		}
-		tmp, err := os.CreateTemp(dir, "kvgate-*")
-		if err != nil {
-			buildErr = err
-			return
-		}
-		_ = tmp.Close()
-		out, err := exec.Command("go", "build", "-o", tmp.Name(), "github.com/kvgate/kvgate/cmd/kvgate").CombinedOutput()
-		if err != nil {
-			_ = os.Remove(tmp.Name())
-			buildErr = fmt.Errorf("go build cmd/kvgate: %w\n%s", err, out)
-			return
-		}
-		binPath = filepath.Join(dir, "kvgate")
-		buildErr = os.Rename(tmp.Name(), binPath)
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
-	}
-	return binPath
-}
 
 // proc is a started kvgate process.
 type proc struct {
@@ -76,7 +39,7 @@ type proc struct {
 // startProc runs kvgate with args and waits for a line matching find, which
 // extracts the address it serves on.
 func startProc(b *testing.B, find func(line string) (string, bool), args ...string) *proc {
-	cmd := exec.Command(kvgateBinary(b), args...)
+	cmd := exec.Command(testenv.Kvgate(b), args...)
 	out, _ := cmd.StdoutPipe()
 	cmd.Stderr = cmd.Stdout
 	if err := cmd.Start(); err != nil {

@@ -20,6 +20,7 @@ import (
 
 	"github.com/kvgate/kvgate/api/v1alpha1"
 	"github.com/kvgate/kvgate/internal/logtest"
+	"github.com/kvgate/kvgate/internal/testenv"
 )
 
 // The process fault suite: real `kvgate sim` processes — killed (SIGKILL),
@@ -61,7 +62,7 @@ type simProc struct {
 // test ends; cleanup thaws it (SIGCONT) before killing it.
 func startSimProc(t *testing.T) *simProc {
 	t.Helper()
-	cmd := exec.Command(kvgateBinary(t), "sim", "--listen", "127.0.0.1:0", "--model", llama, "--gpu", "h100", "--model-size", "8b", "--log-level", "warn")
+	cmd := exec.Command(testenv.Kvgate(t), "sim", "--listen", "127.0.0.1:0", "--model", llama, "--gpu", "h100", "--model-size", "8b", "--log-level", "warn")
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -435,7 +436,7 @@ func TestProcessFaults(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs simulator processes for over a minute")
 	}
-	kvgateBinary(t) // once, before the cases start their clocks
+	testenv.Kvgate(t) // once, before the cases start their clocks
 	for _, tc := range []struct {
 		name string
 		pods int

@@ -8,7 +8,9 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os/exec"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -22,8 +24,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/kvgate/kvgate/api/v1alpha1"
+	"github.com/kvgate/kvgate/internal/logtest"
 	"github.com/kvgate/kvgate/internal/simserver"
 	"github.com/kvgate/kvgate/internal/simserver/simtest"
+	"github.com/kvgate/kvgate/internal/testenv"
 	"github.com/kvgate/kvgate/internal/waittest"
 )
 
@@ -436,4 +440,75 @@ func TestLeaseHandover(t *testing.T) {
 	if got := fmt.Sprint(table.Rows[0].Cells[:5]); got != "[gw True True 1 1]" {
 		t.Errorf("kubectl get row %s, want [gw True True 1 1]", got)
 	}
+}
+
+// leaseHolder reads the status Lease's holder ("" when released or absent).
+func (k *cluster) leaseHolder(t *testing.T, ns, name string) string {
+	t.Helper()
+	l := &unstructured.Unstructured{}
+	l.SetAPIVersion("coordination.k8s.io/v1")
+	l.SetKind("Lease")
+	if err := k.c.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: name}, l); err != nil {
+		return ""
+	}
+	h, _, _ := unstructured.NestedString(l.Object, "spec", "holderIdentity")
+	return h
+}
+
+// TestProcessReleasesLease: `kvgate serve --igwc` as its own process, stopped
+// with SIGTERM as the kubelet does, exits 0 with the status Lease released,
+// and a second process takes status over within 2 s.
+func TestProcessReleasesLease(t *testing.T) {
+	k := startCluster(t)
+	const ns = "procs"
+	k.namespace(t, ns)
+	if err := k.c.Create(context.Background(), igwc(ns, "gw", v1alpha1.SchedulerSpec{Name: "s", ModelName: model, Endpoints: []string{"127.0.0.1:1"}})); err != nil {
+		t.Fatal(err)
+	}
+	bin, kubeconfig := testenv.Kvgate(t), k.kubeconfig(t)
+	start := func() (*exec.Cmd, *logtest.Buffer) {
+		var out logtest.Buffer
+		cmd := exec.Command(bin, "serve", "--igwc", ns+"/gw", "--kubeconfig", kubeconfig, "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0",
+			"--pre-stop", "0s", "--drain-timeout", "1s")
+		cmd.Stdout, cmd.Stderr = &out, &out
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+			if t.Failed() {
+				t.Logf("kvgate log:\n%s", out.String())
+			}
+		})
+		return cmd, &out
+	}
+	a, _ := start()
+	var first string
+	waittest.Until(t, 30*time.Second, "the first process to hold the Lease", func() bool {
+		first = k.leaseHolder(t, ns, "kvgate-status-gw")
+		return first != ""
+	})
+	b, bout := start()
+	waittest.Until(t, 30*time.Second, "the second process to watch the cluster", func() bool {
+		return strings.Contains(bout.String(), "watching the cluster")
+	})
+	if err := a.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Wait(); err != nil {
+		t.Fatalf("kvgate after SIGTERM: %v", err)
+	}
+	exited := time.Now()
+	var second string
+	waittest.Until(t, 5*time.Second, "the second process to take the Lease", func() bool {
+		second = k.leaseHolder(t, ns, "kvgate-status-gw")
+		return second != "" && second != first
+	})
+	took := time.Since(exited)
+	t.Logf("SIGTERM → exit → Lease %s → %s %v after the exit", first, second, took)
+	if took > 2*time.Second {
+		t.Errorf("status handed over %v after the first process exited, want < 2s", took)
+	}
+	_ = b
 }

@@ -9,8 +9,10 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 )
 
@@ -82,4 +84,42 @@ func Skipped(list, part string) bool {
 		names[i] = strings.TrimSpace(names[i])
 	}
 	return slices.Contains(names, part) || slices.Contains(names, "all")
+}
+
+var (
+	buildOnce sync.Once
+	binPath   string
+	buildErr  error
+)
+
+// Kvgate builds cmd/kvgate once per test binary and returns its path, for
+// tests that run kvgate as its own process. It goes to one path per user,
+// replaced by a rename, so that runs do not pile up binaries in the temp
+// directory and a run never executes another's half-written file.
+func Kvgate(t testing.TB) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		dir := filepath.Join(os.TempDir(), fmt.Sprintf("kvgate-test-%d", os.Getuid()))
+		if buildErr = os.MkdirAll(dir, 0o700); buildErr != nil {
+			return
+		}
+		tmp, err := os.CreateTemp(dir, "kvgate-*")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		_ = tmp.Close()
+		out, err := exec.Command("go", "build", "-o", tmp.Name(), "github.com/kvgate/kvgate/cmd/kvgate").CombinedOutput()
+		if err != nil {
+			_ = os.Remove(tmp.Name())
+			buildErr = fmt.Errorf("go build cmd/kvgate: %w\n%s", err, out)
+			return
+		}
+		binPath = filepath.Join(dir, "kvgate")
+		buildErr = os.Rename(tmp.Name(), binPath)
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return binPath
 }
