@@ -177,14 +177,16 @@ func TestTokenReconcile(t *testing.T) {
 	}
 }
 
-// TestSharedLimitTwoReplicas: two router replicas, 500 requests/s offered in
+// TestSharedLimitTwoReplicas: two router replicas, 250 requests/s offered in
 // all, enforce one shared limit: what they admit together is within ±5% of the
-// limit's allowance over the time they were admitting, and every request is
-// either admitted or refused with 429 — none gets 503 because a busy machine
-// slowed Redis's answers.
+// limit's allowance over the time they were admitting (replicas that did not
+// share it would admit twice the burst), and every request is either admitted
+// or refused with 429 — none gets 503 because a busy machine slowed Redis's
+// answers. The rate is what a loaded 2-core machine running -race serves with
+// room to spare: the test is about sharing, not throughput.
 func TestSharedLimitTwoReplicas(t *testing.T) {
 	if testing.Short() {
-		t.Skip("4 s of traffic at 500 requests/s")
+		t.Skip("4 s of traffic at 250 requests/s")
 	}
 	// The member answers at once and notes when the admitted requests
 	// reached it: the limiter's decisions come just before.
@@ -202,12 +204,12 @@ func TestSharedLimitTwoReplicas(t *testing.T) {
 		_, _ = w.Write([]byte(`{"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":1}}`))
 	})
 	rd := redistest.Start(t)
-	const rpm = 1200 // 20/s, and a burst of a minute's worth
+	const rpm = 300 // 5/s, and a burst of a minute's worth
 	_, urls := startLimited(t, f.member("only", 1), rd.Addr(), "closed", []Tenant{{Name: "acme", Limits: []TenantLimit{{Model: "*", Limits: Limits{RequestsPerMinute: rpm}}}}}, 2)
 	var admitted, refused, other atomic.Int64
 	var codesMu sync.Mutex
 	codes := map[string]int{}
-	const rate, d = 500.0, 4 * time.Second
+	const rate, d = 250.0, 4 * time.Second
 	start := time.Now()
 	var wg sync.WaitGroup
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256}}
