@@ -30,7 +30,7 @@ func (g *Gateway) AdminHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(g.Metrics().Registry, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
 		switch {
 		case g.Draining():
 			http.Error(w, "draining", http.StatusServiceUnavailable)
@@ -40,9 +40,15 @@ func (g *Gateway) AdminHandler() http.Handler {
 				msg += ": the last one was rejected: " + err.Error()
 			}
 			http.Error(w, msg, http.StatusServiceUnavailable)
-		case len(g.Unready()) > 0:
-			// A load balancer should send this replica nothing it cannot serve.
+		case len(g.Unready()) > 0 && r.URL.Query().Get("endpoints") == "all":
+			// Opt-in: a load balancer in front of one model's replicas may
+			// prefer to send nothing to one that cannot serve it.
 			http.Error(w, "no ready endpoint for scheduler "+strings.Join(g.Unready(), ", "), http.StatusServiceUnavailable)
+		case len(g.Unready()) > 0:
+			// Every replica sees the same pods: failing readiness here would
+			// take every replica, and every other model, out of the Service
+			// when one pool is empty. Requests for that model get 503.
+			_, _ = w.Write([]byte("ok; no ready endpoint for scheduler " + strings.Join(g.Unready(), ", ") + "\n"))
 		default:
 			_, _ = w.Write([]byte("ok\n"))
 		}

@@ -475,8 +475,9 @@ func waitScraped(t *testing.T, g *Gateway, addrs ...string) {
 	}
 }
 
-// TestReadyz: /readyz fails, naming the scheduler, while one has no endpoint
-// the fleet reads as healthy (a frozen pool), and passes once it has one.
+// TestReadyz: while one scheduler has no endpoint the fleet reads as healthy
+// (a frozen pool), /readyz passes naming it — the other models still serve —
+// and /readyz?endpoints=all fails naming it.
 func TestReadyz(t *testing.T) {
 	bad, badAddr := startFaulty(t, "500")
 	_, good := startSim(t, llama, simserver.Options{})
@@ -485,8 +486,8 @@ func TestReadyz(t *testing.T) {
 	g, _ := startGateway(t, cfg)
 	admin := httptest.NewServer(g.AdminHandler())
 	t.Cleanup(admin.Close)
-	readyz := func() (int, string) {
-		resp, err := http.Get(admin.URL + "/readyz")
+	readyz := func(query string) (int, string) {
+		resp, err := http.Get(admin.URL + "/readyz" + query)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -495,20 +496,23 @@ func TestReadyz(t *testing.T) {
 		return resp.StatusCode, string(b)
 	}
 	waitScraped(t, g, badAddr, good)
-	if code, body := readyz(); code != 200 {
+	if code, body := readyz("?endpoints=all"); code != 200 {
 		t.Fatalf("both schedulers ready: %d %s", code, body)
 	}
 	bad.frozen.Store(true)
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		code, body := readyz()
+		code, body := readyz("?endpoints=all")
 		if code == 503 && strings.Contains(body, "no ready endpoint for scheduler frozen") {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("a frozen scheduler: /readyz %d %s", code, body)
+			t.Fatalf("a frozen scheduler: /readyz?endpoints=all %d %s", code, body)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+	if code, body := readyz(""); code != 200 || !strings.Contains(body, "no ready endpoint for scheduler frozen") {
+		t.Errorf("a frozen scheduler: /readyz %d %q, want 200 naming it", code, body)
 	}
 }
 
