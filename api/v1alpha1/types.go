@@ -102,6 +102,7 @@ type ObjectiveSpec struct {
 type BBRSpec struct {
 	// Enabled turns on routing by the body's model field; required when there is
 	// more than one scheduler.
+	// +optional
 	Enabled bool `json:"enabled"`
 	// Replicas is refused: the body-based router runs inside kvgate, so scale
 	// the kvgate Deployment instead (Helm value replicas).
@@ -145,8 +146,11 @@ type SchedulerSpec struct {
 	Endpoints []string `json:"endpoints,omitempty"`
 	// PoolRef names an InferencePool (inference.networking.k8s.io/v1) in the same
 	// namespace whose selector and target port define the pool, instead of
-	// modelSelector and targetPort.
+	// modelSelector and targetPort. Every port of its targetPorts is an
+	// endpoint of each pod, and its appProtocol applies.
 	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*)?$`
 	PoolRef string `json:"poolRef,omitempty"`
 	// TargetPort is the model servers' port (default 8000).
 	// +kubebuilder:validation:Minimum=0
@@ -411,12 +415,13 @@ type InferenceGatewayConfigStatus struct {
 	// Schedulers reports each served scheduler's endpoints and rollout.
 	// +optional
 	Schedulers []SchedulerStatus `json:"schedulers,omitempty"`
-	// ServedSchedulers is the number of schedulers served.
+	// ServedSchedulers is the number of schedulers served (0 is written, so
+	// that kubectl get shows it).
 	// +optional
-	ServedSchedulers int32 `json:"servedSchedulers,omitempty"`
+	ServedSchedulers int32 `json:"servedSchedulers"`
 	// ReadyEndpoints is the number of endpoints served, over all schedulers.
 	// +optional
-	ReadyEndpoints int32 `json:"readyEndpoints,omitempty"`
+	ReadyEndpoints int32 `json:"readyEndpoints"`
 }
 
 // SchedulerStatus is one scheduler's observed state.

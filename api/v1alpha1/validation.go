@@ -202,6 +202,9 @@ func (v *fieldErrors) endpoints(p string, sc SchedulerSpec) {
 	if selector && pool || !selector && !pool && len(sc.Endpoints) == 0 {
 		v.add(p, MsgEndpointSource)
 	}
+	if pool && (len(sc.PoolRef) > 253 || !isDNSSubdomain(sc.PoolRef)) {
+		v.add(p+".poolRef", "%q is not an object name (a DNS subdomain: lower-case letters, digits, '-' and '.', at most 253)", trimName(sc.PoolRef))
+	}
 	if ms := sc.ModelSelector; ms != nil && len(ms.MatchLabels) == 0 && len(ms.MatchExpressions) == 0 {
 		v.add(p+".modelSelector", MsgEmptySelector)
 	}
@@ -319,4 +322,23 @@ func isDNSLabel(s string) bool {
 		}
 	}
 	return true
+}
+
+// isDNSSubdomain reports whether s is a Kubernetes object name: dot-separated
+// DNS labels.
+func isDNSSubdomain(s string) bool {
+	for _, label := range strings.Split(s, ".") {
+		if !isDNSLabel(label) {
+			return false
+		}
+	}
+	return s != ""
+}
+
+// trimName shortens a long value quoted in a message.
+func trimName(s string) string {
+	if r := []rune(s); len(r) > 64 {
+		return string(r[:61]) + "..."
+	}
+	return s
 }

@@ -255,6 +255,16 @@ func walk(n *yaml.Node, t reflect.Type, path string, out *[]Problem) {
 	case reflect.Int, reflect.Int32, reflect.Int64, reflect.Uint32, reflect.Uint64:
 		if n.Kind != yaml.ScalarNode || n.Tag != "!!int" {
 			add(fmt.Sprintf("must be an integer, got %q", n.Value))
+			break
+		}
+		// A value the field cannot hold would fail decoding with no path.
+		bits := t.Bits()
+		if t.Kind() == reflect.Uint32 || t.Kind() == reflect.Uint64 {
+			if _, err := strconv.ParseUint(n.Value, 0, bits); err != nil {
+				add(fmt.Sprintf("must be an integer between 0 and %d, got %s", uint64(1)<<bits-1, n.Value))
+			}
+		} else if _, err := strconv.ParseInt(n.Value, 0, bits); err != nil {
+			add(fmt.Sprintf("must be an integer between %d and %d, got %s", -(int64(1) << (bits - 1)), int64(1)<<(bits-1)-1, n.Value))
 		}
 	case reflect.Float32, reflect.Float64:
 		if n.Kind != yaml.ScalarNode || (n.Tag != "!!int" && n.Tag != "!!float") {

@@ -87,6 +87,7 @@ func TestParseErrors(t *testing.T) {
 		{"yaml syntax", "  bbr:\n", "  bbr: [\n", "not valid YAML"},
 		{"unquoted number as string", "    modelName: Qwen/Qwen2.5-32B", "    modelName: 3.10", `igwc.yaml:19: spec.schedulers[1].modelName: must be a string, got "3.10" (quote it)`},
 		{"gateway attempts", "    maxAttempts: 2", "    maxAttempts: 0", "spec.gateway.maxAttempts: must be between 1 and 10"},
+		{"beyond int32", "    maxAttempts: 2", "    maxAttempts: 1099511627776", "igwc.yaml:24: spec.gateway.maxAttempts: must be an integer between -2147483648 and 2147483647, got 1099511627776"},
 		{"bad profile", "profile: chat", "profile: fast", `spec.schedulers[0].profile: "fast" is not one of`},
 		{"saturation queue", "queueDepth: 8", "queueDepth: 0", "igwc.yaml:15: spec.schedulers[0].saturation.queueDepth: must be ≥ 1"},
 		{"saturation kv", "kvCachePercent: 90", "kvCachePercent: 120", "spec.schedulers[0].saturation.kvCachePercent: must be between 1 and 100"},

@@ -17,6 +17,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -178,6 +179,7 @@ func (r *Reconciler) reconcile(ctx context.Context) (reconcile.Result, error) {
 	// The newest generation is served when it is valid and the gateway takes
 	// it; else the one served before goes on, following the pods of now.
 	var statuses []v1alpha1.SchedulerStatus
+	appliedNow := false
 	for _, cand := range []*v1alpha1.InferenceGatewayConfig{latest, r.serving} {
 		if cand == nil || (cand == latest && len(problems) > 0) {
 			continue
@@ -187,9 +189,13 @@ func (r *Reconciler) reconcile(ctx context.Context) (reconcile.Result, error) {
 		if err != nil && !errors.As(err, &spec) {
 			return reconcile.Result{}, err // the API server's trouble: retried with backoff
 		}
+		applied := false
 		if err == nil {
-			err = r.apply(resolved)
+			// The newest generation accepted after a rejection is applied even
+			// if it equals what runs, so that the gateway forgets the rejection.
+			applied, err = r.apply(resolved, cand == latest && r.recorded)
 		}
+		appliedNow = appliedNow || applied
 		if err != nil {
 			if cand == latest {
 				problems = append(problems, err.Error())
@@ -197,7 +203,7 @@ func (r *Reconciler) reconcile(ctx context.Context) (reconcile.Result, error) {
 			}
 			return reconcile.Result{}, err
 		}
-		if cand == latest && (r.serving == nil || r.serving.Generation != latest.Generation) {
+		if cand == latest && (r.serving == nil || r.serving.UID != latest.UID || r.serving.Generation != latest.Generation) {
 			r.Log.Info("configuration accepted", "config", r.Target, "generation", latest.Generation, "schedulers", len(latest.Spec.Schedulers))
 		}
 		r.serving, statuses = cand, sts
@@ -205,8 +211,11 @@ func (r *Reconciler) reconcile(ctx context.Context) (reconcile.Result, error) {
 	}
 	if len(problems) > 0 {
 		err := fmt.Errorf("generation %d rejected: %s", obj.GetGeneration(), strings.Join(problems, "; "))
-		r.Gateway.RecordRejected(err)
-		r.recorded = true
+		// Recorded once, and again after an apply (pods came or went) cleared it.
+		if key := err.Error(); key != r.logged || appliedNow || !r.recorded {
+			r.Gateway.RecordRejected(err)
+			r.recorded = true
+		}
 		if key := err.Error(); key != r.logged {
 			r.logged = key
 			if r.serving != nil {
@@ -228,21 +237,22 @@ func (r *Reconciler) reconcile(ctx context.Context) (reconcile.Result, error) {
 		return reconcile.Result{}, nil
 	}
 	r.gone = false
-	return r.writeStatus(ctx, obj, r.status(latest, obj.GetGeneration(), problems, statuses))
+	return r.writeStatus(ctx, obj, r.status(latest, obj, problems, statuses))
 }
 
-// apply hands a resolved configuration to the gateway unless it is what runs.
-// An event that changes nothing served (another pod in the namespace, a status
-// write) must not rebuild pools and transports.
-func (r *Reconciler) apply(resolved *v1alpha1.InferenceGatewayConfig) error {
-	if r.applied != nil && !r.recorded && equality.Semantic.DeepEqual(r.applied.Spec, resolved.Spec) {
-		return nil
+// apply hands a resolved configuration to the gateway unless it is what runs:
+// an event that changes nothing served (another pod in the namespace, a status
+// write) must not rebuild pools and transports;
+// force applies it all the same. It says whether it applied.
+func (r *Reconciler) apply(resolved *v1alpha1.InferenceGatewayConfig, force bool) (bool, error) {
+	if r.applied != nil && !force && equality.Semantic.DeepEqual(r.applied.Spec, resolved.Spec) {
+		return false, nil
 	}
 	if err := r.Gateway.Apply(resolved); err != nil {
-		return err
+		return false, err
 	}
 	r.applied, r.recorded = resolved, false
-	return nil
+	return true, nil
 }
 
 // decode reads the resource's spec as kvgate's file loader does: every field
@@ -327,7 +337,8 @@ func dropPath(doc map[string]any, path string) bool {
 }
 
 // status describes what is served now and what became of the newest edit.
-func (r *Reconciler) status(latest *v1alpha1.InferenceGatewayConfig, generation int64, problems []string, sts []v1alpha1.SchedulerStatus) v1alpha1.InferenceGatewayConfigStatus {
+func (r *Reconciler) status(latest *v1alpha1.InferenceGatewayConfig, obj *unstructured.Unstructured, problems []string, sts []v1alpha1.SchedulerStatus) v1alpha1.InferenceGatewayConfigStatus {
+	generation := obj.GetGeneration()
 	accepted := metav1.Condition{Type: "Accepted", Status: metav1.ConditionTrue, Reason: "Accepted", ObservedGeneration: generation,
 		Message: fmt.Sprintf("generation %d is valid and serving", generation)}
 	if len(problems) > 0 {
@@ -343,10 +354,17 @@ func (r *Reconciler) status(latest *v1alpha1.InferenceGatewayConfig, generation 
 			Message: "no generation of this resource has been accepted: nothing is served until it is fixed"})
 		return st
 	}
-	st.ObservedGeneration = r.serving.Generation
+	// What is served may come from an object deleted since, whose generations
+	// mean nothing for this one: then no generation of this object is served.
+	sameObject := r.serving.UID == obj.GetUID()
+	if sameObject {
+		st.ObservedGeneration = r.serving.Generation
+	}
+	servedGen := st.ObservedGeneration
 	for i := range sts {
 		for j := range sts[i].Conditions {
-			sts[i].Conditions[j].ObservedGeneration = r.serving.Generation
+			c := &sts[i].Conditions[j]
+			c.ObservedGeneration, c.Message = servedGen, trim(c.Message)
 		}
 	}
 	st.Schedulers = sts
@@ -359,13 +377,16 @@ func (r *Reconciler) status(latest *v1alpha1.InferenceGatewayConfig, generation 
 		}
 	}
 	served := ""
-	if latest == nil || r.serving.Generation != latest.Generation {
+	switch {
+	case !sameObject:
+		served = fmt.Sprintf(" (serving the last accepted configuration of a deleted InferenceGatewayConfig of this name: generation %d of this one was rejected)", generation)
+	case latest == nil || r.serving.Generation != latest.Generation:
 		served = fmt.Sprintf(" (serving generation %d: generation %d was rejected)", r.serving.Generation, generation)
 	}
-	ready := metav1.Condition{Type: "Ready", Status: metav1.ConditionTrue, Reason: "EndpointsReady", ObservedGeneration: r.serving.Generation,
+	ready := metav1.Condition{Type: "Ready", Status: metav1.ConditionTrue, Reason: "EndpointsReady", ObservedGeneration: servedGen,
 		Message: "every scheduler has ready endpoints" + served}
 	if len(empty) > 0 {
-		ready = metav1.Condition{Type: "Ready", Status: metav1.ConditionFalse, Reason: "NoReadyEndpoints", ObservedGeneration: r.serving.Generation,
+		ready = metav1.Condition{Type: "Ready", Status: metav1.ConditionFalse, Reason: "NoReadyEndpoints", ObservedGeneration: servedGen,
 			Message: trim(strings.Join(empty, "; ") + served)}
 	}
 	st.Conditions = append(st.Conditions, ready)
@@ -623,17 +644,21 @@ func hostPort(ip string, port int) string {
 }
 
 // trimEvent keeps an Event's note within the API's 1 KiB limit.
-func trimEvent(s string) string {
-	if len(s) > 1024 {
-		return s[:1021] + "..."
-	}
-	return s
-}
+func trimEvent(s string) string { return trimTo(s, 1024) }
 
-// trim keeps condition messages within the API's 32 KiB limit.
-func trim(s string) string {
-	if len(s) > 4096 {
-		return s[:4093] + "..."
+// trim keeps condition messages within the API's 32 KiB limit, with room for
+// many schedulers.
+func trim(s string) string { return trimTo(s, 4096) }
+
+// trimTo cuts s to at most n bytes at a rune boundary: a cut rune would be
+// stored replaced, and the status would never compare equal again.
+func trimTo(s string, n int) string {
+	if len(s) <= n {
+		return s
 	}
-	return s
+	cut := n - len("...")
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "..."
 }

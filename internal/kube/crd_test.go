@@ -55,15 +55,15 @@ type crdCase struct {
 //     Accepted=False), not by Validate; metav1.LabelSelector declares no
 //     maxItems or maxLength, so CEL rules over it cannot fit the cost budget.
 //   - a poolRef naming an InferencePool that exists and has matchLabels: state
-//     of the cluster, not of the document (the controller's Accepted=False).
+//     of the cluster, not of the document (a missing pool is an empty one:
+//     Ready=False, InferencePoolNotFound).
 //
 // Refused by the schema though Validate accepts them (the schemaOnly cases):
 //   - static endpoints beside a modelSelector or poolRef: in Kubernetes they
 //     would be ignored, but Validate also checks the configuration the
 //     controller resolves, which carries the selector and the pods' endpoints.
-//   - a bbr block without enabled (required in the schema, false to kvgate),
-//     and "" for an enumerated field (unset to kvgate): a typed client never
-//     sends either.
+//   - "" for an enumerated field (unset to kvgate): a typed client never
+//     sends it.
 func TestCRDValidation(t *testing.T) {
 	k := startCluster(t)
 	k.namespace(t, "crd")
@@ -165,6 +165,13 @@ func TestCRDValidation(t *testing.T) {
 	refuse("spec.schedulers[0].modelSelector", map[string]any{}, v1alpha1.MsgEmptySelector)
 	refuse("spec.schedulers[0].modelSelector", map[string]any{"matchLabels": map[string]any{}, "matchExpressions": []any{}}, v1alpha1.MsgEmptySelector)
 	accept("spec.schedulers[0].modelSelector", map[string]any{"matchExpressions": []any{map[string]any{"key": "app", "operator": "Exists"}}})
+	// An InferencePool's name: an object name, as long as its status
+	// messages quote it.
+	for _, ref := range []string{"Pool_1", strings.Repeat("p", 254), "-pool"} {
+		cases = append(cases, crdCase{name: "poolRef=" + short(ref), spec: setField(setField(base(), "spec.schedulers[0].modelSelector", nil), "spec.schedulers[0].poolRef", ref),
+			field: "spec.schedulers[0].poolRef", msg: "spec.schedulers[0].poolRef"})
+	}
+	cases = append(cases, crdCase{name: "poolRef=llama.pool-1 accepted", spec: setField(setField(base(), "spec.schedulers[0].modelSelector", nil), "spec.schedulers[0].poolRef", "llama.pool-1")})
 	// Where a scheduler's endpoints come from: exactly one place.
 	cases = append(cases, crdCase{name: "no endpoint source", spec: setField(base(), "spec.schedulers[0].modelSelector", nil), field: "spec.schedulers[0]", msg: v1alpha1.MsgEndpointSource})
 	for _, tc := range []struct {
@@ -191,7 +198,7 @@ func TestCRDValidation(t *testing.T) {
 		cases = append(cases, c)
 	}
 	cases = append(cases,
-		crdCase{name: "bbr without enabled", spec: setField(base(), "spec.bbr", map[string]any{"maxRequestBodyBytes": 2048}), field: "spec.bbr.enabled", msg: "Required value", schemaOnly: true},
+		crdCase{name: "bbr without enabled accepted", spec: setField(base(), "spec.bbr", map[string]any{"maxRequestBodyBytes": 2048})},
 		crdCase{name: "empty picker", spec: setField(base(), "spec.schedulers[0].picker", ""), field: "spec.schedulers[0].picker", msg: enum, schemaOnly: true})
 	for _, ep := range []string{"h:0", "h:65536", ":80", "h", "a:b:80", "[::1]80", "h:+80"} {
 		spec := setField(setField(base(), "spec.schedulers[0].modelSelector", nil), "spec.schedulers[0].endpoints", []any{"h:80", ep})

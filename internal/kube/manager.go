@@ -3,8 +3,10 @@ package kube
 import (
 	"context"
 	"fmt"
+	"hash/fnv"
 	"log/slog"
 	"os"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -97,11 +99,25 @@ func Start(ctx context.Context, cfg *rest.Config, o Options) error {
 	kick := make(chan event.GenericEvent, 1)
 	r := &Reconciler{Client: mgr.GetClient(), Target: o.Target, Gateway: o.Gateway, Log: o.Log, Pools: pools.Load, kick: kick,
 		Events: mgr.GetEventRecorder("kvgate")}
+	// The campaign ends with Start, however Start ends, and Start returns
+	// once its Lease is released.
+	electCtx, stopElect := context.WithCancel(ctx)
 	var released <-chan struct{}
+	defer func() {
+		stopElect()
+		if released == nil {
+			return
+		}
+		select {
+		case <-released:
+		case <-time.After(5 * time.Second):
+			o.Log.Warn("the status lease was not released in 5s; the next replica takes status over when it expires")
+		}
+	}()
 	if o.LeaderElection {
 		var elected atomic.Bool
 		r.Leader = elected.Load
-		if released, err = campaign(ctx, cs, o, &elected, kick); err != nil {
+		if released, err = campaign(electCtx, cs, o, &elected, kick); err != nil {
 			return err
 		}
 	}
@@ -124,15 +140,7 @@ func Start(ctx context.Context, cfg *rest.Config, o Options) error {
 		})
 	}
 	o.Log.Info("watching the cluster", "config", o.Target, "inferencePools", installed, "leaderElection", o.LeaderElection)
-	err = mgr.Start(ctx)
-	if released != nil {
-		select {
-		case <-released:
-		case <-time.After(5 * time.Second):
-			o.Log.Warn("the status lease was not released in 5s; the next replica takes status over when it expires")
-		}
-	}
-	return err
+	return mgr.Start(ctx)
 }
 
 // poolsServed says whether the API server serves InferencePools.
@@ -176,6 +184,19 @@ func watchPools(ctx context.Context, d discovery.DiscoveryInterface, every time.
 	}
 }
 
+// LeaseName is the status Lease of an InferenceGatewayConfig: a name of up to
+// 253 characters like the config's, shortened with a hash of the whole when
+// the prefix makes it longer, so that two configs never share one.
+func LeaseName(config string) string {
+	name := "kvgate-status-" + config
+	if len(name) <= 253 {
+		return name
+	}
+	sum := fnv.New64a()
+	_, _ = sum.Write([]byte(config))
+	return strings.TrimRight(name[:236], "-.") + "-" + fmt.Sprintf("%016x", sum.Sum64())
+}
+
 // poke queues one reconcile, unless one is queued already.
 func poke(kick chan<- event.GenericEvent) {
 	select {
@@ -190,19 +211,16 @@ func poke(kick chan<- event.GenericEvent) {
 // Lease.
 func campaign(ctx context.Context, cs kubernetes.Interface, o Options, elected *atomic.Bool, kick chan<- event.GenericEvent) (<-chan struct{}, error) {
 	host, _ := os.Hostname()
-	name := "kvgate-status-" + o.Target.Name
-	if len(name) > 63 {
-		name = name[:63]
-	}
+	name := LeaseName(o.Target.Name)
 	lock, err := resourcelock.New(resourcelock.LeasesResourceLock, o.Target.Namespace, name, cs.CoreV1(), cs.CoordinationV1(),
 		resourcelock.ResourceLockConfig{Identity: host + "_" + rand.String(8)})
 	if err != nil {
 		return nil, err
 	}
-	// A released Lease is taken at the next retry: 1 s (up to 1.2 s with
-	// client-go's jitter) after the previous holder stops.
+	// A released Lease is taken at the next retry: 0.5–1.1 s (client-go adds
+	// up to 1.2 × the period as jitter) after the previous holder stops.
 	le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
-		Lock: lock, LeaseDuration: 15 * time.Second, RenewDeadline: 10 * time.Second, RetryPeriod: time.Second,
+		Lock: lock, LeaseDuration: 15 * time.Second, RenewDeadline: 10 * time.Second, RetryPeriod: 500 * time.Millisecond,
 		ReleaseOnCancel: true, Name: name,
 		Callbacks: leaderelection.LeaderCallbacks{
 			OnStartedLeading: func(context.Context) {

@@ -179,6 +179,23 @@ func TestHelmChart(t *testing.T) {
 			}
 		},
 	}, {
+		name: "a LoadBalancer API keeps the admin port inside", flags: []string{"--set", "service.type=LoadBalancer"},
+		want: base,
+		check: func(t *testing.T, objs []*unstructured.Unstructured) {
+			for _, o := range objs {
+				if o.GetKind() != "Service" {
+					continue
+				}
+				typ, _, _ := unstructured.NestedString(o.Object, "spec", "type")
+				ports, _, _ := unstructured.NestedSlice(o.Object, "spec", "ports")
+				for _, p := range ports {
+					if name := p.(map[string]any)["name"]; name == "admin" && typ != "ClusterIP" {
+						t.Errorf("Service %s exposes the admin port as %s", o.GetName(), typ)
+					}
+				}
+			}
+		},
+	}, {
 		name: "ServiceMonitor enabled, cluster without its CRD", flags: []string{"--set", "serviceMonitor.enabled=true"},
 		want: base, absent: []string{"ServiceMonitor"},
 	}, {

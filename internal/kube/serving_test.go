@@ -15,6 +15,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -62,27 +63,25 @@ func (k *cluster) loosenCRD(t *testing.T) {
 }
 
 // raw creates or updates an InferenceGatewayConfig from a spec the typed API
-// could not hold.
+// could not hold. A refusal (the loosened schema not applied yet, a conflict
+// with a status write) is retried on a fresh read.
 func (k *cluster) raw(t *testing.T, ns, name string, spec map[string]any) {
 	t.Helper()
 	ctx := context.Background()
-	u := configObject()
-	err := k.c.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, u)
-	u.SetNamespace(ns)
-	u.SetName(name)
-	u.Object["spec"] = spec
-	// The loosened schema takes a moment to apply: a refusal of the old one is retried.
 	waittest.Until(t, 10*time.Second, "the API server to store "+name, func() bool {
-		if err == nil {
-			err = k.c.Update(ctx, u)
-		} else {
-			u.SetResourceVersion("")
+		u := configObjectNamed(ns, name)
+		err := k.c.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, u)
+		switch {
+		case apierrors.IsNotFound(err):
+			u = configObjectNamed(ns, name)
+			u.Object["spec"] = spec
 			err = k.c.Create(ctx, u)
+		case err == nil:
+			u.Object["spec"] = spec
+			err = k.c.Update(ctx, u)
 		}
 		if err != nil {
 			t.Logf("storing %s: %v", name, err)
-			_ = k.c.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, u)
-			u.Object["spec"] = spec
 		}
 		return err == nil
 	})
@@ -200,6 +199,14 @@ func TestRejectedEditFollowsPods(t *testing.T) {
 		t.Errorf("after a rejected edit the status must describe generation 1, served: %+v", st)
 	}
 
+	// An event that changes nothing served applies nothing, rejection or not.
+	applies := a.g.applied.Load()
+	k.pod(t, ns, "unrelated", "127.0.0.20", true, map[string]string{"app": "other"})
+	time.Sleep(500 * time.Millisecond)
+	if n := a.g.applied.Load() - applies; n != 0 {
+		t.Errorf("an unrelated pod under a rejected edit caused %d applies", n)
+	}
+
 	// Pod churn under the rejected edit: fully effective.
 	k.setReady(t, ns, "llama-0", ips[0], false)
 	if err := k.c.Delete(context.Background(), &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "llama-1"}}, client.GracePeriodSeconds(0)); err != nil {
@@ -274,6 +281,20 @@ func TestRejectedEditFollowsPods(t *testing.T) {
 		if got := spread(t, r.url, 10); got[ep(2)] != 10 {
 			t.Errorf("after the resource was deleted: %v", got)
 		}
+	}
+
+	// Created again, invalid: the deleted object's configuration serves, and
+	// status names no generation of the new object as served.
+	k.raw(t, ns, "gw", bad)
+	waittest.Until(t, 10*time.Second, "the recreated object rejected", func() bool {
+		st = k.rawStatus(t, ns, "gw")
+		return condition(st, "Accepted").Status == metav1.ConditionFalse && condition(st, "Accepted").ObservedGeneration == 1
+	})
+	if r := condition(st, "Ready"); st.ObservedGeneration != 0 || !strings.Contains(r.Message, "deleted InferenceGatewayConfig") {
+		t.Errorf("recreated and rejected: observedGeneration %d, Ready %q; want none served of this object, and why", st.ObservedGeneration, r.Message)
+	}
+	if got := spread(t, a.url, 5); got[ep(2)] != 5 {
+		t.Errorf("after the rejected re-creation: %v", got)
 	}
 }
 
