@@ -120,7 +120,9 @@ type Job struct {
 	Scenario Scenario
 	Trace    workload.Trace
 	Policy   string
-	Options  SimOptions
+	// Draw numbers the runs of a randomised policy (its seed offset).
+	Draw    int
+	Options SimOptions
 }
 
 // RunSimJobs runs jobs in virtual time, as many at once as there are cores, and

@@ -26,8 +26,11 @@ type Record struct {
 
 // Result is one scenario × policy, as results.json holds it.
 type Result struct {
-	Scenario  string  `json:"scenario"`
-	Policy    string  `json:"policy"`
+	Scenario string `json:"scenario"`
+	Policy   string `json:"policy"`
+	// Draw numbers the runs of a randomised policy (kube-proxy: which pod each
+	// client's connection drew); the report shows their median and spread.
+	Draw      int     `json:"draw,omitempty"`
 	Mode      string  `json:"mode"` // "sim" or "live"
 	Requests  int     `json:"requests"`
 	Errors    int     `json:"errors"`
