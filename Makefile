@@ -51,7 +51,7 @@ lint:
 	@echo "go vet $(PKGS)"
 	@./hack/progress.sh "go vet" "$(VET_TIME)" $(GO) vet $(PKGS)
 	@T=$$(./hack/tools.sh) && echo "golangci-lint run $(PKGS)" && \
-	  ./hack/progress.sh "golangci-lint" "$(LINT_TIME)" "$$T/golangci-lint" run $(PKGS)
+	  ./hack/progress.sh "golangci-lint" "$(LINT_TIME)" "$$T/golangci-lint" run --allow-serial-runners $(PKGS)
 
 fmt:
 	gofmt -w $$(git ls-files '*.go')
