@@ -75,30 +75,40 @@ var References = []Reference{
 	{Deployment{"a100", "8b", 1}, "output throughput at concurrency 64, ~200 in / 128 out", 2564, "tok/s",
 		qwenA100, closedLoop(64, 200, 128, runTokPerSec), ""},
 	{Deployment{"a10g", "8b", 1}, "TTFT at concurrency 1, 550 in / 150 out", 137.3, "ms",
-		"llmperf on g5.2xlarge, vLLM 0.4.3, Llama-3-8B bf16", closedLoop(1, 550, 150, ttftOfRun), ""},
+		"llmperf on g5.2xlarge, vLLM 0.4.3, Llama-3-8B bf16", llmperfV0(closedLoop(1, 550, 150, ttftOfRun)), ""},
 	{Deployment{"a10g", "8b", 1}, "ITL at concurrency 1, 550 in / 150 out", 30.65, "ms",
-		"llmperf on g5.2xlarge, vLLM 0.4.3, Llama-3-8B bf16", closedLoop(1, 550, 150, itlMs), ""},
+		"llmperf on g5.2xlarge, vLLM 0.4.3, Llama-3-8B bf16", llmperfV0(closedLoop(1, 550, 150, itlMs)), ""},
 	{Deployment{"a10g", "8b", 1}, "TTFT at concurrency 4, 550 in / 150 out", 171.4, "ms",
-		"llmperf on g5.2xlarge, vLLM 0.4.3, Llama-3-8B bf16", closedLoop(4, 550, 150, ttftOfRun), ""},
+		"llmperf on g5.2xlarge, vLLM 0.4.3, Llama-3-8B bf16", llmperfV0(closedLoop(4, 550, 150, ttftOfRun)), ""},
 	{Deployment{"a10g", "8b", 1}, "ITL at concurrency 4, 550 in / 150 out", 33.9, "ms",
-		"llmperf on g5.2xlarge, vLLM 0.4.3, Llama-3-8B bf16", closedLoop(4, 550, 150, itlMs), ""},
+		"llmperf on g5.2xlarge, vLLM 0.4.3, Llama-3-8B bf16", llmperfV0(closedLoop(4, 550, 150, itlMs)), ""},
 	// At nominal concurrency 16 and 64 the client (on the same 8-vCPU host) kept fewer
 	// requests in flight: Little's law on the published figures (L = throughput/150 ×
 	// (TTFT + 149·ITL)) gives 12.9 and 20.6, so the simulator runs 13 and 21.
 	{Deployment{"a10g", "8b", 1}, "ITL at concurrency 16 (13 in flight), 550 in / 150 out", 42.7, "ms",
-		"llmperf on g5.2xlarge, vLLM 0.4.3, Llama-3-8B bf16", closedLoop(13, 550, 150, itlMs), ""},
+		"llmperf on g5.2xlarge, vLLM 0.4.3, Llama-3-8B bf16", llmperfV0(closedLoop(13, 550, 150, itlMs)), ""},
 	{Deployment{"a10g", "8b", 1}, "TTFT at concurrency 16 (13 in flight), 550 in / 150 out", 302.7, "ms",
-		"llmperf on g5.2xlarge, vLLM 0.4.3, Llama-3-8B bf16", closedLoop(13, 550, 150, ttftOfRun),
+		"llmperf on g5.2xlarge, vLLM 0.4.3, Llama-3-8B bf16", llmperfV0(closedLoop(13, 550, 150, ttftOfRun)),
 		clientLimited},
 	{Deployment{"a10g", "8b", 1}, "output throughput at concurrency 16 (13 in flight)", 289.9, "tok/s",
-		"llmperf on g5.2xlarge, vLLM 0.4.3, Llama-3-8B bf16", closedLoop(13, 550, 150, runTokPerSec), ""},
+		"llmperf on g5.2xlarge, vLLM 0.4.3, Llama-3-8B bf16", llmperfV0(closedLoop(13, 550, 150, runTokPerSec)), ""},
 	{Deployment{"a10g", "8b", 1}, "ITL at concurrency 64 (21 in flight), 550 in / 150 out", 61.7, "ms",
-		"llmperf on g5.2xlarge, vLLM 0.4.3, Llama-3-8B bf16", closedLoop(21, 550, 150, itlMs), ""},
+		"llmperf on g5.2xlarge, vLLM 0.4.3, Llama-3-8B bf16", llmperfV0(closedLoop(21, 550, 150, itlMs)), ""},
 	{Deployment{"a10g", "8b", 1}, "TTFT at concurrency 64 (21 in flight), 550 in / 150 out", 1080, "ms",
-		"llmperf on g5.2xlarge, vLLM 0.4.3, Llama-3-8B bf16", closedLoop(21, 550, 150, ttftOfRun),
+		"llmperf on g5.2xlarge, vLLM 0.4.3, Llama-3-8B bf16", llmperfV0(closedLoop(21, 550, 150, ttftOfRun)),
 		clientLimited},
 	{Deployment{"a10g", "8b", 1}, "output throughput at concurrency 64 (21 in flight)", 301.2, "tok/s",
-		"llmperf on g5.2xlarge, vLLM 0.4.3, Llama-3-8B bf16", closedLoop(21, 550, 150, runTokPerSec), ""},
+		"llmperf on g5.2xlarge, vLLM 0.4.3, Llama-3-8B bf16", llmperfV0(closedLoop(21, 550, 150, runTokPerSec)), ""},
+}
+
+// llmperfV0 runs a measure as the A10G llmperf source's vLLM 0.4.3 did: the V0
+// engine with chunked prefill off, whose step budget defaulted to
+// max(max_model_len, 2048), 8192 tokens for Llama-3-8B.
+func llmperfV0(m func(Config) (float64, error)) func(Config) (float64, error) {
+	return func(cfg Config) (float64, error) {
+		cfg.MaxNumBatchedTokens = 8192
+		return m(cfg)
+	}
 }
 
 const qwenA100 = "inference-bench A100 validation, vLLM 0.8.5, Qwen2.5-7B fp16 (8B-class proxy)"
@@ -126,8 +136,11 @@ func ttftMs(prompt int) func(Config) (float64, error) {
 	}
 }
 
+// batchLatencyMs runs vLLM's benchmark_latency: one batch submitted at once, through
+// the LLM class (offline batch defaults).
 func batchLatencyMs(batch, in, out int) func(Config) (float64, error) {
 	return func(cfg Config) (float64, error) {
+		cfg.Offline = true
 		e, err := New(cfg)
 		if err != nil {
 			return 0, err
@@ -186,9 +199,11 @@ func closedLoop(conc, in, out int, f func(runStats) float64) func(Config) (float
 }
 
 // offlineShareGPT submits n requests at once with ShareGPT-like lengths, as vLLM's
-// benchmark_throughput does, and reduces the run with f.
+// benchmark_throughput does through the LLM class (offline batch defaults), and
+// reduces the run with f.
 func offlineShareGPT(n int, f func(runStats) float64) func(Config) (float64, error) {
 	return func(cfg Config) (float64, error) {
+		cfg.Offline = true
 		e, err := New(cfg)
 		if err != nil {
 			return 0, err

@@ -21,8 +21,16 @@ type Config struct {
 	ModelSize      string // 8b, 32b, 70b
 	TensorParallel int    // GPUs per replica; 0 means 1
 
-	MaxNumBatchedTokens  int     // token budget of one step; 0 means 8192
-	MaxNumSeqs           int     // running sequences at most; 0 means 256
+	// MaxNumBatchedTokens is the token budget of one step and MaxNumSeqs the
+	// running sequences at most; 0 takes vLLM's default for the GPU and usage
+	// context (GPU.BatchDefaults: 8192 and 1024 on an H100, 2048 and 256 on the
+	// others for the API server).
+	MaxNumBatchedTokens int
+	MaxNumSeqs          int
+	// Offline takes the batch defaults of vLLM's LLM class (offline batch
+	// inference, as benchmark_latency and benchmark_throughput run) instead of the
+	// OpenAI API server's, which kvgate sim is.
+	Offline              bool
 	BlockSize            int     // tokens per KV block; 0 means 16
 	GPUMemoryUtilization float64 // 0 means 0.9
 	// MaxModelLen caps prompt + output tokens. 0 means the model's native length,
@@ -46,15 +54,17 @@ type Config struct {
 // a GPU slot (vLLM loads synchronously inside the step that first needs it).
 const DefaultLoRALoadTime = 25 * time.Millisecond
 
-func (c Config) withDefaults() Config {
+func (c Config) withDefaults(gpu GPU) Config {
 	if c.TensorParallel == 0 {
 		c.TensorParallel = 1
 	}
+	tokens, seqs := gpu.BatchDefaults(c.Offline)
 	if c.MaxNumBatchedTokens == 0 {
-		c.MaxNumBatchedTokens = 8192
+		c.MaxNumBatchedTokens = tokens
 	}
 	if c.MaxNumSeqs == 0 {
-		c.MaxNumSeqs = 256
+		// vLLM caps a defaulted max_num_seqs at the token budget in force.
+		c.MaxNumSeqs = min(seqs, c.MaxNumBatchedTokens)
 	}
 	if c.BlockSize == 0 {
 		c.BlockSize = DefaultBlockSize
@@ -179,11 +189,11 @@ type Engine struct {
 
 // New builds an engine, or says why the deployment is impossible.
 func New(cfg Config) (*Engine, error) {
-	cfg = cfg.withDefaults()
 	gpu, err := LookupGPU(cfg.GPU)
 	if err != nil {
 		return nil, err
 	}
+	cfg = cfg.withDefaults(gpu)
 	model, err := LookupModel(cfg.ModelSize)
 	if err != nil {
 		return nil, err

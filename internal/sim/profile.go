@@ -51,6 +51,29 @@ var gpus = map[string]GPU{
 	"a10g": {Name: "a10g", MemoryGB: 24.1, BandwidthTBs: 0.600, BF16TFLOPs: 125, BandwidthEff: 0.85, ComputeEff: 0.45, StepOverhead: 1200 * time.Microsecond},
 }
 
+// BatchDefaults are vLLM's defaults for max_num_batched_tokens and max_num_seqs on
+// this GPU, as the V1 engine picks them when neither is set
+// (EngineArgs.get_batch_defaults in vllm/engine/arg_utils.py): a GPU of at least
+// 70 GiB whose name does not contain "a100" (an H100, H200, MI300X) gets 8192 tokens
+// and 1024 sequences for the OpenAI API server and 16384 and 1024 for the offline
+// LLM class; every other GPU gets 2048 and 256 for the server and 8192 and 256
+// offline. A100s are excluded by name because the larger budget lowered their
+// throughput (vLLM PR 17885).
+func (g GPU) BatchDefaults(offline bool) (maxNumBatchedTokens, maxNumSeqs int) {
+	const gib = 1 << 30
+	large := g.MemoryGB*1e9 >= 70*gib && !strings.Contains(strings.ToLower(g.Name), "a100")
+	switch {
+	case large && offline:
+		return 16384, 1024
+	case large:
+		return 8192, 1024
+	case offline:
+		return 8192, 256
+	default:
+		return 2048, 256
+	}
+}
+
 var models = map[string]Model{
 	// Llama-3.1-8B
 	"8b": {Name: "8b", ParamsB: 8.03, Layers: 32, KVHeads: 8, HeadDim: 128, Hidden: 4096, MaxModelLen: 131072},
