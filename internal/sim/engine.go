@@ -87,8 +87,13 @@ func (c Config) withDefaults(gpu GPU) Config {
 // Request is what a client asks of the engine, already tokenised.
 type Request struct {
 	PromptTokens int
-	// BlockHashes are the chained hashes of the prompt's full blocks (BlockHashes);
-	// empty disables prefix caching for the request.
+	// BlockHashes are the chained hashes of the sequence's full blocks
+	// (BlockHashes). Those of the prompt's full blocks are matched against the
+	// prefix cache; any beyond them name the blocks the output fills (a replayed
+	// conversation knows the answer its next turn quotes). Where they run out the
+	// engine derives the output blocks' identities (Engine.SeqBlockHashes), as
+	// vLLM V1 hashes every full block of prompt and output. Fewer hashes than the
+	// prompt has full blocks (none, say) cache nothing past the last one given.
 	BlockHashes []uint64
 	MaxTokens   int // 0: up to the context length
 	IgnoreEOS   bool
@@ -132,7 +137,10 @@ type Seq struct {
 
 	computed int     // tokens whose KV is in the cache
 	blocks   []int32 // KV blocks held, in order
-	admitted bool    // has ever been admitted (cached tokens counted)
+	// derived are the identities of full blocks past Req.BlockHashes, derived as
+	// they are needed (blockHash); never rewritten once appended.
+	derived  []uint64
+	admitted bool // has ever been admitted (cached tokens counted)
 	running  bool
 	// scheduled is the number of tokens computed in the current step.
 	scheduled int
@@ -439,7 +447,7 @@ func (e *Engine) schedule(s *Seq, n int, w *StepWork) {
 	w.AttnPairs += float64(n) * (float64(s.computed) + float64(n)/2)
 }
 
-// finishStep applies the step's computation: register full prompt blocks, emit a
+// finishStep applies the step's computation: register the blocks it filled, emit a
 // token for every sequence whose context is complete, retire finished ones.
 func (e *Engine) finishStep() {
 	kept := e.running[:0]
@@ -456,9 +464,14 @@ func (e *Engine) finishStep() {
 			e.stats.PrefillTokensDone += int64(n)
 		}
 		if !e.cfg.DisablePrefixCaching {
+			// Every block this step filled becomes cacheable, output blocks too.
 			bs := e.cfg.BlockSize
-			for b := before / bs; b < s.computed/bs && b < len(s.Req.BlockHashes); b++ {
-				e.kv.register(s.blocks[b], s.Req.BlockHashes[b])
+			for b := before / bs; b < s.computed/bs; b++ {
+				h, ok := e.blockHash(s, b)
+				if !ok {
+					break
+				}
+				e.kv.register(s.blocks[b], h)
 			}
 		}
 		if s.computed < s.tokens() {
@@ -493,15 +506,17 @@ func (e *Engine) finishStep() {
 }
 
 // matchPrefix gives a sequence that holds no blocks the longest run of cached full
-// blocks of its prompt, leaving at least one token to compute, and returns the
-// number of prompt tokens it covers.
+// blocks of its context (the prompt, and the output so far for a preempted
+// sequence), leaving at least one token to compute, and returns the number of
+// tokens it covers.
 func (e *Engine) matchPrefix(s *Seq) int {
 	if e.cfg.DisablePrefixCaching || len(s.blocks) > 0 || s.computed > 0 {
 		return 0
 	}
 	bs := e.cfg.BlockSize
-	for _, h := range s.Req.BlockHashes {
-		if (len(s.blocks)+1)*bs >= s.tokens() {
+	for i := 0; (i+1)*bs < s.tokens(); i++ {
+		h, ok := e.blockHash(s, i)
+		if !ok {
 			break
 		}
 		b, ok := e.kv.lookup(h)
@@ -512,6 +527,47 @@ func (e *Engine) matchPrefix(s *Seq) int {
 	}
 	s.computed = len(s.blocks) * bs
 	return s.computed
+}
+
+// blockHash is the identity of full block i of s: the caller's while
+// Req.BlockHashes lasts, then derived from the previous block's identity, the
+// sequence and the block's index. ok is false past a prompt whose full blocks
+// were not all named: the chain of identities is broken there.
+func (e *Engine) blockHash(s *Seq, i int) (uint64, bool) {
+	n := len(s.Req.BlockHashes)
+	if i < n {
+		return s.Req.BlockHashes[i], true
+	}
+	if n < s.Req.PromptTokens/e.cfg.BlockSize {
+		return 0, false
+	}
+	for j := n + len(s.derived); j <= i; j++ {
+		var parent uint64
+		switch {
+		case j > n:
+			parent = s.derived[j-n-1]
+		case n > 0:
+			parent = s.Req.BlockHashes[n-1]
+		}
+		s.derived = append(s.derived, derivedBlockHash(parent, s.ID, s.Req.Tag, j))
+	}
+	return s.derived[i-n], true
+}
+
+// SeqBlockHashes appends to dst the identities of the full blocks of s's context
+// so far (prompt and generated tokens), as the engine caches them: a driver that
+// continues the conversation starts its next prompt's BlockHashes with them, and
+// the next turn hits the blocks this one's answer filled. It is empty when the
+// request's prompt blocks were not all named.
+func (e *Engine) SeqBlockHashes(s *Seq, dst []uint64) []uint64 {
+	for i := range s.tokens() / e.cfg.BlockSize {
+		h, ok := e.blockHash(s, i)
+		if !ok {
+			break
+		}
+		dst = append(dst, h)
+	}
+	return dst
 }
 
 // grow makes sure s holds blocks for computed+n tokens.

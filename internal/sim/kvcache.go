@@ -26,13 +26,25 @@ func BlockHashes(dst []uint64, tokens []uint32, blockSize int, seed uint64) []ui
 	return dst
 }
 
+// derivedBlockHash names full block i of sequence seq (tag is the caller's) whose
+// tokens the workload gave no identity, chained from the previous block's: unique
+// to the sequence, since no two sequences generate the same tokens.
+func derivedBlockHash(parent, seq, tag uint64, i int) uint64 {
+	var buf [32]byte
+	binary.LittleEndian.PutUint64(buf[0:], parent)
+	binary.LittleEndian.PutUint64(buf[8:], seq)
+	binary.LittleEndian.PutUint64(buf[16:], tag)
+	binary.LittleEndian.PutUint64(buf[24:], uint64(i))
+	return xxhash.Sum64(buf[:])
+}
+
 // HashSeed derives a block-hash seed from the names that separate prefix caches.
 func HashSeed(model, adapter string) uint64 {
 	return xxhash.Sum64String(model + "\x00" + adapter)
 }
 
 // kvCache is a paged KV cache with automatic prefix caching, as in vLLM: blocks are
-// reference counted; a full prompt block is registered under its chained hash; a
+// reference counted; a full block is registered under its chained hash; a
 // block nobody references stays cached and becomes evictable in LRU order.
 type kvCache struct {
 	refs   []int32
