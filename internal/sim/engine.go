@@ -145,6 +145,8 @@ type Seq struct {
 	// scheduled is the number of tokens computed in the current step.
 	scheduled int
 	priorCtx  int
+	// trial is the number of the last trial that saved this sequence (clone.go).
+	trial uint64
 }
 
 // tokens is the context this sequence must have computed to sample its next token.
@@ -184,6 +186,7 @@ type Engine struct {
 	maxLen int
 	kv     *kvCache
 	lora   *loraSlots
+	pcg    *rand.PCG // rng's source, whose state Clone and trials copy
 	rng    *rand.Rand
 
 	now     time.Duration
@@ -193,6 +196,7 @@ type Engine struct {
 	stats   Stats
 
 	emitted, finished []*Seq
+	tr                trial // FirstTokenIfSubmitted's journal (clone.go)
 }
 
 // New builds an engine, or says why the deployment is impossible.
@@ -232,6 +236,7 @@ func New(cfg Config) (*Engine, error) {
 		return nil, fmt.Errorf("max model len %d is larger than the %d tokens the KV cache can hold on %d x %s: lower it or add GPUs",
 			maxLen, blocks*cfg.BlockSize, cfg.TensorParallel, gpu.Name)
 	}
+	pcg := rand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15)
 	return &Engine{
 		cfg:    cfg,
 		hw:     hw,
@@ -239,7 +244,8 @@ func New(cfg Config) (*Engine, error) {
 		maxLen: maxLen,
 		kv:     newKVCache(blocks),
 		lora:   newLoRASlots(cfg.MaxLoRAs),
-		rng:    rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15)),
+		pcg:    pcg,
+		rng:    rand.New(pcg),
 		stats:  Stats{FinishedByReason: map[FinishReason]int64{}},
 	}, nil
 }
@@ -355,6 +361,7 @@ func (e *Engine) Step() StepResult {
 	// Running sequences first, oldest first; make room by preempting the newest.
 	for i := 0; i < len(e.running) && budget > 0; i++ {
 		s := e.running[i]
+		e.touch(s)
 		n := min(s.tokens()-s.computed, budget)
 		for !e.grow(s, n) {
 			victim := e.running[len(e.running)-1]
@@ -378,6 +385,7 @@ func (e *Engine) Step() StepResult {
 		var skipped []*Seq
 		for budget > 0 && len(e.running) < e.cfg.MaxNumSeqs && e.waiting.len() > 0 {
 			s := e.waiting.popFront()
+			e.touch(s)
 			load, evicted, ok := e.lora.acquire(s.Req.Adapter)
 			if !ok {
 				skipped = append(skipped, s)
@@ -589,6 +597,7 @@ func (e *Engine) grow(s *Seq, n int) bool {
 // preempt frees a running sequence's blocks and puts it back at the head of the
 // queue; it will recompute prompt and generated tokens (vLLM's recompute mode).
 func (e *Engine) preempt(s *Seq) {
+	e.touch(s)
 	e.kv.release(s.blocks)
 	s.blocks = s.blocks[:0]
 	s.computed = 0

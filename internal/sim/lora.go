@@ -1,6 +1,9 @@
 package sim
 
-import "slices"
+import (
+	"maps"
+	"slices"
+)
 
 // loraSlots models vLLM's GPU LoRA slots: at most max adapters are resident, an
 // adapter in use by a running sequence cannot be evicted, an idle one is evicted
@@ -95,4 +98,20 @@ func (l *loraSlots) running() []string {
 	}
 	slices.Sort(out)
 	return out
+}
+
+// clone is a deep copy.
+func (l *loraSlots) clone() *loraSlots {
+	return &loraSlots{max: l.max, order: slices.Clone(l.order), users: maps.Clone(l.users)}
+}
+
+// saveTo copies the slots' state into d, reusing d's storage.
+func (l *loraSlots) saveTo(d *loraSlots) {
+	d.max = l.max
+	d.order = append(d.order[:0], l.order...)
+	if d.users == nil {
+		d.users = map[string]int{}
+	}
+	clear(d.users)
+	maps.Copy(d.users, l.users)
 }
