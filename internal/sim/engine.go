@@ -565,8 +565,8 @@ func (e *Engine) blockHash(s *Seq, i int) (uint64, bool) {
 // SeqBlockHashes appends to dst the identities of the full blocks of s's context
 // so far (prompt and generated tokens), as the engine caches them: a driver that
 // continues the conversation starts its next prompt's BlockHashes with them, and
-// the next turn hits the blocks this one's answer filled. It is empty when the
-// request's prompt blocks were not all named.
+// the next turn hits the blocks this one's answer filled. It stops at the last
+// hash given when the request did not name all of its prompt's blocks.
 func (e *Engine) SeqBlockHashes(s *Seq, dst []uint64) []uint64 {
 	for i := range s.tokens() / e.cfg.BlockSize {
 		h, ok := e.blockHash(s, i)
