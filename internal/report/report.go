@@ -45,6 +45,11 @@ type Result struct {
 	OutputTokensPerS float64 `json:"output_tokens_per_s"` // successful requests' output tokens / DurationS
 	PrefixHitRate    float64 `json:"prefix_hit_rate"`     // Σcached / Σprompt tokens of successful requests
 	DurationS        float64 `json:"duration_s"`          // first arrival to last completion
+	// Unstable says the run's queue grew without draining (StabilityDefinition):
+	// its latencies are lower bounds that grow with the trace. Drain holds what
+	// the criterion read; nil when the run was too small to judge.
+	Unstable bool   `json:"unstable,omitempty"`
+	Drain    *Drain `json:"drain,omitempty"`
 	// Records are kept for the plots, not written to JSON.
 	Records []Record `json:"-"`
 }
@@ -124,6 +129,9 @@ func Summarize(scenario, policy, mode string, recs []Record) Result {
 	}
 	if prompt > 0 {
 		r.PrefixHitRate = float64(cached) / float64(prompt)
+	}
+	if d, ok := drain(recs); ok {
+		r.Drain, r.Unstable = &d, d.Unstable()
 	}
 	return r
 }
