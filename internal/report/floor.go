@@ -48,3 +48,16 @@ func NewFloor(warm, cold []time.Duration) Floor {
 	f.ColdP50ms, f.ColdP95ms, f.ColdP99ms = p(cold)
 	return f
 }
+
+// at returns the floor at percentile p (50, 95 or 99), and false for another.
+func (f Floor) at(p int) (float64, bool) {
+	switch p {
+	case 50:
+		return f.P50ms, true
+	case 95:
+		return f.P95ms, true
+	case 99:
+		return f.P99ms, true
+	}
+	return 0, false
+}

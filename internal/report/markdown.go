@@ -10,16 +10,36 @@ import (
 	"text/tabwriter"
 )
 
-// Markdown renders report.md: a title and the caller's header paragraph (command
-// line, seed, date); a header that starts with a "# " title line replaces the
-// default title "kvgate bench". Then how percentiles are taken, then per scenario its
-// description, target, a table of the numbers with one row per policy in the
-// order given, a table of the changes against the baseline, what each server got
-// when the scenario lists its servers, and the plots that Write draws, each with
-// a caption saying what its points are.
+// Doc is what a report says besides its results.
+type Doc struct {
+	// Header is the paragraph under the title (command line, seed, date); one
+	// that starts with a "# " title line replaces the default title "kvgate bench".
+	Header string
+	// Policies describes each policy in a line, for the report's list of the
+	// policies it compares.
+	Policies map[string]string
+}
+
+// Markdown renders report.md with the given header and no policy descriptions
+// (MarkdownDoc).
 func Markdown(scenarios []Scenario, results []Result, header string) string {
+	return MarkdownDoc(scenarios, results, Doc{Header: header})
+}
+
+// MarkdownDoc renders report.md: a title and the header; how percentiles,
+// stability, floors and draws are taken; the policies compared with their
+// descriptions; a headline table, one line per scenario, of kvgate's P95 TTFT
+// against the floor, the oracle and the baselines users run. Then per scenario
+// its description, target (each goal met, not met, infeasible below the floor,
+// or not assessable against a queue that never drained), floor, headline
+// (kvgate against the oracle and each baseline at P95 and P99), a table of the
+// numbers with one row per policy in the order given, a table of the changes
+// against the baseline, what each server got when the scenario lists its
+// servers, and the plots that Write draws, each with a caption saying what its
+// points are.
+func MarkdownDoc(scenarios []Scenario, results []Result, doc Doc) string {
 	var b strings.Builder
-	h := strings.TrimSpace(header)
+	h := strings.TrimSpace(doc.Header)
 	if !strings.HasPrefix(h, "# ") {
 		b.WriteString("# kvgate bench\n\n")
 	}
@@ -27,18 +47,30 @@ func Markdown(scenarios []Scenario, results []Result, header string) string {
 		b.WriteString(h + "\n\n")
 	}
 	b.WriteString(PercentileDefinition + "\n\n")
-	for _, s := range sections(scenarios, results) {
+	secs := sections(scenarios, results)
+	if len(results) > 0 {
+		b.WriteString(StabilityDefinition + "\n\n")
+	}
+	if slices.ContainsFunc(secs, func(s section) bool { return s.Floor != nil }) {
+		b.WriteString(FloorDefinition + "\n\n")
+	}
+	if slices.ContainsFunc(secs, func(s section) bool { return slices.ContainsFunc(s.rows(), row.drawn) }) {
+		b.WriteString(DrawsDefinition + "\n\n")
+	}
+	policiesList(&b, results, doc.Policies)
+	overview(&b, secs)
+	for _, s := range secs {
 		fmt.Fprintf(&b, "## %s\n\n", s.Name)
 		if d := strings.TrimSpace(s.Description); d != "" {
 			b.WriteString(d + "\n\n")
 		}
-		if s.Target != "" {
-			fmt.Fprintf(&b, "**Target:** %s\n\n", s.Target)
-		}
+		targets(&b, s)
+		floorLine(&b, s)
 		if len(s.results) == 0 {
 			b.WriteString("_No results._\n\n")
 			continue
 		}
+		headline(&b, s)
 		if m := modes(s.results); m != "" {
 			fmt.Fprintf(&b, "Mode: %s.\n\n", m)
 		}
@@ -48,7 +80,7 @@ func Markdown(scenarios []Scenario, results []Result, header string) string {
 		cdf, overTime := plotPaths(s.Name)
 		fmt.Fprintf(&b, "![TTFT CDF, %s](%s)\n\n", s.Name, cdf)
 		b.WriteString("_TTFT CDF: for each policy, the fraction of its successful requests whose TTFT was at most x._\n\n")
-		caption, drawn := overTimeCaption(s.results)
+		caption, drawn := overTimeCaption(s.plotted())
 		if drawn {
 			fmt.Fprintf(&b, "![P95 TTFT over time, %s](%s)\n\n", s.Name, overTime)
 		}
@@ -64,21 +96,60 @@ const noSharedPrefixes = "no shared prefixes in this trace"
 func numbersTable(b *strings.Builder, s section) {
 	b.WriteString("| policy | requests | errors | TTFT p50 (ms) | TTFT p95 (ms) | TTFT p99 (ms) | ITL p50 (ms) | ITL p95 (ms) | E2E p95 (ms) | output tok/s | prefix hit rate |\n")
 	b.WriteString("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
-	for _, r := range s.results {
-		hits := fmt.Sprintf("%.1f%%", 100*r.PrefixHitRate)
-		if s.NoSharedPrefixes {
-			hits = "n/a"
+	if f := s.Floor; f != nil {
+		fmt.Fprintf(b, "| idle-engine floor (reference) | %d | — | %s | %s | %s | — | — | — | — | — |\n",
+			f.Requests, fmtMS(f.P50ms), fmtMS(f.P95ms), fmtMS(f.P99ms))
+	}
+	var unstable []string
+	for _, r := range s.rows() {
+		numbersRow(b, s, label(r), r)
+		if u := r.undrained(); len(u) > 0 {
+			numbersRow(b, s, fmt.Sprintf("%s: the %d of %d draws that never drained (median, unstable)", r.Policy, len(u), len(r.draws)), newRow(u))
+			unstable = append(unstable, fmt.Sprintf("%s: %d of %d draws", cell(r.Policy), len(u), len(r.draws)))
 		}
-		fmt.Fprintf(b, "| %s | %d | %d | %s | %s | %s | %s | %s | %s | %.1f | %s |\n",
-			cell(r.Policy), r.Requests, r.Errors,
-			fmtMS(r.TTFTP50ms), fmtMS(r.TTFTP95ms), fmtMS(r.TTFTP99ms),
-			fmtMS(r.ITLP50ms), fmtMS(r.ITLP95ms), fmtMS(r.E2EP95ms),
-			r.OutputTokensPerS, hits)
+		if r.Unstable {
+			what := cell(r.Policy)
+			if r.drawn() {
+				what += fmt.Sprintf(": all %d draws", len(r.draws))
+			}
+			if d := r.Drain; d != nil {
+				what += fmt.Sprintf(" (P95 TTFT of the last tenth of arrivals %s, of the second tenth %s, arrivals spanning %s)",
+					fmtLatency(d.LastTenthP95ms), fmtLatency(d.SecondTenthP95ms), fmtLatency(1000*d.ArrivalSpanS))
+			}
+			unstable = append(unstable, what)
+		}
 	}
 	b.WriteString("\n")
 	if s.NoSharedPrefixes {
 		b.WriteString("Prefix hit rate n/a: " + noSharedPrefixes + ", so a prefix cache has nothing to hit.\n\n")
 	}
+	if len(unstable) > 0 {
+		b.WriteString("**Never drained** (unstable: latencies are lower bounds, ≥): " + strings.Join(unstable, "; ") + ".\n\n")
+	}
+}
+
+// numbersRow writes one row of the numbers table; a drawn row gives the range
+// over its draws beside its TTFT percentiles and throughput.
+func numbersRow(b *strings.Builder, s section, name string, r row) {
+	hits := fmt.Sprintf("%.1f%%", 100*r.PrefixHitRate)
+	if s.NoSharedPrefixes {
+		hits = "n/a"
+	}
+	spread := func(f func(*Result) *float64, format func(float64) string) string {
+		v := format(*f(&r.Result))
+		if r.drawn() {
+			v += fmt.Sprintf(" (%s–%s)", format(*f(&r.lo)), format(*f(&r.hi)))
+		}
+		return v
+	}
+	lat := func(f func(*Result) *float64) string { return bound(spread(f, fmtMS), r.Unstable) }
+	tput := func(v float64) string { return strconv.FormatFloat(v, 'f', 1, 64) }
+	fmt.Fprintf(b, "| %s | %d | %d | %s | %s | %s | %s | %s | %s | %s | %s |\n",
+		cell(name), r.Requests, r.Errors,
+		lat(func(r *Result) *float64 { return &r.TTFTP50ms }), lat(func(r *Result) *float64 { return &r.TTFTP95ms }),
+		lat(func(r *Result) *float64 { return &r.TTFTP99ms }),
+		fmtMS(r.ITLP50ms), fmtMS(r.ITLP95ms), bound(fmtMS(r.E2EP95ms), r.Unstable),
+		spread(func(r *Result) *float64 { return &r.OutputTokensPerS }, tput), hits)
 }
 
 // serversTable shows, when the scenario lists its servers, how many requests each
@@ -88,13 +159,14 @@ func serversTable(b *strings.Builder, s section) {
 	if len(s.Servers) == 0 {
 		return
 	}
-	shares := make([][]Share, len(s.results))
-	for i, r := range s.results {
+	results := s.plotted()
+	shares := make([][]Share, len(results))
+	for i, r := range results {
 		shares[i] = Shares(s.Servers, r)
 	}
 	b.WriteString("Requests answered by each server, and their TTFT (ms), under each policy:\n\n| GPU | server |")
 	align := "|---|---|"
-	for _, r := range s.results {
+	for _, r := range results {
 		fmt.Fprintf(b, " %s: requests | p50 | p95 |", cell(r.Policy))
 		align += "--:|--:|--:|"
 	}
@@ -111,7 +183,7 @@ func serversTable(b *strings.Builder, s section) {
 			gpu, server = "—", "none (failed or unlisted)"
 		}
 		fmt.Fprintf(b, "| %s | %s |", gpu, server)
-		for i, r := range s.results {
+		for i, r := range results {
 			if row >= len(shares[i]) {
 				b.WriteString(" 0 | — | — |")
 				continue
@@ -163,11 +235,12 @@ func overTimeCaption(results []Result) (string, bool) {
 		"middle of the window's arrival times._", len(bounds)-1, size, minPerWindow), true
 }
 
-// changeTable has a row per policy but the baseline, whose row would be all zeros.
+// changeTable has a row per policy but the baseline, whose row would be all
+// zeros; a drawn policy's row gives the range of its draws' changes.
 func changeTable(b *strings.Builder, s section) {
 	base, ok := s.base()
 	rows := 0
-	for _, r := range s.results {
+	for _, r := range s.rows() {
 		if r.Policy != s.baseline() {
 			rows++
 		}
@@ -180,25 +253,36 @@ func changeTable(b *strings.Builder, s section) {
 		b.WriteString(" (not run, so n/a)")
 	}
 	b.WriteString(":\n\n| policy | TTFT p95 | TTFT p99 | output tok/s |\n|---|--:|--:|--:|\n")
-	for _, r := range s.results {
+	for _, r := range s.rows() {
 		if r.Policy == s.baseline() {
 			continue
 		}
 		p95, p99, tput := changes(r, base, ok)
-		fmt.Fprintf(b, "| %s | %s | %s | %s |\n", cell(r.Policy), p95, p99, tput)
+		fmt.Fprintf(b, "| %s | %s | %s | %s |\n", cell(label(r)), cell(p95), cell(p99), cell(tput))
 	}
 	b.WriteString("\n")
 }
 
-// changes formats r's changes of TTFT p95, TTFT p99 and throughput against base;
-// all n/a when the baseline was not run.
-func changes(r, base Result, haveBase bool) (p95, p99, tput string) {
+// changes formats r's changes of TTFT p95, TTFT p99 and throughput against base
+// (flagged or bounded where either never drained, with the range over a drawn
+// row's draws); all n/a when the baseline was not run.
+func changes(r, base row, haveBase bool) (p95, p99, tput string) {
 	if !haveBase {
 		return "n/a", "n/a", "n/a"
 	}
-	return formatChange(Change(r.TTFTP95ms, base.TTFTP95ms)),
-		formatChange(Change(r.TTFTP99ms, base.TTFTP99ms)),
-		formatChange(Change(r.OutputTokensPerS, base.OutputTokensPerS))
+	one := func(f func(*Result) *float64, latency bool) string {
+		bv := *f(&base.Result)
+		v := versus(*f(&r.Result), bv, r.Unstable, base.Unstable, base.Policy, latency)
+		if r.drawn() && v != "n/a" {
+			lo, _ := Change(*f(&r.lo), bv)
+			hi, _ := Change(*f(&r.hi), bv)
+			v += fmt.Sprintf(" (%s to %s)", formatChange(lo, true), formatChange(hi, true))
+		}
+		return v
+	}
+	return one(func(r *Result) *float64 { return &r.TTFTP95ms }, true),
+		one(func(r *Result) *float64 { return &r.TTFTP99ms }, true),
+		one(func(r *Result) *float64 { return &r.OutputTokensPerS }, false)
 }
 
 // formatChange writes a change as "−97.1%" or "+4.0%", with a real minus sign
@@ -248,20 +332,25 @@ func modes(results []Result) string {
 
 // Summary writes a short plain-text table to w, one line per scenario × policy with
 // TTFT p95, p99, throughput and their changes against the scenario's baseline, for
-// the terminal at the end of a run. Write errors are ignored: it is a courtesy
-// print, and the files are the record.
+// the terminal at the end of a run: a drawn policy's median, the oracle marked as
+// the reference, an unstable run's latencies as lower bounds, and the floor first
+// when it is known. Write errors are ignored: it is a courtesy print, and the
+// files are the record.
 func Summary(w io.Writer, scenarios []Scenario, results []Result) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "scenario\tpolicy\terrors\tTTFT p95 ms\tTTFT p99 ms\ttok/s\tΔp95\tΔp99\tΔtok/s")
 	for _, s := range sections(scenarios, results) {
+		if f := s.Floor; f != nil && len(s.results) > 0 {
+			fmt.Fprintf(tw, "%s\tidle-engine floor\t\t%s\t%s\t\t\t\t\n", s.Name, fmtMS(f.P95ms), fmtMS(f.P99ms))
+		}
 		base, ok := s.base()
-		for _, r := range s.results {
+		for _, r := range s.rows() {
 			p95, p99, tput := changes(r, base, ok)
 			if r.Policy == s.baseline() {
 				p95, p99, tput = "base", "base", "base"
 			}
 			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%.1f\t%s\t%s\t%s\n",
-				s.Name, r.Policy, r.Errors, fmtMS(r.TTFTP95ms), fmtMS(r.TTFTP99ms),
+				s.Name, label(r), r.Errors, bound(fmtMS(r.TTFTP95ms), r.Unstable), bound(fmtMS(r.TTFTP99ms), r.Unstable),
 				r.OutputTokensPerS, p95, p99, tput)
 		}
 	}

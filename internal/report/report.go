@@ -5,6 +5,7 @@ package report
 
 import (
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -60,6 +61,11 @@ type Scenario struct {
 	Description string // one paragraph: workload and fleet
 	Baseline    string // policy the % changes are against; "" means DefaultBaseline
 	Target      string // optional: what the scenario is judged by, e.g. "P95 TTFT ≤ −97% vs round-robin"
+	// Goals state Target's changes, when it has any, so that the report can say
+	// whether each was met and whether the floor allows it at all.
+	Goals []Goal
+	// Floor, when known, is the TTFT no policy can beat on the scenario's trace.
+	Floor *Floor
 	// NoSharedPrefixes says that no two prompts of the trace share a prefix, so the
 	// report says so instead of a prefix hit rate of 0%, which reads as a failure.
 	NoSharedPrefixes bool
@@ -67,6 +73,27 @@ type Scenario struct {
 	// got under each policy, from the records' Endpoint.
 	Servers []Server
 }
+
+// Goal is a target stated as a change of a TTFT percentile: Policy's at most
+// Change percent from Against's (−97: at least 97% lower; +5: at most 5% higher).
+type Goal struct {
+	Percentile int     // 95 or 99 (50 also works)
+	Change     float64 // in percent
+	Policy     string  // the policy judged; "" means Subject
+	Against    string  // "" means the scenario's baseline
+}
+
+// The policies a report's headline is about: Subject, kvgate's default, is
+// measured against Reference, a policy that sees exact engine state (the best a
+// router could do, not a competitor), and against HeadlineBaselines, what users
+// run instead, in this order.
+const (
+	Subject   = "kvgate"
+	Reference = "oracle"
+)
+
+// HeadlineBaselines are the policies the headline compares Subject with.
+var HeadlineBaselines = []string{"kube-proxy", "round-robin", "least-request", "weighted-round-robin", "gie-default"}
 
 // Server is one endpoint of a scenario's fleet.
 type Server struct {
@@ -246,12 +273,29 @@ func Shares(servers []Server, r Result) []Share {
 	return out
 }
 
-// base returns the section's baseline result, if it was run.
-func (s section) base() (Result, bool) {
-	for _, r := range s.results {
-		if r.Policy == s.baseline() {
-			return r, true
+// base returns the section's baseline row, if it was run.
+func (s section) base() (row, bool) { return s.row(s.baseline()) }
+
+// plotted are the results the plots and the servers table draw, a row each,
+// labelled as the tables label them: a drawn policy by its median draw.
+func (s section) plotted() []Result {
+	rows := s.rows()
+	out := make([]Result, len(rows))
+	for i, r := range rows {
+		out[i] = r.plotted
+		var notes []string
+		if r.Policy == Reference {
+			notes = append(notes, "reference")
+		}
+		if r.drawn() {
+			notes = append(notes, "median draw")
+		}
+		if r.Unstable {
+			notes = append(notes, "unstable")
+		}
+		if len(notes) > 0 {
+			out[i].Policy += " (" + strings.Join(notes, ", ") + ")"
 		}
 	}
-	return Result{}, false
+	return out
 }

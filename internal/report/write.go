@@ -17,6 +17,12 @@ import (
 // dir/plots. The numbers are written before the plots so that a plot that cannot
 // be drawn does not cost the run its results.
 func Write(dir string, scenarios []Scenario, results []Result, header string) error {
+	return WriteDoc(dir, scenarios, results, Doc{Header: header})
+}
+
+// WriteDoc is Write with what the report says besides the results (MarkdownDoc).
+// The plots draw one line per policy, a drawn policy's median draw.
+func WriteDoc(dir string, scenarios []Scenario, results []Result, doc Doc) error {
 	if err := os.MkdirAll(filepath.Join(dir, "plots"), 0o755); err != nil {
 		return fmt.Errorf("create report directory: %w", err)
 	}
@@ -30,7 +36,7 @@ func Write(dir string, scenarios []Scenario, results []Result, header string) er
 	if err := os.WriteFile(filepath.Join(dir, "results.json"), append(js, '\n'), 0o644); err != nil {
 		return fmt.Errorf("write results: %w", err)
 	}
-	md := Markdown(scenarios, results, header)
+	md := MarkdownDoc(scenarios, results, doc)
 	if err := os.WriteFile(filepath.Join(dir, "report.md"), []byte(md), 0o644); err != nil {
 		return fmt.Errorf("write report: %w", err)
 	}
@@ -38,19 +44,20 @@ func Write(dir string, scenarios []Scenario, results []Result, header string) er
 		if len(s.results) == 0 {
 			continue
 		}
+		plotted := s.plotted()
 		cdf, overTime := plotPaths(s.Name)
-		if err := cdfPlot(s.Name, s.results).save(filepath.Join(dir, filepath.FromSlash(cdf))); err != nil {
+		if err := cdfPlot(s.Name, plotted).save(filepath.Join(dir, filepath.FromSlash(cdf))); err != nil {
 			return err
 		}
 		path := filepath.Join(dir, filepath.FromSlash(overTime))
-		if arrivalWindows(s.results) == nil {
+		if arrivalWindows(plotted) == nil {
 			// report.md does not link it; one left from an earlier run would mislead.
 			if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
 				return fmt.Errorf("remove stale plot: %w", err)
 			}
 			continue
 		}
-		if err := overTimePlot(s.Name, s.results).save(path); err != nil {
+		if err := overTimePlot(s.Name, plotted).save(path); err != nil {
 			return err
 		}
 	}
