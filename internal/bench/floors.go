@@ -4,7 +4,10 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"math"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/kvgate/kvgate/internal/prefix"
@@ -29,7 +32,7 @@ func simRequest(q workload.Request, i int, ids []uint64, text []byte) (sim.Reque
 // Floor is the idle-engine floor of trace on fleet, as report.FloorDefinition
 // states it.
 func Floor(ctx context.Context, fleet simserver.FleetSpec, trace workload.Trace) (report.Floor, error) {
-	warm, cold, err := idleTTFTs(ctx, fleet, trace)
+	warm, cold, cached, err := idleTTFTs(ctx, fleet, trace)
 	if err != nil {
 		return report.Floor{}, err
 	}
@@ -39,13 +42,16 @@ func Floor(ctx context.Context, fleet simserver.FleetSpec, trace workload.Trace)
 			w, c = append(w, warm[i]), append(c, cold[i])
 		}
 	}
-	return report.NewFloor(w, c), nil
+	f := report.NewFloor(w, c)
+	f.CachedShare = cached
+	return f, nil
 }
 
 // idleTTFTs returns, per request of trace, its TTFT alone on an idle engine of
 // the fleet's fastest kind for it: warm with a prefix cache that holds every
 // block an earlier request computed, cold without one; −1 for a request no
-// engine of the fleet can hold (RunSim fails it under every policy).
+// engine of the fleet can hold (RunSim fails it under every policy). cached
+// is the share of their prompt tokens the warm replay found cached.
 //
 // Each kind of engine replays the whole trace, a request submitted at its
 // arrival or, when the one before is still running, once it has finished, and
@@ -53,10 +59,10 @@ func Floor(ctx context.Context, fleet simserver.FleetSpec, trace workload.Trace)
 // every block that two requests share and for the longest request. Its LoRA
 // slots hold every adapter of the trace, so only an adapter's first request
 // loads it.
-func idleTTFTs(ctx context.Context, fleet simserver.FleetSpec, trace workload.Trace) (warm, cold []time.Duration, err error) {
+func idleTTFTs(ctx context.Context, fleet simserver.FleetSpec, trace workload.Trace) (warm, cold []time.Duration, cached float64, err error) {
 	servers, _, err := fleet.Options(slog.New(slog.DiscardHandler))
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, 0, err
 	}
 	reqs := make([]sim.Request, len(trace))
 	arrivals := make([]time.Duration, len(trace))
@@ -85,7 +91,7 @@ func idleTTFTs(ctx context.Context, fleet simserver.FleetSpec, trace workload.Tr
 		kinds[cfg] = true
 		e, err := sim.New(cfg)
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, 0, err
 		}
 		maxLen := e.MaxModelLen()
 		cfg.MaxModelLen = maxLen
@@ -99,26 +105,29 @@ func idleTTFTs(ctx context.Context, fleet simserver.FleetSpec, trace workload.Tr
 		}{{cfg, warm}, {coldCfg, cold}} {
 			e, err := sim.New(pass.cfg)
 			if err != nil {
-				return nil, nil, err
+				return nil, nil, 0, err
 			}
 			for i, r := range reqs {
 				if i%1024 == 0 && ctx.Err() != nil {
-					return nil, nil, ctx.Err()
+					return nil, nil, 0, ctx.Err()
 				}
 				if r.PromptTokens+r.OutputTokens > maxLen {
 					continue
 				}
 				ttft, err := alone(e, r, arrivals[i])
 				if err != nil {
-					return nil, nil, fmt.Errorf("request %d on %s/%s: %w", i, cfg.GPU, cfg.ModelSize, err)
+					return nil, nil, 0, fmt.Errorf("request %d on %s/%s: %w", i, cfg.GPU, cfg.ModelSize, err)
 				}
 				if pass.out[i] < 0 || ttft < pass.out[i] {
 					pass.out[i] = ttft
 				}
 			}
+			if st := e.Snapshot().Stats; !pass.cfg.DisablePrefixCaching && st.PrefixQueries > 0 {
+				cached = max(cached, float64(st.PrefixHits)/float64(st.PrefixQueries))
+			}
 		}
 	}
-	return warm, cold, nil
+	return warm, cold, cached, nil
 }
 
 // sharedPrefixes cuts each request's block hashes to the blocks it shares with
@@ -177,4 +186,88 @@ func alone(e *sim.Engine, r sim.Request, at time.Duration) (time.Duration, error
 		}
 	}
 	return s.FirstToken - s.Arrival, nil
+}
+
+// capacity is what a fleet computes at most, in tokens a second, for a trace
+// whose requests average prompt prompt tokens and output output tokens: prefill
+// as full-budget steps of such prompts, decode as steps of the largest batch the
+// KV cache holds (at most max_num_seqs sequences, each at its mean context,
+// prompt + output/2), both by the engines' own cost model.
+func capacity(fleet simserver.FleetSpec, prompt, output float64) (prefill, decode float64, err error) {
+	servers, _, err := fleet.Options(slog.New(slog.DiscardHandler))
+	if err != nil {
+		return 0, 0, err
+	}
+	for _, o := range servers {
+		e, err := sim.New(o.Engine)
+		if err != nil {
+			return 0, 0, err
+		}
+		cfg, cost := e.Config(), e.CostModel()
+		budget := cfg.MaxNumBatchedTokens
+		step := cost.StepTime(sim.StepWork{PrefillTokens: budget, AttnPairs: float64(budget) * prompt / 2})
+		prefill += float64(budget) / step.Seconds()
+		ctx := prompt + output/2
+		batch := min(float64(cfg.MaxNumSeqs), math.Floor(float64(e.NumBlocks()*cfg.BlockSize)/ctx))
+		if batch >= 1 {
+			step = cost.StepTime(sim.StepWork{DecodeSeqs: int(batch), ContextTokens: int64(batch * ctx)})
+			decode += batch / step.Seconds()
+		}
+	}
+	return prefill, decode, nil
+}
+
+// describeLoad says what a trace offers its fleet in prefill and decode terms,
+// against the fleet's capacity (capacity), over the span of its arrivals, and
+// in bursts for a bursty workload; cached is the share of prompt tokens an
+// earlier request computed (report.Floor.CachedShare), which a cache can spare
+// the prefill.
+func describeLoad(fleet simserver.FleetSpec, spec workload.Spec, trace workload.Trace, cached float64) (string, error) {
+	if len(trace) < 2 {
+		return "", nil
+	}
+	span := trace[len(trace)-1].At - trace[0].At
+	if span <= 0 {
+		return "", nil
+	}
+	var prompt, output float64
+	for _, q := range trace {
+		prompt += float64(q.PromptTokens())
+		output += float64(q.OutputTokens)
+	}
+	n := float64(len(trace))
+	prefill, decode, err := capacity(fleet, prompt/n, output/n)
+	if err != nil || prefill == 0 || decode == 0 {
+		return "", err
+	}
+	in, out := prompt/span, output/span
+	var b strings.Builder
+	fmt.Fprintf(&b, "Load, from the trace and the engines' cost model: %s prompt tokens/s against a prefill capacity of ~%s/s (%.0f%%)",
+		kilo(in), kilo(prefill), 100*in/prefill)
+	share := in / prefill
+	if cached > 0.005 {
+		share = in * (1 - cached) / prefill
+		fmt.Fprintf(&b, ", %s/s (%.0f%%) to compute once the %.0f%% of prompt tokens an earlier request computed are cached", kilo(in*(1-cached)), 100*share, 100*cached)
+	}
+	fmt.Fprintf(&b, "; %s output tokens/s against a decode capacity of ~%s/s at full batch (%.0f%%); together ~%.0f%% of the fleet's time",
+		kilo(out), kilo(decode), 100*out/decode, 100*(share+out/decode))
+	if slices.ContainsFunc(trace, func(q workload.Request) bool { return q.Adapter != "" }) {
+		b.WriteString(", not counting adapter loads")
+	}
+	if spec.Kind == workload.Bursty && spec.BurstFactor > 1 {
+		on, off := spec.BurstOn.Seconds(), spec.BurstOff.Seconds()
+		burst := spec.BurstFactor * (on + off) / (spec.BurstFactor*on + off) // the bursts' rate over the mean
+		fmt.Fprintf(&b, ", in bursts ~%.0f%% (%.3g requests/s for %v) and between them ~%.0f%%",
+			100*burst*(share+out/decode), burst*spec.Rate, spec.BurstOn, 100*burst/spec.BurstFactor*(share+out/decode))
+	}
+	b.WriteString(".")
+	return b.String(), nil
+}
+
+// kilo writes a rate of tokens as "47.1k", or whole below a thousand.
+func kilo(v float64) string {
+	if v < 1000 {
+		return strconv.FormatFloat(v, 'f', 0, 64)
+	}
+	return strconv.FormatFloat(v/1000, 'f', 1, 64) + "k"
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"strings"
 	"testing"
 	"time"
 
@@ -65,7 +66,7 @@ func TestFloorIsIdleTTFT(t *testing.T) {
 			func(i, _ int) bool { return i < 3 }, false}, // each adapter's first request loads it anyway
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			warm, cold, err := idleTTFTs(context.Background(), tc.fleet, tc.trace)
+			warm, cold, _, err := idleTTFTs(context.Background(), tc.fleet, tc.trace)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -136,7 +137,7 @@ func TestFloorSkipsWhatNoEngineHolds(t *testing.T) {
 	tr := spaced(3, time.Second, func(i int) []workload.Segment {
 		return []workload.Segment{{ID: fmt.Sprint("u", i), Tokens: []int{500, 1_000_000, 500}[i]}}
 	}, nil)
-	warm, cold, err := idleTTFTs(context.Background(), fleet, tr)
+	warm, cold, _, err := idleTTFTs(context.Background(), fleet, tr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -146,5 +147,59 @@ func TestFloorSkipsWhatNoEngineHolds(t *testing.T) {
 	f, err := Floor(context.Background(), fleet, tr)
 	if err != nil || f.Requests != 2 || f.P99ms != f.P50ms {
 		t.Fatalf("floor %+v, %v", f, err)
+	}
+}
+
+// A fleet's capacity adds up its engines', and the load a trace offers is its
+// tokens over the span of its arrivals, against that capacity.
+func TestDescribeLoad(t *testing.T) {
+	one := simserver.FleetSpec{Servers: []simserver.ServerSpec{servers("h100", "h100", "8b", 1, 1, nil)}}
+	four := simserver.FleetSpec{Servers: []simserver.ServerSpec{servers("h100", "h100", "8b", 1, 4, nil)}}
+	p1, d1, err := capacity(one, 512, 256)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p4, d4, _ := capacity(four, 512, 256)
+	if p1 <= 0 || d1 <= 0 || math.Abs(p4/p1-4) > 1e-9 || math.Abs(d4/d1-4) > 1e-9 {
+		t.Fatalf("one H100 %.0f/%.0f tokens/s, four %.0f/%.0f", p1, d1, p4, d4)
+	}
+	if pl, dl, _ := capacity(one, 8192, 256); pl >= p1 || dl >= d1 {
+		t.Fatalf("longer prompts cost no more: prefill %.0f vs %.0f, decode %.0f vs %.0f", pl, p1, dl, d1)
+	}
+	// 11 requests a second apart, 1,000 prompt and 100 output tokens each: 1,100
+	// and 110 tokens/s over the 10 s their arrivals span.
+	tr := spaced(11, time.Second, func(i int) []workload.Segment { return []workload.Segment{{ID: fmt.Sprint("u", i), Tokens: 1000}} }, nil)
+	for i := range tr {
+		tr[i].OutputTokens = 100
+	}
+	for _, tc := range []struct {
+		name   string
+		spec   workload.Spec
+		cached float64
+		want   []string
+		not    []string
+	}{
+		{"steady", workload.Spec{Kind: "poisson"}, 0, []string{"1.1k prompt tokens/s against a prefill capacity of ~", "110 output tokens/s against a decode capacity of ~"},
+			[]string{"bursts", "cached"}},
+		{"cached prefixes", workload.Spec{Kind: "shared-prefix"}, 0.9, []string{"110/s", "once the 90% of prompt tokens an earlier request computed are cached"}, nil},
+		{"bursts", workload.Spec{Kind: "bursty", Rate: 32, BurstFactor: 10, BurstOn: 5 * time.Second, BurstOff: 25 * time.Second}, 0,
+			[]string{"in bursts ~", "(128 requests/s for 5s) and between them ~"}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := describeLoad(four, tc.spec, tr, tc.cached)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(got, w) {
+					t.Errorf("no %q in %q", w, got)
+				}
+			}
+			for _, w := range tc.not {
+				if strings.Contains(got, w) {
+					t.Errorf("%q in %q", w, got)
+				}
+			}
+		})
 	}
 }

@@ -19,6 +19,9 @@ type Floor struct {
 	// Requests is how many of the trace's requests some engine of the fleet can
 	// serve; the others fail under every policy and have no floor.
 	Requests int `json:"requests"`
+	// CachedShare is the share of those requests' prompt tokens that the floor
+	// found cached: blocks an earlier request computed.
+	CachedShare float64 `json:"cached_share"`
 }
 
 // FloorDefinition says, for reports, what the idle-engine floor is.

@@ -251,6 +251,9 @@ func (s section) formatGoal(g Goal) string {
 	if g.Policy != "" && g.Policy != Subject {
 		who = g.Policy + "'s "
 	}
+	if g.Change == 0 {
+		return fmt.Sprintf("%sP%d no higher than %s's", who, g.Percentile, s.goalBase(g))
+	}
 	return fmt.Sprintf("%sP%d ≤ %s against %s", who, g.Percentile, c, s.goalBase(g))
 }
 
@@ -345,5 +348,6 @@ func floorLine(b *strings.Builder, s section) {
 		b.WriteString("; the same without a prefix cache.\n\n")
 		return
 	}
-	fmt.Fprintf(b, "; without a prefix cache %s / %s / %s.\n\n", fmtLatency(f.ColdP50ms), fmtLatency(f.ColdP95ms), fmtLatency(f.ColdP99ms))
+	fmt.Fprintf(b, "; without a prefix cache %s / %s / %s (the floor finds %.1f%% of prompt tokens cached).\n\n",
+		fmtLatency(f.ColdP50ms), fmtLatency(f.ColdP95ms), fmtLatency(f.ColdP99ms), 100*f.CachedShare)
 }

@@ -207,3 +207,31 @@ func TestMarkdownHeadline(t *testing.T) {
 		}
 	})
 }
+
+func TestFormatGoal(t *testing.T) {
+	s := section{Scenario: Scenario{Name: "s"}}
+	for _, tc := range []struct {
+		goal Goal
+		want string
+	}{
+		{Goal{Percentile: 95, Change: -97}, "P95 ≤ −97% against round-robin"},
+		{Goal{Percentile: 99, Change: 5, Against: "least-request"}, "P99 ≤ +5% against least-request"},
+		{Goal{Percentile: 95, Against: "gie-default"}, "P95 no higher than gie-default's"},
+		{Goal{Percentile: 95, Change: -12.5, Policy: "chat"}, "chat's P95 ≤ −12.5% against round-robin"},
+	} {
+		if got := s.formatGoal(tc.goal); got != tc.want {
+			t.Errorf("%+v: %q, want %q", tc.goal, got, tc.want)
+		}
+	}
+}
+
+// A floor below the cold one says how much of the prompts it found cached.
+func TestFloorLine(t *testing.T) {
+	var b strings.Builder
+	floorLine(&b, section{Scenario: Scenario{Floor: &Floor{P50ms: 9.2, P95ms: 20.4, P99ms: 30.6, ColdP50ms: 284.1, ColdP95ms: 295, ColdP99ms: 303.2,
+		Requests: 30000, CachedShare: 0.966}}})
+	want := "**Idle-engine floor** (TTFT P50 / P95 / P99, over 30000 requests): 9.20 ms / 20.4 ms / 30.6 ms; without a prefix cache 284.1 ms / 295.0 ms / 303.2 ms (the floor finds 96.6% of prompt tokens cached).\n\n"
+	if b.String() != want {
+		t.Fatalf("%q\nwant %q", b.String(), want)
+	}
+}
