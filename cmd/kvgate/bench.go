@@ -1,10 +1,12 @@
 package main
 
 import (
+	"io"
 	"os"
 	"strings"
 
 	"github.com/spf13/cobra"
+	"golang.org/x/term"
 
 	"github.com/kvgate/kvgate/internal/bench"
 )
@@ -22,6 +24,9 @@ engines, routed by the same picker, prefix index and in-flight accounting as kvg
 with metric scrapes every 50 ms. --mode live sends the trace as real streaming requests to
 one or more OpenAI-compatible targets, open loop.
 
+On a terminal, progress (each idle-engine floor and each finished run, numbered done/total)
+goes to stderr; when stderr is not a terminal, nothing does.
+
 Examples:
   kvgate bench --suite aws --out bench-out
   kvgate bench --suite aws --quick --scenario mixed-gpu --policies round-robin,kvgate
@@ -31,6 +36,7 @@ Examples:
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg.CommandLine = "kvgate " + strings.Join(os.Args[1:], " ")
+			cfg.Progress = progress(cmd.ErrOrStderr())
 			return bench.Run(cmd.Context(), cmd.OutOrStdout(), cfg)
 		},
 	}
@@ -40,6 +46,7 @@ Examples:
 	f.StringSliceVar(&cfg.Scenarios, "scenario", nil, "run only these scenarios of the suite (repeatable or comma-separated)")
 	f.StringSliceVar(&cfg.Policies, "policies", nil, "policies to compare in sim mode (default: all: "+strings.Join(bench.Policies, ",")+")")
 	f.BoolVar(&cfg.Quick, "quick", false, "a tenth of each workload, for CI")
+	f.IntVar(&cfg.Draws, "draws", 0, "runs of each randomised policy (kube-proxy), shown as their median and range (default: the policy's)")
 	f.StringVar(&cfg.Out, "out", "", "directory for results.json, report.md and plots/")
 	f.Uint64Var(&cfg.Seed, "seed", 0, "added to every scenario's workload seed")
 	f.StringVar(&cfg.TraceFile, "trace", "", "replay this JSONL trace (with --fleet) instead of the suite")
@@ -62,7 +69,8 @@ func newTuneCmd() *cobra.Command {
 		Short: "Search scorer weights in virtual time for a trace and fleet",
 		Long: `Replays a trace on a fleet in virtual time under many weight settings (coordinate
 descent over each scorer's weight) and prints the best weights, their gain over the starting
-profile on the same trace, and a weights block ready to paste into a scheduler.
+profile on the same trace, and a weights block ready to paste into a scheduler. On a terminal,
+a line per evaluated setting goes to stderr.
 
 Examples:
   kvgate tune --trace trace.jsonl --fleet fleet.yaml --objective p95-ttft
@@ -72,6 +80,7 @@ Examples:
 			if cfg.TraceFile == "" && cfg.FleetFile == "" && cfg.Suite == "" {
 				cfg.Suite = "aws"
 			}
+			cfg.Progress = progress(cmd.ErrOrStderr())
 			_, err := bench.Tune(cmd.Context(), cmd.OutOrStdout(), cfg)
 			return err
 		},
@@ -87,4 +96,13 @@ Examples:
 	f.BoolVar(&cfg.Spreads, "spreads", false, "also search the queue and running spreads (profile design)")
 	f.Uint64Var(&cfg.Seed, "seed", 0, "added to every workload seed")
 	return cmd
+}
+
+// progress is where a long command reports progress: stderr when it is a
+// terminal, nothing otherwise (a log or a pipe keeps only the results).
+func progress(stderr io.Writer) io.Writer {
+	if f, ok := stderr.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
+		return f
+	}
+	return nil
 }

@@ -133,11 +133,31 @@ func simProbe(t *testing.T, opts SimOptions, tr workload.Trace) []int {
 
 func TestRunWritesReport(t *testing.T) {
 	dir := t.TempDir()
-	var out bytes.Buffer
+	var out, progress bytes.Buffer
 	err := Run(context.Background(), &out, Config{Suite: "aws", Quick: true, Scenarios: []string{"uniform-steady"},
-		Policies: []string{"round-robin", "kvgate"}, Out: dir, SaveTraces: true, CommandLine: "kvgate bench --quick"})
+		Policies: []string{"round-robin", "kvgate"}, Out: dir, SaveTraces: true, CommandLine: "kvgate bench --quick", Progress: &progress})
 	if err != nil {
 		t.Fatal(err)
+	}
+	// Progress goes where it is told, a line per floor and per run, numbered;
+	// the results' writer gets none of it.
+	for _, want := range []string{"uniform-steady   idle-engine floor: TTFT p95", "[1/2]   uniform-steady", "[2/2]   uniform-steady"} {
+		if !strings.Contains(progress.String(), want) {
+			t.Errorf("no %q in the progress:\n%s", want, progress.String())
+		}
+	}
+	if strings.Contains(out.String(), "[1/2]") || strings.Contains(out.String(), "idle-engine floor: TTFT") {
+		t.Errorf("progress on the results' writer:\n%s", out.String())
+	}
+	md, err := os.ReadFile(filepath.Join(dir, "report.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"## Headline", "**Idle-engine floor**", "| idle-engine floor (reference) |", "- kvgate against round-robin (per request): P95 ",
+		"- **round-robin**: per-request round-robin", "Load, from the trace and the engines' cost model: ", "- P95 ≤ +5% against round-robin: **met**"} {
+		if !strings.Contains(string(md), want) {
+			t.Errorf("no %q in report.md:\n%s", want, md)
+		}
 	}
 	raw, err := os.ReadFile(filepath.Join(dir, "results.json"))
 	if err != nil {
@@ -214,10 +234,15 @@ func TestLive(t *testing.T) {
 }
 
 func TestTune(t *testing.T) {
-	var out bytes.Buffer
-	p, err := Tune(context.Background(), &out, TuneConfig{Suite: "aws", Quick: true, Scenarios: []string{"mixed-gpu"}, Profile: "gie-default", Seed: 1})
+	var out, progress bytes.Buffer
+	p, err := Tune(context.Background(), &out, TuneConfig{Suite: "aws", Quick: true, Scenarios: []string{"mixed-gpu"}, Profile: "gie-default", Seed: 1,
+		Progress: &progress})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if !strings.Contains(progress.String(), "[eval 1, start] gie-default → ") || !strings.Contains(progress.String(), "[eval 2, pass 1, ") ||
+		strings.Contains(out.String(), "[eval") {
+		t.Fatalf("progress:\n%s\noutput:\n%s", progress.String(), out.String())
 	}
 	if !strings.Contains(out.String(), "weights: {queue:") || !strings.Contains(out.String(), "best:") {
 		t.Fatalf("output:\n%s", out.String())

@@ -8,7 +8,9 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/kvgate/kvgate/internal/report"
@@ -23,8 +25,11 @@ type Config struct {
 	Scenarios []string // subset of the suite; empty: all
 	Policies  []string // empty: Policies
 	Quick     bool
-	Out       string // directory for results.json, report.md, plots; "" writes nothing
-	Seed      uint64
+	// Draws is how many runs a randomised policy gets (PolicyDraws; 0: its
+	// default).
+	Draws int
+	Out   string // directory for results.json, report.md, plots; "" writes nothing
+	Seed  uint64
 	// TraceFile and FleetFile replay a recorded trace on a described fleet
 	// instead of the suite (scenario "replay").
 	TraceFile, FleetFile string
@@ -33,6 +38,9 @@ type Config struct {
 	// CommandLine is quoted in the report.
 	CommandLine string
 	Live        LiveConfig
+	// Progress, when not nil, gets a line per finished job (done/total) and per
+	// floor computed: for a terminal, as the command sets it.
+	Progress io.Writer
 }
 
 // Run runs the benchmark, prints a summary to w and writes the report.
@@ -56,26 +64,88 @@ func runSim(ctx context.Context, w io.Writer, cfg Config) error {
 	if len(policies) == 0 {
 		policies = Policies
 	}
-	var jobs []Job
-	for i, s := range scenarios {
-		for _, p := range policies {
-			if !slices.Contains(Policies, p) {
-				return fmt.Errorf("unknown policy %q (known: %s)", p, strings.Join(Policies, ", "))
-			}
-			jobs = append(jobs, Job{Scenario: s, Trace: traces[i], Policy: p, Options: SimOptions{Seed: cfg.Seed}})
+	runs := 0
+	for _, p := range policies {
+		if !slices.Contains(Policies, p) {
+			return fmt.Errorf("unknown policy %q (known: %s)", p, strings.Join(Policies, ", "))
 		}
+		runs += PolicyDraws(p, cfg.Draws)
 	}
 	if err := saveTraces(cfg, scenarios, traces); err != nil {
 		return err
 	}
-	fmt.Fprintf(w, "kvgate bench: %d scenarios × %d policies in virtual time\n", len(scenarios), len(policies))
+	fmt.Fprintf(w, "kvgate bench: %d scenarios × %d policies (%d runs) in virtual time\n", len(scenarios), len(policies), runs*len(scenarios))
 	start := time.Now()
-	results, err := RunSimJobs(ctx, jobs, w)
+	if err := floors(ctx, cfg.Progress, scenarios, traces); err != nil {
+		return err
+	}
+	var jobs []Job
+	for i, s := range scenarios {
+		for _, p := range policies {
+			// A randomised policy runs in draws 0, 1, … (its seed offset); any
+			// other once.
+			for d := range PolicyDraws(p, cfg.Draws) {
+				jobs = append(jobs, Job{Scenario: s, Trace: traces[i], Policy: p, Draw: d, Options: SimOptions{Seed: cfg.Seed}})
+			}
+		}
+	}
+	var progress io.Writer
+	if cfg.Progress != nil {
+		progress = &counted{w: cfg.Progress, total: len(jobs)}
+	}
+	results, err := RunSimJobs(ctx, jobs, progress)
 	if err != nil {
 		return err
 	}
+	for i := range results {
+		results[i].Draw = jobs[i].Draw
+	}
 	fmt.Fprintf(w, "done in %.1fs\n\n", time.Since(start).Seconds())
 	return finish(w, cfg, scenarios, results)
+}
+
+// floors computes each scenario's idle-engine floor (Floor) and adds what its
+// trace offers the fleet in prefill and decode terms (describeLoad) to its
+// description.
+func floors(ctx context.Context, progress io.Writer, scenarios []Scenario, traces []workload.Trace) error {
+	for i := range scenarios {
+		s := &scenarios[i]
+		start := time.Now()
+		f, err := Floor(ctx, s.Fleet, traces[i])
+		if err != nil {
+			return fmt.Errorf("scenario %s: floor: %w", s.Name, err)
+		}
+		s.Floor = &f
+		load, err := describeLoad(s.Fleet, s.Workload, traces[i], f.CachedShare)
+		if err != nil {
+			return fmt.Errorf("scenario %s: %w", s.Name, err)
+		}
+		if load != "" {
+			s.Description += " " + load
+		}
+		if progress != nil {
+			fmt.Fprintf(progress, "  %-16s idle-engine floor: TTFT p95 %.1f ms  p99 %.1f ms  (%.1fs)\n", s.Name, f.P95ms, f.P99ms, time.Since(start).Seconds())
+		}
+	}
+	return nil
+}
+
+// counted numbers the lines written through it, one a finished job, as
+// done/total.
+type counted struct {
+	mu          sync.Mutex
+	w           io.Writer
+	done, total int
+}
+
+func (c *counted) Write(p []byte) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.done++
+	if _, err := fmt.Fprintf(c.w, "[%*d/%d] %s", len(strconv.Itoa(c.total)), c.done, c.total, p); err != nil {
+		return 0, err
+	}
+	return len(p), nil
 }
 
 // selectScenarios returns the scenarios to run with their traces: the suite's
@@ -185,7 +255,7 @@ func finish(w io.Writer, cfg Config, scenarios []Scenario, results []report.Resu
 		return nil
 	}
 	header := fmt.Sprintf("Command: `%s`. Seed %d. Generated %s.", cfg.CommandLine, cfg.Seed, time.Now().UTC().Format(time.RFC3339))
-	if err := report.Write(cfg.Out, meta, results, header); err != nil {
+	if err := report.WriteDoc(cfg.Out, meta, results, report.Doc{Header: header, Policies: PolicyDescriptions}); err != nil {
 		return err
 	}
 	fmt.Fprintf(w, "\nreport: %s  results: %s  plots: %s\n", filepath.Join(cfg.Out, "report.md"),

@@ -8,6 +8,7 @@ import (
 	"math"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/kvgate/kvgate/internal/report"
 	"github.com/kvgate/kvgate/internal/schedule"
@@ -36,6 +37,9 @@ type TuneConfig struct {
 	// configuration file sets only weights).
 	Spreads bool
 	Seed    uint64
+	// Progress, when not nil, gets a line per evaluated setting: for a
+	// terminal, as the command sets it.
+	Progress io.Writer
 }
 
 // weightValues are the integer weights tried per scorer.
@@ -83,6 +87,21 @@ func Tune(ctx context.Context, w io.Writer, cfg TuneConfig) (schedule.Profile, e
 			break
 		}
 	}
+	evals, began := 0, time.Now()
+	// note reports an evaluated setting: what was tried, in which pass and at
+	// which step of how many, its score and the best so far.
+	note := func(what string, pass, step, steps int, score, best float64) {
+		if cfg.Progress == nil {
+			return
+		}
+		evals++
+		at := "start"
+		if pass > 0 {
+			at = fmt.Sprintf("pass %d, %d/%d", pass, step, steps)
+		}
+		fmt.Fprintf(cfg.Progress, "  [eval %d, %s] %s → %s (best %s, %d scenario runs, %.0fs)\n", evals, at, what,
+			fmtScore(cfg.Objective, score), fmtScore(cfg.Objective, best), evals*len(scenarios), time.Since(began).Seconds())
+	}
 	eval := func(p schedule.Profile) (float64, []report.Result, error) {
 		jobs := make([]Job, len(scenarios))
 		for i, s := range scenarios {
@@ -113,6 +132,7 @@ func Tune(ctx context.Context, w io.Writer, cfg TuneConfig) (schedule.Profile, e
 		return best, err
 	}
 	startScore := bestScore
+	note(cfg.Profile, 0, 0, 0, bestScore, bestScore)
 	fmt.Fprintf(w, "  start  %s  → %s\n", describe(best), fmtScore(cfg.Objective, bestScore))
 	// The simulated fleet never fails, so errorRate scores every endpoint alike:
 	// searching it would only cost time.
@@ -120,17 +140,25 @@ func Tune(ctx context.Context, w io.Writer, cfg TuneConfig) (schedule.Profile, e
 	if cfg.Spreads {
 		dims = append(dims, "queueSpread", "runningSpread", "prefillSpread")
 	}
+	valuesOf := func(d string) []float64 {
+		switch {
+		case d == "prefillSpread":
+			return prefillSpreadValues
+		case strings.HasSuffix(d, "Spread"):
+			return spreadValues
+		}
+		return weightValues
+	}
+	steps := 0
+	for _, d := range dims {
+		steps += len(valuesOf(d))
+	}
 	for pass := 1; pass <= 3; pass++ {
 		changed := false
+		step := 0
 		for _, d := range dims {
-			values := weightValues
-			switch {
-			case d == "prefillSpread":
-				values = prefillSpreadValues
-			case strings.HasSuffix(d, "Spread"):
-				values = spreadValues
-			}
-			for _, v := range values {
+			for _, v := range valuesOf(d) {
+				step++
 				if err := ctx.Err(); err != nil {
 					return best, err
 				}
@@ -148,6 +176,7 @@ func Tune(ctx context.Context, w io.Writer, cfg TuneConfig) (schedule.Profile, e
 					best, bestScore, changed = cand, score, true
 					fmt.Fprintf(w, "  pass %d %s  → %s\n", pass, describe(best), fmtScore(cfg.Objective, bestScore))
 				}
+				note(fmt.Sprintf("%s %g", d, v), pass, step, steps, score, bestScore)
 			}
 		}
 		if !changed {
