@@ -235,3 +235,27 @@ func TestFloorLine(t *testing.T) {
 		t.Fatalf("%q\nwant %q", b.String(), want)
 	}
 }
+
+// A drawn policy's change comes with the range over its draws, unless the
+// change itself is a bound or none.
+func TestChangesOfDraws(t *testing.T) {
+	drawn := newRow([]Result{res("kube-proxy", 0, 2000, 3000, false), res("kube-proxy", 1, 1000, 2000, false), res("kube-proxy", 2, 3000, 4000, false)})
+	undrained := newRow([]Result{res("kube-proxy", 0, 9e5, 1e6, true), res("kube-proxy", 1, 8e5, 1e6, true)})
+	stable, unstable := newRow([]Result{res("round-robin", 0, 1000, 2000, false)}), newRow([]Result{res("round-robin", 0, 7e5, 8e5, true)})
+	for _, tc := range []struct {
+		name      string
+		r, base   row
+		p95, tput string
+	}{
+		{"both drained", drawn, stable, "+100.0% (0.0% to +200.0%)", "−0.1% (−0.2% to 0.0%)"},
+		{"against a baseline that never drained", drawn, unstable, "≤ −99.71% (round-robin unstable)", "+232.7% (round-robin unstable) (+232.3% to +233.0%)"},
+		{"both never drained", undrained, unstable, "n/a (both unstable)", "−66.7% (both unstable) (−66.7% to −33.3%)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p95, _, tput := changes(tc.r, tc.base, true)
+			if p95 != tc.p95 || tput != tc.tput {
+				t.Fatalf("p95 %q, throughput %q; want %q, %q", p95, tput, tc.p95, tc.tput)
+			}
+		})
+	}
+}

@@ -273,7 +273,7 @@ func changes(r, base row, haveBase bool) (p95, p99, tput string) {
 	one := func(f func(*Result) *float64, latency bool) string {
 		bv := *f(&base.Result)
 		v := versus(*f(&r.Result), bv, r.Unstable, base.Unstable, base.Policy, latency)
-		if r.drawn() && v != "n/a" {
+		if r.drawn() && !strings.HasPrefix(v, "n/a") && (!latency || !base.Unstable) {
 			lo, _ := Change(*f(&r.lo), bv)
 			hi, _ := Change(*f(&r.hi), bv)
 			v += fmt.Sprintf(" (%s to %s)", formatChange(lo, true), formatChange(hi, true))
