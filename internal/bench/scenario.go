@@ -68,18 +68,23 @@ func RunSimJobs(ctx context.Context, jobs []Job, progress io.Writer) ([]report.R
 				j := jobs[i]
 				start := time.Now()
 				opts := j.Options
-				opts.Fleet, opts.Policy = j.Scenario.Fleet, j.Policy
+				opts.Fleet, opts.Policy, opts.Draw = j.Scenario.Fleet, j.Policy, j.Draw
+				name := j.Policy
+				if PolicyDraws(j.Policy, 0) > 1 {
+					name = fmt.Sprintf("%s#%d", j.Policy, j.Draw)
+				}
 				recs, _, err := RunSim(ctx, opts, j.Trace)
 				if err != nil {
-					errs[i] = fmt.Errorf("%s / %s: %w", j.Scenario.Name, j.Policy, err)
+					errs[i] = fmt.Errorf("%s / %s: %w", j.Scenario.Name, name, err)
 					continue
 				}
 				results[i] = report.Summarize(j.Scenario.Name, j.Policy, "sim", recs)
+				results[i].Draw = j.Draw
 				if progress != nil {
 					mu.Lock()
 					r := results[i]
-					fmt.Fprintf(progress, "  %-15s %-14s %7d requests  TTFT p95 %9.1f ms  p99 %9.1f ms  (%.1fs)\n",
-						j.Scenario.Name, j.Policy, r.Requests, r.TTFTP95ms, r.TTFTP99ms, time.Since(start).Seconds())
+					fmt.Fprintf(progress, "  %-15s %-20s %7d requests  TTFT p95 %9.1f ms  p99 %9.1f ms  (%.1fs)\n",
+						j.Scenario.Name, name, r.Requests, r.TTFTP95ms, r.TTFTP99ms, time.Since(start).Seconds())
 					mu.Unlock()
 				}
 			}
@@ -106,7 +111,9 @@ loop:
 	return results, nil
 }
 
-// Jobs expands scenarios × policies, generating each scenario's trace once.
+// Jobs expands scenarios × policies, generating each scenario's trace once; a
+// randomised policy (kube-proxy, kube-proxy-ipvs) gets opts.Draws runs
+// (DefaultDraws when 0), Draw 0 to Draws−1.
 func Jobs(scenarios []Scenario, policies []string, opts SimOptions) ([]Job, error) {
 	var jobs []Job
 	for _, s := range scenarios {
@@ -115,11 +122,25 @@ func Jobs(scenarios []Scenario, policies []string, opts SimOptions) ([]Job, erro
 			return nil, fmt.Errorf("scenario %s: %w", s.Name, err)
 		}
 		for _, p := range policies {
-			if !slices.Contains(Policies, p) {
-				return nil, fmt.Errorf("unknown policy %q (known: %v)", p, Policies)
+			pj, err := PolicyJobs(s, tr, p, opts)
+			if err != nil {
+				return nil, err
 			}
-			jobs = append(jobs, Job{Scenario: s, Trace: tr, Policy: p, Options: opts})
+			jobs = append(jobs, pj...)
 		}
+	}
+	return jobs, nil
+}
+
+// PolicyJobs are the runs of one policy on one scenario's trace: one, or
+// PolicyDraws(policy, opts.Draws) of a randomised policy.
+func PolicyJobs(s Scenario, tr workload.Trace, policy string, opts SimOptions) ([]Job, error) {
+	if !slices.Contains(Policies, policy) {
+		return nil, fmt.Errorf("unknown policy %q (known: %v)", policy, Policies)
+	}
+	var jobs []Job
+	for d := range PolicyDraws(policy, opts.Draws) {
+		jobs = append(jobs, Job{Scenario: s, Trace: tr, Policy: policy, Draw: d, Options: opts})
 	}
 	return jobs, nil
 }

@@ -31,9 +31,12 @@ import (
 )
 
 // Policies are the routing policies a benchmark compares: the baselines users
-// would otherwise run, GIE's default weights, and kvgate's profiles ("kvgate" is
-// the profile a scheduler gets when it names none).
-var Policies = []string{"round-robin", "least-request", "random", "power-of-two", "gie-default", "kvgate", "chat", "batch"}
+// would otherwise run (pickers a gateway offers, then what a fleet gets without
+// one: a Kubernetes Service and static weights), GIE's default weights,
+// kvgate's profiles ("kvgate" is the profile a scheduler gets when it names
+// none). PolicyDescriptions says what each does.
+var Policies = []string{"round-robin", "least-request", "random", "power-of-two",
+	KubeProxy, KubeProxyIPVS, WeightedRoundRobin, "gie-default", "kvgate", "chat", "batch"}
 
 // SimOptions configure one virtual-time run.
 type SimOptions struct {
@@ -44,6 +47,14 @@ type SimOptions struct {
 	// ScrapeInterval and StaleAfter are the gateway's (defaults 50 ms and 2 s).
 	ScrapeInterval, StaleAfter time.Duration
 	Seed                       uint64
+	// Clients is the number of client connections kube-proxy balances; 0 means
+	// 4 per server.
+	Clients int
+	// Draw numbers the run of a randomised policy (kube-proxy: which pod each
+	// connection drew); it offsets the policy's seed.
+	Draw int
+	// Draws is read by Jobs only: runs per randomised policy (PolicyDraws).
+	Draws int
 	// probe, in tests, receives the server each request was routed to.
 	probe func(server []int)
 	// record, in tests, receives every event the router saw, in virtual order.
@@ -90,6 +101,9 @@ func RunSim(ctx context.Context, opts SimOptions, trace workload.Trace) ([]repor
 	}
 	r := &simRun{opts: opts, trace: trace, recs: make([]report.Record, len(trace)), routes: make([]*route.Route, len(trace)), server: make([]int, len(trace)),
 		rng: rand.New(rand.NewPCG(opts.Seed, 0x5c4a)), byAddr: map[string]int{}}
+	// A bench-side policy (kube-proxy, weighted-round-robin) picks the
+	// engine itself: no routing core, no scrapes.
+	bench := opts.Profile == nil && benchPolicy(opts.Policy)
 	var addrs []string
 	for i, o := range servers {
 		e, err := sim.New(o.Engine)
@@ -101,7 +115,9 @@ func RunSim(ctx context.Context, opts SimOptions, trace workload.Trace) ([]repor
 		r.byAddr[r.eps[i].addr] = i
 		addrs = append(addrs, r.eps[i].addr)
 		// Scrapers start at random phases, as independent goroutines would.
-		heap.Push(&r.scrapes, scrapeAt{at: time.Duration(r.rng.Int64N(int64(opts.ScrapeInterval))), ep: i})
+		if !bench {
+			heap.Push(&r.scrapes, scrapeAt{at: time.Duration(r.rng.Int64N(int64(opts.ScrapeInterval))), ep: i})
+		}
 	}
 	// The routing core `serve` runs, on the virtual clock, its metrics fed by
 	// the simulated scrapes below instead of HTTP ones.
@@ -109,33 +125,31 @@ func RunSim(ctx context.Context, opts SimOptions, trace workload.Trace) ([]repor
 	if err != nil {
 		return nil, sim.Stats{}, err
 	}
-	r.router = route.New(route.Options{Logger: slog.New(slog.DiscardHandler), Seed: opts.Seed, Profile: opts.Profile,
-		Fleet: fleet.Config{Interval: opts.ScrapeInterval, StaleAfter: opts.StaleAfter, UnhealthyAfter: unhealthyAfter, BlockSize: blockTokens,
-			Now: func() time.Time { return epoch.Add(r.now) }, External: true}})
-	defer r.router.Close()
-	if err := r.router.Apply(cfg); err != nil {
-		return nil, sim.Stats{}, fmt.Errorf("policy %q: %w", opts.Policy, err)
+	if !bench {
+		r.router = route.New(route.Options{Logger: slog.New(slog.DiscardHandler), Seed: opts.Seed, Profile: opts.Profile,
+			Fleet: fleet.Config{Interval: opts.ScrapeInterval, StaleAfter: opts.StaleAfter, UnhealthyAfter: unhealthyAfter, BlockSize: blockTokens,
+				Now: func() time.Time { return epoch.Add(r.now) }, External: true}})
+		defer r.router.Close()
+		if err := r.router.Apply(cfg); err != nil {
+			return nil, sim.Stats{}, fmt.Errorf("policy %q: %w", opts.Policy, err)
+		}
 	}
-	arrivals := make([]sim.Arrival, len(trace))
-	var ids []uint64
-	var text []byte
-	for i, q := range trace {
-		// The prompt as text of one 64-character block per 16-token block: the
-		// engine caches these blocks' hashes, and the gateway's index, seeded
-		// alike, hashes the same text's head when it routes.
-		ids = workload.BlockIDs(ids[:0], q.Prompt, blockTokens)
-		text = blockText(text[:0], ids)
-		hashes := prefix.Hashes(nil, text, blockChars, len(ids), prefix.Seed(q.Model, q.Adapter))
-		at := time.Duration(q.At * float64(time.Second))
-		arrivals[i] = sim.Arrival{At: at, Req: sim.Request{PromptTokens: q.PromptTokens(), BlockHashes: hashes,
-			OutputTokens: max(1, q.OutputTokens), IgnoreEOS: true, Adapter: q.Adapter, Tag: uint64(i)}}
-		r.recs[i] = report.Record{Arrival: at, PromptTokens: q.PromptTokens()}
+	arrivals := simArrivals(trace)
+	for i, a := range arrivals {
+		r.recs[i] = report.Record{Arrival: a.At, PromptTokens: a.Req.PromptTokens}
+	}
+	if bench {
+		if r.pick, err = r.benchPicker(arrivals); err != nil {
+			return nil, sim.Stats{}, fmt.Errorf("policy %q: %w", opts.Policy, err)
+		}
 	}
 	f := sim.NewFleet(r.engines)
 	r.fleet = f
 	f.OnFirstToken = func(_ int, s *sim.Seq) {
 		r.now = s.FirstToken
-		r.routes[s.Req.Tag].FirstByte(true)
+		if rt := r.routes[s.Req.Tag]; rt != nil {
+			rt.FirstByte(true)
+		}
 		r.event(simEvent{kind: "first", tag: int(s.Req.Tag)})
 	}
 	// Scrapes are timed events: each reads its engine as it was at the scrape's
@@ -178,6 +192,26 @@ func RunSim(ctx context.Context, opts SimOptions, trace workload.Trace) ([]repor
 	return r.recs, total, nil
 }
 
+// simArrivals are the trace's requests as the engines receive them, tagged
+// with their index in the trace.
+func simArrivals(trace workload.Trace) []sim.Arrival {
+	arrivals := make([]sim.Arrival, len(trace))
+	var ids []uint64
+	var text []byte
+	for i, q := range trace {
+		// The prompt as text of one 64-character block per 16-token block: the
+		// engine caches these blocks' hashes, and the gateway's index, seeded
+		// alike, hashes the same text's head when it routes.
+		ids = workload.BlockIDs(ids[:0], q.Prompt, blockTokens)
+		text = blockText(text[:0], ids)
+		hashes := prefix.Hashes(nil, text, blockChars, len(ids), prefix.Seed(q.Model, q.Adapter))
+		at := time.Duration(q.At * float64(time.Second))
+		arrivals[i] = sim.Arrival{At: at, Req: sim.Request{PromptTokens: q.PromptTokens(), BlockHashes: hashes,
+			OutputTokens: max(1, q.OutputTokens), IgnoreEOS: true, Adapter: q.Adapter, Tag: uint64(i)}}
+	}
+	return arrivals
+}
+
 // simConfig is the InferenceGatewayConfig `serve` would run for the policy: one
 // scheduler over the simulated endpoints, serving the trace's model and
 // adapters, with the policy as its picker (a baseline) or its profile.
@@ -188,6 +222,7 @@ func simConfig(opts SimOptions, trace workload.Trace, addrs []string) (*v1alpha1
 	sc := v1alpha1.SchedulerSpec{Name: "bench", ModelName: trace[0].Model, Endpoints: addrs}
 	switch {
 	case opts.Profile != nil: // kvgate's picker with the given profile
+	case benchPolicy(opts.Policy): // picked by the bench; the config checks the trace
 	case schedule.IsBaseline(opts.Policy):
 		sc.Picker = opts.Policy
 	default:
@@ -218,9 +253,11 @@ type simEndpoint struct {
 }
 
 type simRun struct {
-	opts    SimOptions
-	trace   workload.Trace
-	router  *route.Router
+	opts   SimOptions
+	trace  workload.Trace
+	router *route.Router // nil under a bench-side policy
+	// pick, under a bench-side policy, picks the engine of each arrival.
+	pick    func(sim.Arrival) int
 	engines []*sim.Engine
 	eps     []*simEndpoint
 	scrapes scrapeHeap
@@ -256,6 +293,9 @@ func (r *simRun) route(ctx context.Context, a sim.Arrival) int {
 	if q.Adapter != "" {
 		model = q.Adapter
 	}
+	if r.pick != nil {
+		return r.routeBench(tag, model, a)
+	}
 	req := route.Request{Model: model, Prompt: r.text, BodyBytes: bodyBytes(model, a.Req.PromptTokens), Start: epoch.Add(a.At)}
 	rt, ref := r.router.Route(ctx, req)
 	if ref != nil {
@@ -272,6 +312,21 @@ func (r *simRun) route(ctx context.Context, a sim.Arrival) int {
 		return -1
 	}
 	r.routes[tag] = rt
+	r.server[tag] = i
+	return i
+}
+
+// routeBench routes an arrival by a bench-side policy, with the accounting of
+// route but no routing core.
+func (r *simRun) routeBench(tag int, model string, a sim.Arrival) int {
+	i := max(r.pick(a), 0) // no engine holds it: the first refuses it below
+	r.event(simEvent{kind: "route", tag: tag, addr: r.eps[i].addr, model: model, prompt: r.text,
+		bodyBytes: bodyBytes(model, a.Req.PromptTokens)})
+	if a.Req.PromptTokens+a.Req.OutputTokens > r.engines[i].MaxModelLen() {
+		r.finish(tag, nil, route.Outcome{Status: http.StatusBadRequest})
+		r.recs[tag].Error = true
+		return -1
+	}
 	r.server[tag] = i
 	return i
 }
@@ -321,7 +376,9 @@ func (r *simRun) finished(_ int, s *sim.Seq) {
 }
 
 func (r *simRun) finish(tag int, rt *route.Route, o route.Outcome) {
-	rt.Finish(o)
+	if rt != nil {
+		rt.Finish(o)
+	}
 	r.routes[tag] = nil
 	r.event(simEvent{kind: "finish", tag: tag, outcome: o})
 }
