@@ -329,7 +329,7 @@ func TestSimCancelled(t *testing.T) {
 func TestPoliciesRegistered(t *testing.T) {
 	known := append(schedule.PickerNames(), schedule.ProfileNames()...)
 	for _, p := range Policies {
-		if benchPolicy(p) { // kube-proxy, weighted-round-robin: what a fleet gets without kvgate
+		if benchPolicy(p) { // kube-proxy, weighted-round-robin, oracle: what a fleet gets without kvgate
 			continue
 		}
 		if !slices.Contains(known, p) {

@@ -10,12 +10,14 @@ import (
 	"github.com/kvgate/kvgate/internal/sim"
 )
 
-// The bench-side policies: what a fleet gets without a gateway. They are not kvgate configurations and do not go
+// The bench-side policies: what a fleet gets without a gateway, and a reference
+// no gateway can reach. They are not kvgate configurations and do not go
 // through the routing core: RunSim asks them for an engine index directly.
 const (
 	KubeProxy          = "kube-proxy"
 	KubeProxyIPVS      = "kube-proxy-ipvs"
 	WeightedRoundRobin = "weighted-round-robin"
+	Oracle             = "oracle"
 )
 
 // PolicyDescriptions says in one line what each of Policies does, for the
@@ -35,6 +37,8 @@ var PolicyDescriptions = map[string]string{
 	"kvgate":      "kvgate's default profile (chat)",
 	"chat":        "kvgate's chat profile: KV cache, queue and queued prefill tokens, prefix affinity, error rate",
 	"batch":       "kvgate's batch profile: KV cache, queue and prefix affinity, error rate",
+	Oracle: "reference, not a competitor: sees every engine's exact state at each arrival and picks the lowest " +
+		"simulated TTFT for the request",
 }
 
 // DefaultDraws is how many runs Jobs makes of a randomised policy.
@@ -58,7 +62,7 @@ func PolicyDraws(policy string, draws int) int {
 // routing core.
 func benchPolicy(name string) bool {
 	switch name {
-	case KubeProxy, KubeProxyIPVS, WeightedRoundRobin:
+	case KubeProxy, KubeProxyIPVS, WeightedRoundRobin, Oracle:
 		return true
 	}
 	return false
@@ -80,6 +84,10 @@ func (r *simRun) benchPicker(arrivals []sim.Arrival) (func(a sim.Arrival) int, e
 		}
 		s := newSmoothWRR(w)
 		return func(sim.Arrival) int { return s.next() }, nil
+	case Oracle:
+		o := newOracle(r.engines)
+		o.exhaustive = r.opts.exhaustive
+		return o.pick, nil
 	}
 	return nil, fmt.Errorf("unknown policy %q", r.opts.Policy)
 }

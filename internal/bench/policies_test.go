@@ -186,6 +186,9 @@ func TestPolicyDescriptions(t *testing.T) {
 	if got := PolicyDescriptions["round-robin"]; got != "per-request round-robin (ideal L7)" {
 		t.Errorf("round-robin: %q", got)
 	}
+	if Policies[len(Policies)-1] != Oracle {
+		t.Errorf("the oracle is not last: %v", Policies)
+	}
 }
 
 // Jobs runs a randomised policy Draws times, draw by draw, and RunSimJobs
@@ -193,7 +196,7 @@ func TestPolicyDescriptions(t *testing.T) {
 func TestJobsDraws(t *testing.T) {
 	s := Scenario{Fleet: h100s(2), Workload: workload.Spec{Kind: "poisson", Seed: 3, Requests: 60, Rate: 40}}
 	s.Name = "tiny"
-	jobs, err := Jobs([]Scenario{s}, []string{"round-robin", KubeProxy, KubeProxyIPVS, "kvgate"}, SimOptions{Seed: 1, Draws: 3})
+	jobs, err := Jobs([]Scenario{s}, []string{"round-robin", KubeProxy, KubeProxyIPVS, Oracle}, SimOptions{Seed: 1, Draws: 3})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -202,7 +205,7 @@ func TestJobsDraws(t *testing.T) {
 		got = append(got, fmt.Sprintf("%s#%d", j.Policy, j.Draw))
 	}
 	want := []string{"round-robin#0", "kube-proxy#0", "kube-proxy#1", "kube-proxy#2",
-		"kube-proxy-ipvs#0", "kube-proxy-ipvs#1", "kube-proxy-ipvs#2", "kvgate#0"}
+		"kube-proxy-ipvs#0", "kube-proxy-ipvs#1", "kube-proxy-ipvs#2", "oracle#0"}
 	if !slices.Equal(got, want) {
 		t.Fatalf("jobs %v, want %v", got, want)
 	}
@@ -238,7 +241,7 @@ func TestBenchPoliciesDeterministic(t *testing.T) {
 	fleet := simserver.FleetSpec{Seed: 1, Servers: []simserver.ServerSpec{
 		servers("h100", "h100", "8b", 1, 2, nil), servers("a10g", "a10g", "8b", 1, 2, nil)}}
 	tr := chatTrace(150, 30*time.Millisecond, 400, 32)
-	for _, p := range []string{KubeProxy, KubeProxyIPVS, WeightedRoundRobin} {
+	for _, p := range []string{KubeProxy, KubeProxyIPVS, WeightedRoundRobin, Oracle} {
 		a, _, err := RunSim(context.Background(), SimOptions{Fleet: fleet, Policy: p, Seed: 5, Draw: 1}, tr)
 		if err != nil {
 			t.Fatal(err)

@@ -34,9 +34,9 @@ import (
 // would otherwise run (pickers a gateway offers, then what a fleet gets without
 // one: a Kubernetes Service and static weights), GIE's default weights,
 // kvgate's profiles ("kvgate" is the profile a scheduler gets when it names
-// none). PolicyDescriptions says what each does.
+// none), and the oracle, a reference. PolicyDescriptions says what each does.
 var Policies = []string{"round-robin", "least-request", "random", "power-of-two",
-	KubeProxy, KubeProxyIPVS, WeightedRoundRobin, "gie-default", "kvgate", "chat", "batch"}
+	KubeProxy, KubeProxyIPVS, WeightedRoundRobin, "gie-default", "kvgate", "chat", "batch", Oracle}
 
 // SimOptions configure one virtual-time run.
 type SimOptions struct {
@@ -59,6 +59,8 @@ type SimOptions struct {
 	probe func(server []int)
 	// record, in tests, receives every event the router saw, in virtual order.
 	record func(simEvent)
+	// exhaustive, in tests, has the oracle try every engine (no pruning).
+	exhaustive bool
 }
 
 // simEvent is one call the run made into the routing core: a scrape's metrics,
@@ -101,7 +103,7 @@ func RunSim(ctx context.Context, opts SimOptions, trace workload.Trace) ([]repor
 	}
 	r := &simRun{opts: opts, trace: trace, recs: make([]report.Record, len(trace)), routes: make([]*route.Route, len(trace)), server: make([]int, len(trace)),
 		rng: rand.New(rand.NewPCG(opts.Seed, 0x5c4a)), byAddr: map[string]int{}}
-	// A bench-side policy (kube-proxy, weighted-round-robin) picks the
+	// A bench-side policy (kube-proxy, weighted-round-robin, oracle) picks the
 	// engine itself: no routing core, no scrapes.
 	bench := opts.Profile == nil && benchPolicy(opts.Policy)
 	var addrs []string
