@@ -59,10 +59,9 @@ const (
 func (o *oracle) pick(a sim.Arrival) int {
 	for i, e := range o.engines {
 		o.order[i] = i
-		o.bound[i] = o.step[i]
-		if e.Busy() {
-			o.bound[i] += max(0, e.Now()-a.At)
-		}
+		// An engine's clock is ahead of the arrival when its last step ends
+		// after it, busy or not: the request's first step starts no earlier.
+		o.bound[i] = o.step[i] + max(0, e.Now()-a.At)
 		g := e.Gauges(false)
 		o.load[i] = g.Waiting + g.Running
 	}
