@@ -15,11 +15,11 @@ import (
 //
 // When the fleet routes an arrival at time t, an engine in the middle of a step
 // has already run that step (its Now() is the step's end, ≥ t): a request
-// submitted at t waits for the step to end, in the real engine as in a clone.
-// An idle engine is advanced to t, as Fleet.Run advances it. So a clone,
+// submitted at t waits for the step to end, in the run as in the trial.
+// An idle engine is advanced to t, as Fleet.Run advances it. So the engine,
 // submitted to and stepped until the request's first token, gives exactly the
 // TTFT the request would see if nothing else arrived; prefix cache, LRU order,
-// LoRA slots and queue come with the clone.
+// LoRA slots and queue are the engine's own.
 type oracle struct {
 	engines []*sim.Engine
 	// step is each engine's shortest step: what the one that computes a
@@ -41,20 +41,15 @@ func newOracle(engines []*sim.Engine) *oracle {
 	return o
 }
 
-const (
-	never = time.Duration(1<<63 - 1)
-	// maxTrialSteps stops a trial on an engine that cannot make progress.
-	maxTrialSteps = 1 << 20
-)
+const never = time.Duration(1<<63 - 1)
 
 // pick returns the engine with the lowest simulated TTFT for a, ties to the
 // least loaded, then the lowest index; -1 when no engine can hold the request.
 //
-// Branch and bound keeps it cheap (the clone is most of the cost): an engine's
-// TTFT is at least what its step in progress still runs plus one more step, so
-// engines are tried in order of that bound (then of queue, to find a good one
-// first), one whose bound reaches the best TTFT found is not cloned, and a
-// trial stops once its clone's clock does. On a mixed fleet the slow servers'
+// A bound spares trials: an engine's TTFT is at least what its step in
+// progress still runs plus one more step, so engines are tried in order of
+// that bound (then of queue, to find a good one first) and one whose bound
+// reaches the best TTFT found is not tried. On a mixed fleet the slow servers'
 // longer shortest step spares most of their trials.
 func (o *oracle) pick(a sim.Arrival) int {
 	for i, e := range o.engines {
@@ -83,13 +78,10 @@ func (o *oracle) pick(a sim.Arrival) int {
 		if a.Req.PromptTokens+a.Req.OutputTokens > e.MaxModelLen() {
 			continue
 		}
-		limit := bestTTFT
-		if o.exhaustive {
-			limit = never
-		} else if o.bound[i] >= bestTTFT {
+		if !o.exhaustive && o.bound[i] >= bestTTFT {
 			break
 		}
-		if t, ok := ttftIfSubmitted(e, a, limit); ok && t < bestTTFT {
+		if t, ok := ttftIfSubmitted(e, a); ok && t < bestTTFT {
 			best, bestTTFT = i, t
 		}
 	}
@@ -97,26 +89,10 @@ func (o *oracle) pick(a sim.Arrival) int {
 }
 
 // ttftIfSubmitted is the TTFT a's request would get on e if submitted now and
-// nothing else arrived, computed on a clone; ok is false when it would not
-// beat bound (the trial stops as soon as the clone's clock says so) or the
-// engine refuses the request.
-func ttftIfSubmitted(e *sim.Engine, a sim.Arrival, bound time.Duration) (time.Duration, bool) {
-	c := e.Clone()
-	if !c.Busy() {
-		c.AdvanceTo(a.At)
-	}
-	s, err := c.SubmitAt(a.Req, a.At)
-	if err != nil {
-		return 0, false
-	}
-	for steps := 0; s.FirstToken == 0 && s.Finish == ""; steps++ {
-		if c.Now()-s.Arrival >= bound || steps == maxTrialSteps {
-			return 0, false
-		}
-		c.Step()
-	}
-	if s.FirstToken == 0 {
-		return 0, false
-	}
-	return s.FirstToken - s.Arrival, true
+// nothing else arrived (sim's FirstTokenIfSubmitted: the engine runs to the
+// request's first token under a journal and is put back as it was); ok is
+// false when the engine refuses the request.
+func ttftIfSubmitted(e *sim.Engine, a sim.Arrival) (time.Duration, bool) {
+	t, err := e.FirstTokenIfSubmitted(a.Req, a.At)
+	return t, err == nil
 }

@@ -108,7 +108,7 @@ func TestOracleTrialIsExact(t *testing.T) {
 			e := newSimEngine(t, h100)
 			a := sim.Arrival{At: tc.setup(e), Req: tc.req}
 			before := e.Snapshot()
-			got, ok := ttftIfSubmitted(e, a, never)
+			got, ok := ttftIfSubmitted(e, a)
 			if !ok {
 				t.Fatal("no TTFT")
 			}
@@ -181,7 +181,7 @@ func TestOraclePicks(t *testing.T) {
 			if got := newOracle(es).pick(a); got != tc.want {
 				var ttft []string
 				for _, e := range es {
-					d, ok := ttftIfSubmitted(e, a, never)
+					d, ok := ttftIfSubmitted(e, a)
 					ttft = append(ttft, fmt.Sprint(d, ok))
 				}
 				t.Fatalf("picked %d, want %d (TTFTs %v)", got, tc.want, ttft)
