@@ -37,8 +37,9 @@ var PolicyDescriptions = map[string]string{
 	"kvgate":      "kvgate's default profile (chat)",
 	"chat":        "kvgate's chat profile: KV cache, queue and queued prefill tokens, prefix affinity, error rate",
 	"batch":       "kvgate's batch profile: KV cache, queue and prefix affinity, error rate",
-	Oracle: "reference, not a competitor: sees every engine's exact state at each arrival and picks the lowest " +
-		"simulated TTFT for the request",
+	// The report labels the oracle a reference itself.
+	Oracle: "sees every engine's exact state at each arrival (no scrape lag) and sends the request where its " +
+		"simulated TTFT is lowest",
 }
 
 // DefaultDraws is how many runs Jobs makes of a randomised policy.
