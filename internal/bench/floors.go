@@ -20,9 +20,16 @@ import (
 // simRequest is the engine's view of trace request i as a replay submits it:
 // the prompt's 16-token blocks, hashed as the gateway's prefix index hashes the
 // text that stands for them (blockText), the trace's output length, tagged i.
-// ids and text are scratch space, returned for reuse.
-func simRequest(q workload.Request, i int, ids []uint64, text []byte) (sim.Request, []uint64, []byte) {
-	ids = workload.BlockIDs(ids[:0], q.Prompt, blockTokens)
+// When a later turn quotes the request's answer (workload.Trace.Answers), the
+// hashes run on over the answer's blocks, so that the engine caches them under
+// the identities the next turn's prompt will carry, as vLLM V1 does. ids and
+// text are scratch space, returned for reuse.
+func simRequest(q workload.Request, i int, answer workload.Segment, ids []uint64, text []byte) (sim.Request, []uint64, []byte) {
+	prompt := q.Prompt
+	if answer.Tokens > 0 {
+		prompt = append(slices.Clip(prompt), answer)
+	}
+	ids = workload.BlockIDs(ids[:0], prompt, blockTokens)
 	text = blockText(text[:0], ids)
 	hashes := prefix.Hashes(nil, text, blockChars, len(ids), prefix.Seed(q.Model, q.Adapter))
 	return sim.Request{PromptTokens: q.PromptTokens(), BlockHashes: hashes, OutputTokens: max(1, q.OutputTokens), IgnoreEOS: true,
@@ -69,8 +76,9 @@ func idleTTFTs(ctx context.Context, fleet simserver.FleetSpec, trace workload.Tr
 	var ids []uint64
 	var text []byte
 	adapters := map[string]bool{}
+	answers := trace.Answers()
 	for i, q := range trace {
-		reqs[i], ids, text = simRequest(q, i, ids, text)
+		reqs[i], ids, text = simRequest(q, i, answers[i], ids, text)
 		arrivals[i] = time.Duration(q.At * float64(time.Second))
 		if q.Adapter != "" {
 			adapters[q.Adapter] = true

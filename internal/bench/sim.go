@@ -198,18 +198,13 @@ func RunSim(ctx context.Context, opts SimOptions, trace workload.Trace) ([]repor
 // with their index in the trace.
 func simArrivals(trace workload.Trace) []sim.Arrival {
 	arrivals := make([]sim.Arrival, len(trace))
+	answers := trace.Answers()
 	var ids []uint64
 	var text []byte
 	for i, q := range trace {
-		// The prompt as text of one 64-character block per 16-token block: the
-		// engine caches these blocks' hashes, and the gateway's index, seeded
-		// alike, hashes the same text's head when it routes.
-		ids = workload.BlockIDs(ids[:0], q.Prompt, blockTokens)
-		text = blockText(text[:0], ids)
-		hashes := prefix.Hashes(nil, text, blockChars, len(ids), prefix.Seed(q.Model, q.Adapter))
-		at := time.Duration(q.At * float64(time.Second))
-		arrivals[i] = sim.Arrival{At: at, Req: sim.Request{PromptTokens: q.PromptTokens(), BlockHashes: hashes,
-			OutputTokens: max(1, q.OutputTokens), IgnoreEOS: true, Adapter: q.Adapter, Tag: uint64(i)}}
+		var req sim.Request
+		req, ids, text = simRequest(q, i, answers[i], ids, text)
+		arrivals[i] = sim.Arrival{At: time.Duration(q.At * float64(time.Second)), Req: req}
 	}
 	return arrivals
 }
