@@ -41,4 +41,4 @@ fi
 [ $# -gt 0 ] || set -- ./...
 echo "unit: go test -race $* (about 3 min on 2 cores once compiled; compiling the tests the first time adds 6-10 min)" >&2
 ./hack/progress.sh "go test -race" "about 3 min on 2 cores once compiled; compiling the tests the first time adds 6-10 min" \
-  go test -race -count=1 "$@"
+  go test -race -count=1 -timeout 25m "$@"

@@ -254,9 +254,14 @@ func TestIndexGC(t *testing.T) {
 	runtime.GC()
 	var before runtime.MemStats
 	runtime.ReadMemStats(&before)
-	t0 := time.Now()
-	runtime.GC()
-	took := time.Since(t0)
+	// The fastest of five collections: a busy machine stretches some, and the
+	// question is what one costs when the collector gets the CPU.
+	took := time.Hour
+	for range 5 {
+		t0 := time.Now()
+		runtime.GC()
+		took = min(took, time.Since(t0))
+	}
 	t.Logf("%d blocks held: a full collection took %v, heap %d MB", x.Entries(), took, before.HeapAlloc>>20)
 	// Measured on this machine: the golang-lru index took ~20 ms a collection at
 	// this size (2.4 s at 14 million blocks), the pointer-free one ~0.4 ms.
