@@ -40,7 +40,47 @@ type Metrics struct {
 	MaxLoRA         int
 	RunningAdapters []string
 	WaitingAdapters []string
+
+	// Missing lists the signals the scrape did not carry: their fields above
+	// read 0, which says nothing of the server. The zero value is a scrape
+	// that carried every signal (the benchmark's engines, tests).
+	Missing Signals
 }
+
+// Signals is a set of the signals a model server may publish.
+type Signals uint8
+
+// The signals a scorer or filter may read.
+const (
+	SignalQueue   Signals = 1 << iota // Waiting
+	SignalRunning                     // Running
+	SignalKVUsage                     // KVUsage
+	SignalBlocks                      // BlockSize and NumBlocks
+	SignalLoRA                        // HasLoRA and the adapter lists
+)
+
+// signalNames name the signals in bit order, for /debug/fleet and the docs.
+var signalNames = [...]string{"queue", "running", "kvUsage", "kvBlocks", "lora"}
+
+// AllSignals is every signal.
+const AllSignals = SignalQueue | SignalRunning | SignalKVUsage | SignalBlocks | SignalLoRA
+
+// Has reports whether every signal of o is in s.
+func (s Signals) Has(o Signals) bool { return s&o == o }
+
+// Names lists the signals of s by name, in bit order.
+func (s Signals) Names() []string {
+	out := []string{}
+	for i, n := range signalNames {
+		if s&(1<<i) != 0 {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// Published is the set of signals the scrape carried.
+func (m Metrics) Published() Signals { return AllSignals &^ m.Missing }
 
 // detect lists, per dialect, the family whose presence identifies it.
 var detect = []struct {
@@ -139,41 +179,50 @@ func Parse(r io.Reader, dialect Dialect) (Metrics, Dialect, error) {
 		}
 	}
 	var m Metrics
+	var run, kv, blocks bool
 	switch dialect {
 	case VLLM:
 		m.Waiting, ok = fams.sum("vllm:num_requests_waiting", "", "")
-		m.Running, _ = fams.sum("vllm:num_requests_running", "", "")
-		var kv bool
+		m.Running, run = fams.sum("vllm:num_requests_running", "", "")
 		if m.KVUsage, kv = fams.max("vllm:kv_cache_usage_perc"); !kv {
-			m.KVUsage, _ = fams.max("vllm:gpu_cache_usage_perc") // before vLLM 0.10
+			m.KVUsage, kv = fams.max("vllm:gpu_cache_usage_perc") // before vLLM 0.10
 		}
 		m.BlockSize, m.NumBlocks = fams.labelInts("vllm:cache_config_info", "block_size", "num_gpu_blocks")
 		fams.readLoRA(&m)
 	case SGLang:
 		m.Waiting, ok = fams.sum("sglang:num_queue_reqs", "", "")
-		m.Running, _ = fams.sum("sglang:num_running_reqs", "", "")
-		m.KVUsage, _ = fams.max("sglang:token_usage")
+		m.Running, run = fams.sum("sglang:num_running_reqs", "", "")
+		m.KVUsage, kv = fams.max("sglang:token_usage")
 		m.BlockSize, m.NumBlocks = fams.labelInts("sglang:cache_config_info", "page_size", "num_pages")
 	case TRTLLM:
 		m.Waiting, ok = fams.sum("trtllm_num_requests_waiting", "", "")
-		m.Running, _ = fams.sum("trtllm_num_requests_running", "", "")
-		m.KVUsage, _ = fams.max("trtllm_kv_cache_utilization")
+		m.Running, run = fams.sum("trtllm_num_requests_running", "", "")
+		m.KVUsage, kv = fams.max("trtllm_kv_cache_utilization")
 		bs, _ := fams.max("trtllm_kv_cache_tokens_per_block")
 		nb, _ := fams.max("trtllm_kv_cache_max_blocks")
 		m.BlockSize, m.NumBlocks = int(bs), int(nb)
 	case Triton:
-		const f, kv = "nv_trt_llm_request_metrics", "nv_trt_llm_kv_cache_block_metrics"
+		const f, kvf = "nv_trt_llm_request_metrics", "nv_trt_llm_kv_cache_block_metrics"
 		m.Waiting, ok = fams.sum(f, "request_type", "waiting")
-		m.Running, _ = fams.sum(f, "request_type", "scheduled")
-		m.KVUsage, _ = fams.sum(kv, "kv_cache_block_type", "fraction")
-		bs, _ := fams.sum(kv, "kv_cache_block_type", "tokens_per")
-		nb, _ := fams.sum(kv, "kv_cache_block_type", "max")
+		m.Running, run = fams.sum(f, "request_type", "scheduled")
+		m.KVUsage, kv = fams.sum(kvf, "kv_cache_block_type", "fraction")
+		bs, _ := fams.sum(kvf, "kv_cache_block_type", "tokens_per")
+		nb, _ := fams.sum(kvf, "kv_cache_block_type", "max")
 		m.BlockSize, m.NumBlocks = int(bs), int(nb)
 	default:
 		return Metrics{}, dialect, fmt.Errorf("unknown engine type %q", dialect)
 	}
 	if !ok {
 		return Metrics{}, dialect, fmt.Errorf("the %s metrics lack the queue length", dialect)
+	}
+	blocks = m.BlockSize > 0 && m.NumBlocks > 0
+	for _, c := range []struct {
+		present bool
+		s       Signals
+	}{{run, SignalRunning}, {kv, SignalKVUsage}, {blocks, SignalBlocks}, {m.HasLoRA, SignalLoRA}} {
+		if !c.present {
+			m.Missing |= c.s
+		}
 	}
 	m.KVUsage = math.Min(math.Max(m.KVUsage, 0), 1)
 	return m, dialect, nil

@@ -132,3 +132,33 @@ func TestParseSimulator(t *testing.T) {
 		})
 	}
 }
+
+func TestParseRecordsMissingSignals(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		dialect Dialect
+		text    string
+		missing Signals
+	}{
+		{"vllm with everything", VLLM, "vllm:num_requests_waiting 1\nvllm:num_requests_running 2\nvllm:kv_cache_usage_perc 0.1\n" +
+			`vllm:cache_config_info{block_size="16",num_gpu_blocks="100"} 1` + "\n" +
+			`vllm:lora_requests_info{max_lora="1",running_lora_adapters="",waiting_lora_adapters=""} 1` + "\n", 0},
+		{"vllm without KV usage", VLLM, "vllm:num_requests_waiting 1\nvllm:num_requests_running 2\n", SignalKVUsage | SignalBlocks | SignalLoRA},
+		{"vllm with a KV usage of 0", VLLM, "vllm:num_requests_waiting 1\nvllm:num_requests_running 0\nvllm:kv_cache_usage_perc 0\n", SignalBlocks | SignalLoRA},
+		{"sglang queue only", SGLang, "sglang:num_queue_reqs 3\n", SignalRunning | SignalKVUsage | SignalBlocks | SignalLoRA},
+		{"trtllm without blocks", TRTLLM, "trtllm_num_requests_waiting 1\ntrtllm_num_requests_running 1\ntrtllm_kv_cache_utilization 0.3\n", SignalBlocks | SignalLoRA},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m, _, err := Parse(strings.NewReader(tc.text), tc.dialect)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if m.Missing != tc.missing {
+				t.Fatalf("missing %v, want %v", m.Missing.Names(), tc.missing.Names())
+			}
+			if m.Published()|m.Missing != AllSignals || m.Published()&m.Missing != 0 {
+				t.Fatalf("published %v and missing %v do not partition the signals", m.Published().Names(), m.Missing.Names())
+			}
+		})
+	}
+}
