@@ -33,6 +33,34 @@ func (s SchedulerSpec) Timeout() time.Duration {
 	return DurationOr(s.RouteTimeout, DefaultRouteTimeout)
 }
 
+// SLO is the scheduler's time-to-first-token objective, 0 for none.
+func (s SchedulerSpec) SLO() time.Duration { return DurationOr(s.TTFTSLO, 0) }
+
+// SessionHeader is the header a session key comes from, "" when sessions are
+// off or the key comes from the body's user field.
+func (s SchedulerSpec) SessionHeader() string {
+	if a := s.SessionAffinity; a != nil && !a.FromUser {
+		if a.Header != "" {
+			return a.Header
+		}
+		return DefaultSessionHeader
+	}
+	return ""
+}
+
+// SessionFromUser says whether the session key is the body's user field.
+func (s SchedulerSpec) SessionFromUser() bool {
+	return s.SessionAffinity != nil && s.SessionAffinity.FromUser
+}
+
+// SessionTTL is how long a session is remembered after its last request.
+func (s SchedulerSpec) SessionTTL() time.Duration {
+	if a := s.SessionAffinity; a != nil {
+		return DurationOr(a.TTL, DefaultSessionTTL)
+	}
+	return DefaultSessionTTL
+}
+
 // PickerName is the picker, "kvgate" when unset.
 func (s SchedulerSpec) PickerName() string {
 	if s.Picker != "" {
@@ -194,7 +222,8 @@ func (g GatewaySpec) UnhealthyAfter() int {
 // ByName lists the weights by scorer name; unset ones are nil.
 func (w Weights) ByName() map[string]*int32 {
 	return map[string]*int32{"queue": w.Queue, "kvCache": w.KVCache, "prefix": w.Prefix, "loraAffinity": w.LoRAAffinity,
-		"runningRequests": w.RunningRequests, "prefillQueue": w.PrefillQueue, "errorRate": w.ErrorRate}
+		"runningRequests": w.RunningRequests, "prefillQueue": w.PrefillQueue, "errorRate": w.ErrorRate,
+		"predictedLatency": w.PredictedLatency, "sessionAffinity": w.SessionAffinity}
 }
 
 // Outliers is the outlier detection in force: failures in a row that eject an

@@ -94,6 +94,16 @@ type ObjectiveSpec struct {
 	// +kubebuilder:validation:Minimum=-1000
 	// +kubebuilder:validation:Maximum=1000
 	Priority int32 `json:"priority,omitempty"`
+
+	// TTFTSLO is the time to first token the objective's requests should get;
+	// it overrides the scheduler's. When no endpoint is predicted to meet it,
+	// a sheddable request (priority below 0) is refused at once with 429, any
+	// other goes to the best endpoint. 0s, or unset, sets none.
+	// +optional
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:Pattern=`^(0|(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+)$`
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('0s')",message="must fit in a Go time.Duration (at most 2562047h)"
+	TTFTSLO *metav1.Duration `json:"ttftSLO,omitempty"`
 }
 
 // BBRSpec configures body-based routing.
@@ -200,6 +210,21 @@ type SchedulerSpec struct {
 	// +kubebuilder:validation:Pattern=`^(0|(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+)$`
 	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('0s')",message="must fit in a Go time.Duration (at most 2562047h)"
 	RouteTimeout *metav1.Duration `json:"routeTimeout,omitempty"`
+	// TTFTSLO is the time to first token this pool's requests should get, as
+	// predicted from each endpoint's learned speed; an objective's ttftSLO
+	// overrides it. When no endpoint is predicted to meet it, a sheddable
+	// request is refused at once with 429 and Retry-After, any other goes to
+	// the best endpoint; both are counted. Unset or 0s sets none.
+	// +optional
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:Pattern=`^(0|(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+)$`
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('0s')",message="must fit in a Go time.Duration (at most 2562047h)"
+	TTFTSLO *metav1.Duration `json:"ttftSLO,omitempty"`
+	// SessionAffinity returns a session's requests to the endpoint that served
+	// it last, which holds its conversation's KV cache, while that endpoint
+	// is healthy, unsaturated and within its share of the load.
+	// +optional
+	SessionAffinity *SessionAffinitySpec `json:"sessionAffinity,omitempty"`
 	// Replicas is refused: the endpoint picker runs inside kvgate, so scale the
 	// kvgate Deployment instead (Helm value replicas).
 	//
@@ -238,6 +263,39 @@ type Weights struct {
 	// +kubebuilder:validation:Minimum=0
 	// +kubebuilder:validation:Maximum=2147483647
 	ErrorRate *int32 `json:"errorRate,omitempty"`
+	// PredictedLatency weighs each endpoint's predicted time to first token
+	// for the request, from the speed learned of its answers.
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=2147483647
+	PredictedLatency *int32 `json:"predictedLatency,omitempty"`
+	// SessionAffinity weighs returning to the endpoint that served the
+	// request's session (default 6 when sessionAffinity is set).
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=2147483647
+	SessionAffinity *int32 `json:"sessionAffinity,omitempty"`
+}
+
+// SessionAffinitySpec says where a request's session key comes from.
+// +kubebuilder:validation:XValidation:rule="!(has(self.header) && has(self.fromUser) && self.fromUser)",message="header and fromUser are exclusive: the key comes from one place"
+type SessionAffinitySpec struct {
+	// Header names the request header carrying the session key (default
+	// x-session-id).
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=256
+	// +kubebuilder:validation:Pattern=`^[!#$%&'*+.^_|~0-9A-Za-z-]+$`
+	// +optional
+	Header string `json:"header,omitempty"`
+	// FromUser takes the key from the body's "user" field (the OpenAI
+	// API's end-user id) instead of a header.
+	// +optional
+	FromUser bool `json:"fromUser,omitempty"`
+	// TTL is how long a session is remembered after its last request
+	// (default 30m).
+	// +optional
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:Pattern=`^(0|(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+)$`
+	// +kubebuilder:validation:XValidation:rule="duration(self) > duration('0s')",message="must be above 0s and fit in a Go time.Duration"
+	TTL *metav1.Duration `json:"ttl,omitempty"`
 }
 
 // SaturationSpec holds the thresholds at which an endpoint counts as saturated.

@@ -18,6 +18,8 @@ const (
 	DefaultQueueTimeout        = time.Second
 	DefaultConnectTimeout      = 2 * time.Second
 	DefaultRouteTimeout        = 10 * time.Minute
+	DefaultSessionTTL          = 30 * time.Minute
+	DefaultSessionHeader       = "x-session-id"
 	DefaultHeaderTimeout       = 5 * time.Minute
 	DefaultFirstByteTimeout    = time.Minute
 	DefaultStreamIdleTimeout   = time.Minute
@@ -141,6 +143,9 @@ func (v *fieldErrors) objectives(objs []ObjectiveSpec) {
 		if o.Priority < -1000 || o.Priority > 1000 {
 			v.add(p+".priority", "must be between -1000 and 1000, got %d", o.Priority)
 		}
+		if o.TTFTSLO != nil && o.TTFTSLO.Duration < 0 {
+			v.add(p+".ttftSLO", "must not be negative")
+		}
 	}
 }
 
@@ -186,10 +191,27 @@ func (v *fieldErrors) scheduler(p string, i int, sc SchedulerSpec, names map[str
 	if sc.RouteTimeout != nil && sc.RouteTimeout.Duration < 0 {
 		v.add(p+".routeTimeout", "must not be negative")
 	}
+	if sc.TTFTSLO != nil && sc.TTFTSLO.Duration < 0 {
+		v.add(p+".ttftSLO", "must not be negative")
+	}
+	if a := sc.SessionAffinity; a != nil {
+		if a.FromUser && a.Header != "" {
+			v.add(p+".sessionAffinity", "header and fromUser are exclusive: the key comes from one place")
+		}
+		if a.Header != "" && !headerName.MatchString(a.Header) {
+			v.add(p+".sessionAffinity.header", "%q is not an HTTP header name", a.Header)
+		}
+		if a.TTL != nil && a.TTL.Duration <= 0 {
+			v.add(p+".sessionAffinity.ttl", "must be above 0s")
+		}
+	}
 	if sc.Replicas != nil {
 		v.add(p+".replicas", MsgReplicas)
 	}
 }
+
+// headerName is an HTTP field name (RFC 9110 token), at most 256 characters.
+var headerName = regexp.MustCompile(`^[!#$%&'*+.^_|~0-9A-Za-z-]{1,256}$`)
 
 // endpoints checks where a scheduler's endpoints come from and how they are reached.
 func (v *fieldErrors) endpoints(p string, sc SchedulerSpec) {

@@ -324,12 +324,23 @@ func TestSimCancelled(t *testing.T) {
 }
 
 // TestPoliciesRegistered: every policy the bench compares is a picker or a
-// profile that schedule registers, so a bench result names something a user
-// can configure.
+// profile that schedule registers, or weights a user can set, so a bench
+// result names something a user can configure.
 func TestPoliciesRegistered(t *testing.T) {
 	known := append(schedule.PickerNames(), schedule.ProfileNames()...)
 	for _, p := range Policies {
 		if benchPolicy(p) { // kube-proxy, weighted-round-robin, oracle: what a fleet gets without kvgate
+			continue
+		}
+		if pr, ok := benchProfile(p); ok {
+			for w := range pr.Weights {
+				if !slices.Contains(schedule.WeightNames(), w) {
+					t.Errorf("bench policy %q weighs %q, which no scheduler can set", p, w)
+				}
+			}
+			if _, described := PolicyDescriptions[p]; !described {
+				t.Errorf("bench policy %q has no description", p)
+			}
 			continue
 		}
 		if !slices.Contains(known, p) {

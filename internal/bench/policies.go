@@ -7,6 +7,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/kvgate/kvgate/internal/schedule"
 	"github.com/kvgate/kvgate/internal/sim"
 )
 
@@ -18,7 +19,31 @@ const (
 	KubeProxyIPVS      = "kube-proxy-ipvs"
 	WeightedRoundRobin = "weighted-round-robin"
 	Oracle             = "oracle"
+	// ChatFixedSpeed is the chat profile without predictedLatency: kvgate's
+	// default before it learned endpoints' speeds, the comparison that
+	// shows what the scorer adds.
+	ChatFixedSpeed = "chat-fixed-speed"
+	// PredictedLatency is kvgate's picker with the predictedLatency scorer
+	// alone.
+	PredictedLatency = "predicted-latency"
 )
+
+// benchProfile is the profile of a policy the bench defines from kvgate's
+// scorers rather than a profile a scheduler can name.
+func benchProfile(policy string) (schedule.Profile, bool) {
+	switch policy {
+	case ChatFixedSpeed:
+		p, err := schedule.LookupProfile("chat")
+		if err != nil {
+			return schedule.Profile{}, false
+		}
+		delete(p.Weights, "predictedLatency")
+		return p, true
+	case PredictedLatency:
+		return schedule.Profile{Weights: schedule.Weights{"predictedLatency": 1}}, true
+	}
+	return schedule.Profile{}, false
+}
 
 // PolicyDescriptions says in one line what each of Policies does, for the
 // report.
@@ -33,10 +58,13 @@ var PolicyDescriptions = map[string]string{
 		"as connections open, in a random client order",
 	WeightedRoundRobin: "smooth weighted round-robin, static weights from each server's measured capacity " +
 		"(highest rate at P95 TTFT ≤ 2 s on this workload)",
-	"gie-default": "kvgate's picker with the Gateway API Inference Extension's default weights (queue 2, kvCache 2, prefix 3)",
-	"kvgate":      "kvgate's default profile (chat)",
-	"chat":        "kvgate's chat profile: KV cache, queue and queued prefill tokens, prefix affinity, error rate",
-	"batch":       "kvgate's batch profile: KV cache, queue and prefix affinity, error rate",
+	"gie-default":  "kvgate's picker with the Gateway API Inference Extension's default weights (queue 2, kvCache 2, prefix 3)",
+	"kvgate":       "kvgate's default profile (chat)",
+	"chat":         "kvgate's chat profile: KV cache, queue and queued prefill tokens, prefix affinity, error rate, predicted latency",
+	"batch":        "kvgate's batch profile: KV cache, queue and prefix affinity, error rate",
+	ChatFixedSpeed: "kvgate's chat profile without predictedLatency (its default before it learned each endpoint's speed)",
+	PredictedLatency: "kvgate's picker with the predictedLatency scorer alone: each endpoint's time to first token for the request, " +
+		"predicted from the speed learned of its answers",
 	// The report labels the oracle a reference itself.
 	Oracle: "sees every engine's exact state at each arrival (no scrape lag) and sends the request where its " +
 		"simulated TTFT is lowest",

@@ -36,7 +36,7 @@ import (
 // kvgate's profiles ("kvgate" is the profile a scheduler gets when it names
 // none), and the oracle, a reference. PolicyDescriptions says what each does.
 var Policies = []string{"round-robin", "least-request", "random", "power-of-two",
-	KubeProxy, KubeProxyIPVS, WeightedRoundRobin, "gie-default", "kvgate", "chat", "batch", Oracle}
+	KubeProxy, KubeProxyIPVS, WeightedRoundRobin, "gie-default", "kvgate", "chat", "batch", ChatFixedSpeed, PredictedLatency, Oracle}
 
 // SimOptions configure one virtual-time run.
 type SimOptions struct {
@@ -96,6 +96,9 @@ func RunSim(ctx context.Context, opts SimOptions, trace workload.Trace) ([]repor
 	}
 	if opts.StaleAfter == 0 {
 		opts.StaleAfter = 2 * time.Second
+	}
+	if p, ok := benchProfile(opts.Policy); ok && opts.Profile == nil {
+		opts.Profile = &p
 	}
 	servers, _, err := opts.Fleet.Options(slog.New(slog.DiscardHandler))
 	if err != nil {

@@ -151,6 +151,7 @@ type exchange struct {
 	rid      string
 	ridSet   bool // generated here, to be set on the request
 	headers  map[string]string
+	user     string // the body's user field, for session affinity
 	subset   []string
 	observed bool // observability mode: answer nothing
 	outcomes string
@@ -410,11 +411,12 @@ func (x *exchange) scanAndDecide(first *extprocv3.HttpBody) error {
 	if x.s.opts.BBR == nil {
 		limit = x.promptLimit()
 	}
-	scan := openai.Scan
-	if x.s.opts.BBR == nil && x.headers[ModelHeader] != "" {
-		scan = openai.ScanPrompt // the header names the model: only the prompt's head is needed
-	}
-	sc, err := scan(r, x.held, limit)
+	// When the header names the model, only the prompt's head (and the user,
+	// for sessions) is needed.
+	picking := x.s.opts.BBR == nil
+	sc, err := openai.ScanFor(r, x.held, openai.Want{PromptLimit: limit, ModelKnown: picking && x.headers[ModelHeader] != "",
+		User: picking && x.s.gw.WantsUser()})
+	x.user = sc.User
 	if r.err != nil {
 		return r.err // the stream broke or sent something out of order
 	}
@@ -472,7 +474,7 @@ func (x *exchange) decide(model string, prompt []byte) error {
 		size = int64(x.held.Len())
 	}
 	rt, rerr := x.s.gw.Route(x.ctx, route.Request{RequestID: x.rid, Model: model, Prompt: prompt, BodyBytes: size, Subset: x.subset, Start: x.start,
-		Objective: x.headers[objectiveHeader]})
+		Objective: x.headers[objectiveHeader], User: x.user, Header: func(name string) string { return x.headers[strings.ToLower(name)] }})
 	if rerr != nil {
 		if x.ctx.Err() != nil {
 			return x.ctx.Err()

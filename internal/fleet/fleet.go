@@ -74,6 +74,9 @@ type Snapshot struct {
 	// PrefillTokens are the prompt tokens this gateway sent that await their
 	// first token.
 	PrefillTokens int
+	// PrefillWork is the part of PrefillTokens the endpoint was not expected
+	// to hold cached: the prefill it has to compute.
+	PrefillWork int
 	// ScrapeErrors counts failed scrapes since the endpoint was added.
 	ScrapeErrors uint64
 }
@@ -145,9 +148,14 @@ type Accounting struct {
 	// prefilling holds the prompt tokens of dispatched requests whose first token
 	// has not come back: work queued ahead of a new request, which the gateway
 	// knows before any scrape does.
-	prefilling      map[uint64]int
+	prefilling      map[uint64]prefill
 	prefillingTotal int
+	prefillingWork  int
 }
+
+// prefill is a dispatched prompt awaiting its first token: its tokens, and
+// those of them not expected to be cached.
+type prefill struct{ tokens, work int }
 
 // Observed records a successful scrape that began at started.
 func (a *Accounting) Observed(m engine.Metrics, d engine.Dialect, started time.Time) {
@@ -180,29 +188,32 @@ func (a *Accounting) Failed(err error) {
 	a.LastErr = err
 }
 
-// Dispatch records a request of promptTokens sent at at; blockSize is the KV
-// block size to assume when the server does not export one. The id goes to
-// Complete.
-func (a *Accounting) Dispatch(at time.Time, promptTokens, blockSize int) uint64 {
+// Dispatch records a request of promptTokens sent at at, of which work are
+// not expected to be cached; blockSize is the KV block size to assume when the
+// server does not export one. The id goes to Complete.
+func (a *Accounting) Dispatch(at time.Time, promptTokens, work, blockSize int) uint64 {
 	if bs := a.Metrics.BlockSize; bs > 0 {
 		blockSize = bs
 	}
 	a.nextID++
 	a.pending = append(a.pending, dispatch{id: a.nextID, at: at, blocks: (promptTokens + blockSize - 1) / blockSize})
 	if a.prefilling == nil {
-		a.prefilling = map[uint64]int{}
+		a.prefilling = map[uint64]prefill{}
 	}
-	a.prefilling[a.nextID] = promptTokens
+	work = min(max(work, 0), promptTokens)
+	a.prefilling[a.nextID] = prefill{promptTokens, work}
 	a.prefillingTotal += promptTokens
+	a.prefillingWork += work
 	return a.nextID
 }
 
 // FirstToken records that the request of a dispatch id produced its first token:
 // its prompt is no longer work ahead of others.
 func (a *Accounting) FirstToken(id uint64) {
-	if n, ok := a.prefilling[id]; ok {
+	if p, ok := a.prefilling[id]; ok {
 		delete(a.prefilling, id)
-		a.prefillingTotal -= n
+		a.prefillingTotal -= p.tokens
+		a.prefillingWork -= p.work
 	}
 }
 
@@ -223,7 +234,7 @@ func (a *Accounting) Complete(id uint64) {
 // Snapshot folds the dispatches into the last scrape, as of now.
 func (a *Accounting) Snapshot(addr string, now time.Time, staleAfter time.Duration, unhealthyAfter int) Snapshot {
 	s := Snapshot{Address: addr, Metrics: a.Metrics, Dialect: a.Dialect, Scraped: !a.ScrapedAt.IsZero(), Failures: a.Failures, Unreachable: a.Failures > 0 && a.Unanswered == a.Failures, Pending: len(a.pending),
-		PrefillTokens: a.prefillingTotal, ScrapeErrors: a.Errors}
+		PrefillTokens: a.prefillingTotal, PrefillWork: a.prefillingWork, ScrapeErrors: a.Errors}
 	if a.LastErr != nil {
 		s.LastError = a.LastErr.Error()
 	}
@@ -371,9 +382,10 @@ func fetch(e *endpoint, sc *scrapeConn, timeout time.Duration) (engine.Metrics, 
 	return engine.Parse(buf, d)
 }
 
-// Dispatched records that the gateway sent a request of promptTokens to addr; the
-// ticket goes to Completed when the request ends.
-func (f *Fleet) Dispatched(addr string, promptTokens int) Ticket {
+// Dispatched records that the gateway sent a request of promptTokens to addr,
+// work of them not expected to be cached there; the ticket goes to Completed
+// when the request ends.
+func (f *Fleet) Dispatched(addr string, promptTokens, work int) Ticket {
 	e := f.get(addr)
 	if e == nil {
 		return Ticket{}
@@ -381,7 +393,7 @@ func (f *Fleet) Dispatched(addr string, promptTokens int) Ticket {
 	cfg := f.cfg.Load()
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return Ticket{addr: addr, id: e.acct.Dispatch(cfg.Now(), promptTokens, cfg.BlockSize)}
+	return Ticket{addr: addr, id: e.acct.Dispatch(cfg.Now(), promptTokens, work, cfg.BlockSize)}
 }
 
 // Observe records metrics read from addr by a scrape that began at started, as

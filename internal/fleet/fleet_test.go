@@ -83,7 +83,7 @@ func TestInFlightAccounting(t *testing.T) {
 	waittest.Until(t, 5*time.Second, "the first scrape", func() bool { return snap().Scraped })
 	var tickets []Ticket
 	for range 10 {
-		tickets = append(tickets, f.Dispatched(s.Addr(), 1600)) // 100 blocks each
+		tickets = append(tickets, f.Dispatched(s.Addr(), 1600, 1600)) // 100 blocks each
 	}
 	if g := snap(); g.Waiting != 10 || g.Pending != 10 || g.KVUsage != 1 {
 		t.Fatalf("after 10 dispatches of 100 blocks into 1000: %+v", g)
@@ -124,8 +124,8 @@ func TestAccounting(t *testing.T) {
 		t.Fatalf("never scraped: %+v", s)
 	}
 	a.Observed(engine.Metrics{Waiting: 1, Running: 2, KVUsage: 0.5, NumBlocks: 1000, BlockSize: 16}, engine.VLLM, t0)
-	id1 := a.Dispatch(t0.Add(10*time.Millisecond), 1600, 16) // 100 blocks
-	id2 := a.Dispatch(t0.Add(20*time.Millisecond), 320, 16)
+	id1 := a.Dispatch(t0.Add(10*time.Millisecond), 1600, 1600, 16) // 100 blocks
+	id2 := a.Dispatch(t0.Add(20*time.Millisecond), 320, 320, 16)
 	for _, tc := range []struct {
 		name    string
 		step    func()
@@ -168,7 +168,7 @@ func TestExternal(t *testing.T) {
 	f.Observe("127.0.0.1:1", engine.Metrics{Waiting: 2, NumBlocks: 100, BlockSize: 16}, engine.VLLM, now)
 	f.Observe("10.0.0.9:1", engine.Metrics{Waiting: 9}, engine.VLLM, now) // not in the fleet: ignored
 	now = now.Add(time.Second)
-	f.Dispatched("127.0.0.1:1", 160)
+	f.Dispatched("127.0.0.1:1", 160, 160)
 	s := f.Snapshot([]string{"127.0.0.1:1", "10.0.0.9:1"})
 	if !s[0].Scraped || !s[0].Healthy || s[0].Failures != 0 || s[0].Waiting != 3 || s[0].KVUsage != 0.1 || s[0].Age != time.Second {
 		t.Errorf("observed endpoint: %+v", s[0])

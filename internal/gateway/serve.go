@@ -64,12 +64,13 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}()
 	model := r.Header.Get("X-Gateway-Model-Name")
 	var prompt []byte
-	if model == "" || promptLimit > 0 {
-		scan := openai.Scan
-		if model != "" {
-			scan = openai.ScanPrompt // only the prompt's head is needed
-		}
-		sc, err := scan(body, head, promptLimit)
+	var user string
+	wantUser := g.WantsUser()
+	if model == "" || promptLimit > 0 || wantUser {
+		// With the model in a header, only the prompt's head (and the user)
+		// is needed.
+		sc, err := openai.ScanFor(body, head, openai.Want{PromptLimit: promptLimit, ModelKnown: model != "", User: wantUser})
+		user = sc.User
 		if model == "" {
 			if ref, ok := proxy.BodyError(err); ok {
 				g.log.Debug("reading request body", "request_id", rid, "err", err)
@@ -94,7 +95,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	// Admission and the pick, which reserves the chosen endpoint's slot.
 	rt, ref := g.Route(r.Context(), route.Request{RequestID: rid, Model: model, Prompt: prompt, BodyBytes: size, Start: start,
-		Objective: r.Header.Get(proxy.ObjectiveHeader), Explain: r.Header.Get("X-Kvgate-Explain") == "1"})
+		Objective: r.Header.Get(proxy.ObjectiveHeader), Explain: r.Header.Get("X-Kvgate-Explain") == "1", Header: r.Header.Get, User: user})
 	if ref != nil {
 		ref.Write(w) // counted by Route
 		return

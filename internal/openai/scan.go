@@ -35,6 +35,20 @@ type Scanned struct {
 	// "prompt" or "input"), cut to the limit Scan was given. It aliases the
 	// consumed buffer: it is valid until that buffer is next written.
 	Prompt []byte
+	// User is the top-level "user" string (OpenAI's end-user id), when the
+	// scan was asked for it (Want.User) and found it.
+	User string
+}
+
+// Want says what a scan reads a body for.
+type Want struct {
+	// PromptLimit is how many bytes of the prompt's head to keep; 0: none.
+	PromptLimit int
+	// ModelKnown: the model came another way (a header); do not look for it.
+	ModelKnown bool
+	// User: find the top-level "user" field too, within promptSearch bytes of
+	// the model (it usually follows the prompt, which is then read whole).
+	User bool
 }
 
 // promptSearch bounds how far past a leading model Scan looks for the prompt.
@@ -57,17 +71,20 @@ const promptSearch = 1 << 20
 // the model server; it is hand-written because it is on every request's path and a
 // 256 KB body costs it ~30 times less than encoding/json (BenchmarkScan256KB).
 func Scan(r io.Reader, consumed *bytes.Buffer, promptLimit int) (Scanned, error) {
-	return scan(r, consumed, promptLimit, false)
+	return ScanFor(r, consumed, Want{PromptLimit: promptLimit})
 }
 
 // ScanPrompt is Scan for a caller that already knows the model (from a header):
 // it does not look for one and stops as soon as it holds the prompt's head.
 func ScanPrompt(r io.Reader, consumed *bytes.Buffer, promptLimit int) (Scanned, error) {
-	return scan(r, consumed, promptLimit, true)
+	return ScanFor(r, consumed, Want{PromptLimit: promptLimit, ModelKnown: true})
 }
 
-func scan(r io.Reader, consumed *bytes.Buffer, promptLimit int, modelKnown bool) (Scanned, error) {
-	s := scanner{r: r, buf: consumed, base: consumed.Len(), promptLimit: promptLimit, promptStart: -1, promptEnd: -1, modelFound: modelKnown}
+// ScanFor is Scan reading for what w says.
+func ScanFor(r io.Reader, consumed *bytes.Buffer, w Want) (Scanned, error) {
+	promptLimit, modelKnown := w.PromptLimit, w.ModelKnown
+	s := scanner{r: r, buf: consumed, base: consumed.Len(), promptLimit: promptLimit, promptStart: -1, promptEnd: -1, modelFound: modelKnown,
+		wantUser: w.User}
 	s.pos = s.base
 	if modelKnown {
 		// Nothing but a prompt is wanted: give up on one that has not begun
@@ -78,7 +95,7 @@ func scan(r io.Reader, consumed *bytes.Buffer, promptLimit int, modelKnown bool)
 	if errors.Is(err, errEnough) {
 		err = nil
 	}
-	out := Scanned{Model: s.model, ModelFound: s.modelFound && !modelKnown}
+	out := Scanned{Model: s.model, ModelFound: s.modelFound && !modelKnown, User: s.user}
 	if s.promptStart >= 0 {
 		data := s.buf.Bytes()
 		end := len(data)
@@ -110,6 +127,14 @@ type scanner struct {
 	promptStart, promptEnd int // the prompt value's span in buf; -1 until seen
 	// stopAt, when positive, ends the scan once buf holds that many bytes.
 	stopAt int
+
+	wantUser, userFound bool
+	user                string
+}
+
+// done says whether the scan holds everything it was asked for.
+func (s *scanner) done() bool {
+	return s.modelFound && (s.promptLimit <= 0 || s.promptStart >= 0) && (!s.wantUser || s.userFound)
 }
 
 // more reads the next chunk of the body into the buffer.
@@ -193,7 +218,7 @@ func (s *scanner) run() error {
 			if err := s.readModel(); err != nil {
 				return err
 			}
-			if s.promptLimit <= 0 || s.promptStart >= 0 {
+			if s.done() {
 				return nil
 			}
 			s.stopAt = s.pos + promptSearch
@@ -202,14 +227,21 @@ func (s *scanner) run() error {
 				return err
 			}
 			s.promptStart = s.pos
-			if s.modelFound {
+			if s.modelFound && !s.wantUser {
 				s.stopAt = s.pos + s.promptLimit
 			}
 			if err := s.skipValue(); err != nil {
 				return err
 			}
 			s.promptEnd = s.pos
-			if s.modelFound {
+			if s.done() {
+				return nil
+			}
+		case s.wantUser && !s.userFound && keyIs(key, "user"):
+			if err := s.readUser(); err != nil {
+				return err
+			}
+			if s.done() {
 				return nil
 			}
 		default:
@@ -233,22 +265,40 @@ func (s *scanner) run() error {
 }
 
 func (s *scanner) readModel() error {
-	c, err := s.peek()
-	if err != nil {
-		return err
-	}
-	if c != '"' {
+	ok, err := s.readString("model", &s.model)
+	if err == nil && !ok {
 		return ErrModelNotString
+	}
+	s.modelFound = ok
+	return err
+}
+
+// readUser reads the user field: a string, else it is skipped (the model
+// server judges it).
+func (s *scanner) readUser() error {
+	ok, err := s.readString("user", &s.user)
+	if err == nil && !ok {
+		return s.skipValue()
+	}
+	s.userFound = ok
+	return err
+}
+
+// readString decodes the string value of key into dst; it reports false,
+// consuming nothing, when the value is not a string.
+func (s *scanner) readString(key string, dst *string) (bool, error) {
+	c, err := s.peek()
+	if err != nil || c != '"' {
+		return false, err
 	}
 	raw, err := s.str()
 	if err != nil {
-		return err
+		return false, err
 	}
-	if err := json.Unmarshal(raw, &s.model); err != nil {
-		return malformed("model: %v", err)
+	if err := json.Unmarshal(raw, dst); err != nil {
+		return false, malformed("%s: %v", key, err)
 	}
-	s.modelFound = true
-	return nil
+	return true, nil
 }
 
 func isPromptKey(raw []byte) bool {

@@ -41,6 +41,12 @@ type decideArgs struct {
 	// priority orders waiting requests (spec.objectives); below 0 a request
 	// is refused rather than wait.
 	priority int32
+	// promptTokens estimates the prompt's tokens (predictedLatency).
+	promptTokens int
+	// slo is the request's time-to-first-token objective, 0 for none.
+	slo time.Duration
+	// session is the request's session key, "" for none.
+	session string
 }
 
 // decided is a pick: the ranked decision, the candidates as the picker saw them
@@ -57,10 +63,7 @@ type decided struct {
 // best endpoint. It returns the status and message of a refusal, or code 0.
 func (g *Router) decide(ctx context.Context, a decideArgs, sc *snapshotScratch, hb *[]uint64) (decided, int, string) {
 	p := a.p
-	req := schedule.Request{Model: a.model}
-	if a.model != p.spec.ModelName {
-		req.Adapter = a.model
-	}
+	req := schedule.Request{Model: a.model, Adapter: adapterOf(p, a.model), PromptTokens: float64(a.promptTokens)}
 	var d decided
 	if pc := p.prefix; pc.blockChars > 0 && len(a.prompt) >= pc.blockChars {
 		d.hashes = prefix.Hashes((*hb)[:0], a.prompt, pc.blockChars, pc.maxBlocks, pc.seeds[a.model])
@@ -99,13 +102,17 @@ func (g *Router) choose(ctx context.Context, p *scheduler, req schedule.Request,
 		return schedule.Decision{}, nil, nil, http.StatusServiceUnavailable, fmt.Sprintf("no endpoint of model %q is in the proxy's subset hint", p.spec.ModelName)
 	}
 	var timer *time.Timer
-	expired := false
+	expired, sloChecked := false, false
 	// A request registers as waiting, for the endpoints it could use, once it
 	// has to wait — or at once when others already wait, so that a freed slot
 	// it is more important for is not taken by one woken meanwhile. Sheddable
 	// requests never wait.
 	var usable []*endpoint
 	registered := false
+	sessionAddr := ""
+	if p.sessions != nil {
+		sessionAddr = p.sessions.get(a.session, g.now())
+	}
 	register := func() {
 		if registered || a.priority < 0 {
 			return
@@ -130,8 +137,20 @@ func (g *Router) choose(ctx context.Context, p *scheduler, req schedule.Request,
 		woken := g.freed.wait()
 		// A request lets the more important ones waiting for an endpoint take
 		// it first.
-		all := p.snapshot(g.fleet, g.prefix, hashes, limit, a.subset, g.now(), sc)
+		all := p.snapshot(g.fleet, g.prefix, hashes, limit, a.subset, sessionAddr, g.now(), sc)
 		if cands := g.waiting.usable(p, all, a.priority); len(cands) > 0 {
+			if a.slo > 0 && !sloChecked {
+				sloChecked = true
+				if !p.meets(req, cands, a.slo) {
+					if a.priority < 0 {
+						g.m.SLOMisses.WithLabelValues(p.name, "shed").Inc()
+						g.m.Shed.WithLabelValues(p.name, "slo").Inc()
+						return schedule.Decision{}, nil, nil, http.StatusTooManyRequests,
+							fmt.Sprintf("no endpoint of model %q is predicted to answer within the request's time-to-first-token objective of %v, and the request is sheddable; retry later", p.spec.ModelName, a.slo)
+					}
+					g.m.SLOMisses.WithLabelValues(p.name, "routed").Inc()
+				}
+			}
 			d := p.picker.Pick(req, cands)
 			for _, c := range d.Ranked {
 				if ep := p.endpoint(c.Address); ep != nil && ep.tryAcquire(limit) {
@@ -171,6 +190,21 @@ func (g *Router) choose(ctx context.Context, p *scheduler, req schedule.Request,
 	}
 }
 
+// meets says whether some candidate is predicted to give the request its
+// first token within slo. Before any endpoint of the pool has answered, the
+// prediction is only the default speed: the request is let through.
+func (p *scheduler) meets(req schedule.Request, cands []schedule.Endpoint, slo time.Duration) bool {
+	if s := p.prior.Load(); s == nil || s.Samples == 0 {
+		return true
+	}
+	for i := range cands {
+		if schedule.PredictTTFT(req, &cands[i]) <= slo.Seconds() {
+			return true
+		}
+	}
+	return false
+}
+
 // explain renders the candidates' scores for x-kvgate-scores:
 // "addr score k=v k=v, addr score ...".
 func explain(d schedule.Decision) string {
@@ -182,6 +216,9 @@ func explain(d schedule.Decision) string {
 		fmt.Fprintf(&b, "%s %.3f", c.Address, c.Score)
 		for k, v := range c.Scores.All() {
 			fmt.Fprintf(&b, " %s=%.3f", k, v)
+		}
+		if c.PredictedTTFT > 0 {
+			fmt.Fprintf(&b, " predictedTTFT=%.3fs", c.PredictedTTFT)
 		}
 	}
 	return b.String()

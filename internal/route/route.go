@@ -39,6 +39,12 @@ type Request struct {
 	Objective string
 	// Explain keeps every candidate's scores in the Route (Scores).
 	Explain bool
+	// Header returns a request header's value, for a scheduler's session
+	// key (sessionAffinity.header); nil reads none.
+	Header func(name string) string
+	// User is the body's "user" field, for a scheduler that takes session
+	// keys from it (WantsUser).
+	User string
 }
 
 // Route is one request's pick, held from the decision to the end of the response.
@@ -71,6 +77,14 @@ type Route struct {
 	firstByte    bool
 	finished     bool
 	limit        int
+	session      string
+	// What the served endpoint's speed is learned from: when the request
+	// was sent there, the prefill work ahead of it with its own, the batch
+	// it joined, and when its first byte came.
+	sentAt, firstAt time.Time
+	work, running   float64
+	loads           float64 // 1: the adapter was not loaded there
+	own             int     // the prompt tokens not expected to be cached
 }
 
 // Scheduler is the name of the scheduler that picked.
@@ -177,8 +191,21 @@ func (g *Router) Route(ctx context.Context, req Request) (*Route, *proxy.Refusal
 		g.count(p.name, req.Model, "", "503")
 		return nil, &proxy.Refusal{Status: http.StatusServiceUnavailable, Type: openai.TypeOverloaded, Message: "the proxy's subset hint lists no endpoint"}
 	}
+	session := ""
+	switch {
+	case p.sessions == nil:
+	case p.spec.SessionFromUser():
+		session = req.User
+	case req.Header != nil:
+		session = req.Header(p.spec.SessionHeader())
+	}
+	slo := p.spec.SLO()
+	if o, ok := rt.sloOf[req.Objective]; ok {
+		slo = o
+	}
 	d, code, msg := g.decide(ctx, decideArgs{rid: req.RequestID, p: p, model: req.Model, prompt: req.Prompt, subset: subset,
-		limit: limit, wait: rt.gw.QueueWait(), start: req.Start, priority: rt.priorityOf(req.Objective)}, sc, hb)
+		limit: limit, wait: rt.gw.QueueWait(), start: req.Start, priority: rt.priorityOf(req.Objective),
+		promptTokens: int(req.BodyBytes / 4), slo: slo, session: session}, sc, hb)
 	if code != 0 {
 		g.count(p.name, req.Model, "", strconv.Itoa(code))
 		ref := &proxy.Refusal{Status: code, Type: openai.TypeOverloaded, Message: msg}
@@ -241,8 +268,29 @@ func (g *Router) Route(ctx context.Context, req Request) (*Route, *proxy.Refusal
 			r.hashes = slices.Clone(d.hashes) // for a fallback the data plane may use
 		}
 	}
-	r.ticket = g.fleet.Dispatched(d.first.addr, r.promptTokens)
+	r.own = r.promptTokens
+	if i := slices.IndexFunc(d.cands, func(e schedule.Endpoint) bool { return e.Address == d.first.addr }); i >= 0 {
+		c := &d.cands[i]
+		r.own = int(float64(r.promptTokens) * (1 - min(max(c.PrefixMatch, 0), 1)))
+		r.work = schedule.WorkAhead(c) + float64(r.own)
+		r.running = c.Running
+		r.loads = schedule.AdapterLoads(schedule.Request{Adapter: adapterOf(p, req.Model)}, c)
+	}
+	r.sentAt = g.now()
+	r.session = session
+	if p.sessions != nil {
+		p.sessions.put(session, d.first.addr, r.sentAt)
+	}
+	r.ticket = g.fleet.Dispatched(d.first.addr, r.promptTokens, r.own)
 	return r, nil
+}
+
+// adapterOf is the adapter a model name asks p for, "" for its base model.
+func adapterOf(p *scheduler, model string) string {
+	if model == p.spec.ModelName {
+		return ""
+	}
+	return model
 }
 
 // Serve moves the request's accounting to the endpoint the data plane reports it
@@ -271,11 +319,19 @@ func (r *Route) move(addr string, limit int) bool {
 	}
 	r.release()
 	r.served = ep
-	r.ticket = r.g.fleet.Dispatched(addr, r.promptTokens)
+	// Its speed is learned against what was ahead of it there.
+	s := r.g.fleet.Snapshot([]string{addr})[0]
+	r.own = r.promptTokens // what it holds of the prompt there is not known
+	r.work, r.running, r.sentAt = float64(s.PrefillWork+r.own), s.Running, r.g.now()
+	r.loads = schedule.AdapterLoads(schedule.Request{Adapter: adapterOf(r.p, r.model)}, &schedule.Endpoint{Signals: schedule.Signals{Metrics: s.Metrics}})
+	if r.p.sessions != nil {
+		r.p.sessions.put(r.session, addr, r.sentAt)
+	}
+	r.ticket = r.g.fleet.Dispatched(addr, r.promptTokens, r.own)
 	if len(r.hashes) > 0 {
 		capacity := r.p.prefix.capacity
-		if s := r.g.fleet.Snapshot([]string{addr}); s[0].Scraped {
-			capacity = r.p.prefix.capacityOf(s[0].Metrics)
+		if s.Scraped {
+			capacity = r.p.prefix.capacityOf(s.Metrics)
 		}
 		r.g.prefix.Record(addr, r.hashes, capacity)
 	}
@@ -324,8 +380,15 @@ func (r *Route) FirstByte(streamed bool) {
 		return
 	}
 	r.firstByte = true
+	now := r.g.now()
 	r.g.fleet.FirstToken(r.ticket)
-	r.g.observeTTFT(r.p.name, r.g.now().Sub(r.start), streamed)
+	r.g.observeTTFT(r.p.name, now.Sub(r.start), streamed)
+	// A whole answer's first byte says nothing of its first token.
+	if streamed {
+		r.firstAt = now
+		r.served.speed.ObserveTTFT(r.work, r.running, r.loads, float64(r.own), now.Sub(r.sentAt).Seconds(), r.p.poolSpeed())
+		r.p.refreshPrior(now)
+	}
 }
 
 // StatusUnseen is an Outcome's status when the data plane never showed the
@@ -397,6 +460,11 @@ func (r *Route) Finish(o Outcome) {
 		window = proxy.Code(http.StatusBadGateway)
 	}
 	r.g.countAs(r.p.name, r.model, endpoint, code, window)
+	// A whole stream's tokens after the first give its step time.
+	if !r.firstAt.IsZero() && o.UsageSeen && o.CompletionTokens > 1 && !o.StreamError && !o.ClientGone && o.Status < 300 {
+		step := r.g.now().Sub(r.firstAt).Seconds() / float64(o.CompletionTokens-1)
+		r.served.speed.ObserveStep(r.running, step, r.p.poolSpeed())
+	}
 	if !o.Unanswered {
 		r.g.observeDuration(r.p.name, window, r.g.now().Sub(r.start))
 	}

@@ -26,6 +26,7 @@ import (
 	"github.com/kvgate/kvgate/api/v1alpha1"
 	"github.com/kvgate/kvgate/internal/engine"
 	"github.com/kvgate/kvgate/internal/fleet"
+	"github.com/kvgate/kvgate/internal/latency"
 	"github.com/kvgate/kvgate/internal/prefix"
 	"github.com/kvgate/kvgate/internal/schedule"
 	"github.com/kvgate/kvgate/internal/telemetry"
@@ -57,7 +58,8 @@ type Router struct {
 	routes atomic.Pointer[routes]
 
 	mu         sync.Mutex
-	endpoints  map[string]*endpoint // by scheduler and address; they outlive reloads
+	endpoints  map[string]*endpoint   // by scheduler and address; they outlive reloads
+	sessions   map[string]*sessionMap // by scheduler name; they outlive reloads
 	lastErr    error
 	lastReload time.Time
 	draining   atomic.Bool
@@ -90,8 +92,13 @@ type routes struct {
 	// promptLimit is how much of a prompt the schedulers' prefix indexes hash, 0 when
 	// none does.
 	promptLimit int
-	// objectives are the priorities of spec.objectives, by name.
+	// objectives are the priorities of spec.objectives, by name, and their
+	// time-to-first-token objectives.
 	objectives map[string]int32
+	sloOf      map[string]time.Duration
+	// wantsUser says a scheduler takes session keys from the body's user
+	// field, which a front then scans for.
+	wantsUser bool
 }
 
 // scheduler is one configured scheduler (an InferencePool in Kubernetes): its endpoints, picker and upstream transport.
@@ -104,6 +111,40 @@ type scheduler struct {
 	transport *http.Transport
 	prefix    prefixConfig
 	outliers  outlierPolicy
+	// prior is the pool's median learned speed, which an endpoint with too
+	// few answers of its own borrows; refreshed at most every priorEvery.
+	prior   atomic.Pointer[latency.Speed]
+	priorAt atomic.Int64 // unix nanoseconds of the last refresh
+	// sessions remembers which endpoint served each session last, when
+	// the scheduler has sessionAffinity.
+	sessions *sessionMap
+}
+
+// priorEvery bounds how often a scheduler recomputes its pool's median speed.
+const priorEvery = 100 * time.Millisecond
+
+// poolSpeed is the speed an endpoint without enough answers of its own is
+// assumed to have: its pool's median, or the default before any learned.
+func (p *scheduler) poolSpeed() latency.Speed {
+	if s := p.prior.Load(); s != nil {
+		return *s
+	}
+	return latency.Default
+}
+
+// refreshPrior recomputes the pool's median speed, unless it did within
+// priorEvery of now.
+func (p *scheduler) refreshPrior(now time.Time) {
+	last := p.priorAt.Load()
+	if last != 0 && now.UnixNano()-last < int64(priorEvery) || !p.priorAt.CompareAndSwap(last, now.UnixNano()) {
+		return
+	}
+	speeds := make([]latency.Speed, len(p.endpoints))
+	for i, e := range p.endpoints {
+		speeds[i] = e.speed.Speed(latency.Default)
+	}
+	m := latency.Median(speeds)
+	p.prior.Store(&m)
 }
 
 // prefixConfig is a scheduler's prefix-affinity setup; blockChars 0 turns it off.
@@ -127,6 +168,8 @@ type endpoint struct {
 	inFlight atomic.Int64
 	gauge    prometheus.Gauge
 	out      outlier
+	// speed learns how fast the endpoint answers (predictedLatency).
+	speed latency.Tracker
 }
 
 // tryAcquire takes an in-flight slot if the endpoint is below limit (0: no limit).
@@ -159,7 +202,7 @@ func New(opts Options) *Router {
 		opts.DecisionLogEvery = 100
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	g := &Router{opts: opts, log: opts.Logger, m: opts.Metrics, endpoints: map[string]*endpoint{},
+	g := &Router{opts: opts, log: opts.Logger, m: opts.Metrics, endpoints: map[string]*endpoint{}, sessions: map[string]*sessionMap{},
 		fleet: fleet.New(opts.Fleet), prefix: prefix.New(), fleetCtx: ctx, stopFleet: cancel}
 	// A registry shared by several routers (tests) keeps the first one's collector.
 	_ = opts.Metrics.Registry.Register(newFleetCollector(g))
@@ -183,11 +226,21 @@ func (g *Router) Apply(cfg *v1alpha1.InferenceGatewayConfig) error {
 		return fmt.Errorf("invalid configuration: %w", errs[0])
 	}
 	gw := cfg.Spec.Gateway
-	rt := &routes{cfg: cfg, byModel: map[string]*scheduler{}, maxBody: cfg.Spec.BBR.MaxBodyBytes(), gw: gw, objectives: map[string]int32{}}
+	rt := &routes{cfg: cfg, byModel: map[string]*scheduler{}, maxBody: cfg.Spec.BBR.MaxBodyBytes(), gw: gw, objectives: map[string]int32{},
+		sloOf: map[string]time.Duration{}}
+	slos := false
 	for _, o := range cfg.Spec.Objectives {
 		rt.objectives[o.Name] = o.Priority
+		if o.TTFTSLO != nil {
+			rt.sloOf[o.Name] = o.TTFTSLO.Duration
+			slos = slos || o.TTFTSLO.Duration > 0
+		}
 	}
-	if len(cfg.Spec.Objectives) > 0 && gw.InFlightLimit() == 0 {
+	for _, sc := range cfg.Spec.Schedulers {
+		slos = slos || sc.SLO() > 0
+		rt.wantsUser = rt.wantsUser || sc.SessionFromUser()
+	}
+	if len(cfg.Spec.Objectives) > 0 && gw.InFlightLimit() == 0 && !slos {
 		// Nobody waits without a limit, so priorities never come into play.
 		g.log.Warn("spec.objectives has no effect without spec.gateway.maxInFlightPerEndpoint: with no limit no request waits or is shed")
 	}
@@ -215,6 +268,13 @@ func (g *Router) Apply(cfg *v1alpha1.InferenceGatewayConfig) error {
 			p = &scheduler{name: sc.Name, spec: sc, picker: picker, transport: newTransport(gw, sc.H2C())}
 		}
 		p.outliers.failures, p.outliers.base, p.outliers.maxShare = gw.Outliers()
+		if sc.SessionAffinity != nil {
+			if g.sessions[sc.Name] == nil {
+				g.sessions[sc.Name] = newSessionMap(sc.SessionTTL())
+			}
+			p.sessions = g.sessions[sc.Name]
+			p.sessions.setTTL(sc.SessionTTL())
+		}
 		if usesPrefix(sc, g.opts.Profile) {
 			p.prefix = prefixConfig{blockChars: sc.PrefixBlockChars(), maxBlocks: sc.PrefixMaxBlocks(), capacity: sc.PrefixCapacity(),
 				seeds: map[string]uint64{sc.ModelName: prefix.Seed(sc.ModelName, "")}}
@@ -240,6 +300,11 @@ func (g *Router) Apply(cfg *v1alpha1.InferenceGatewayConfig) error {
 		rt.byModel[sc.ModelName] = p
 		for _, a := range sc.LoRAAdapters {
 			rt.byModel[a] = p
+		}
+	}
+	for name := range g.sessions {
+		if !slices.ContainsFunc(rt.schedulers, func(p *scheduler) bool { return p.name == name && p.sessions != nil }) {
+			delete(g.sessions, name)
 		}
 	}
 	// Endpoints no longer configured and idle are forgotten, with their gauge.
@@ -384,8 +449,9 @@ var snapshotPool = sync.Pool{New: func() any { return new(snapshotScratch) }}
 // for a timeout. One whose /metrics answers an error may still serve, and
 // stays; so does one never scraped (just started, or publishing no metrics),
 // read as unhealthy: picked only when nothing else is left.
-func (p *scheduler) snapshot(fl *fleet.Fleet, idx *prefix.Index, hashes []uint64, limit int, subset []string, now time.Time, sc *snapshotScratch) []schedule.Endpoint {
+func (p *scheduler) snapshot(fl *fleet.Fleet, idx *prefix.Index, hashes []uint64, limit int, subset []string, session string, now time.Time, sc *snapshotScratch) []schedule.Endpoint {
 	addrs, refs := sc.addrs[:0], sc.refs[:0]
+	prior := p.poolSpeed()
 	for _, e := range p.endpoints {
 		if subset != nil && !slices.Contains(subset, e.addr) {
 			continue
@@ -412,7 +478,8 @@ func (p *scheduler) snapshot(fl *fleet.Fleet, idx *prefix.Index, hashes []uint64
 		// healthy is left, and a last fallback.
 		healthy := s.Healthy && !e.ejected(now)
 		out = append(out, schedule.Endpoint{Address: e.addr, InFlight: n,
-			Signals: schedule.Signals{Metrics: s.Metrics, HasMetrics: s.Scraped, Healthy: healthy, Stale: s.Stale, PrefillTokens: float64(s.PrefillTokens), ErrorRate: e.errorRate(now)}})
+			Signals: schedule.Signals{Metrics: s.Metrics, HasMetrics: s.Scraped, Healthy: healthy, Stale: s.Stale, PrefillTokens: float64(s.PrefillTokens), PrefillWork: float64(s.PrefillWork),
+				ErrorRate: e.errorRate(now), Speed: e.speed.Speed(prior), Session: session != "" && e.addr == session}})
 		addrs[kept], refs[kept] = e.addr, e
 		kept++
 	}
@@ -455,7 +522,8 @@ func (g *Router) fleetConfig(gw v1alpha1.GatewaySpec) fleet.Config {
 // usesPrefix says whether a scheduler's picker scores prefix affinity.
 func usesPrefix(sc v1alpha1.SchedulerSpec, override *schedule.Profile) bool {
 	pr, err := profile(sc, override)
-	return err == nil && sc.PickerName() == schedule.PickerKvgate && pr.Weights["prefix"] > 0
+	// predictedLatency counts a cached prefix as no prefill work.
+	return err == nil && sc.PickerName() == schedule.PickerKvgate && (pr.Weights["prefix"] > 0 || pr.Weights["predictedLatency"] > 0)
 }
 
 // newPicker builds a scheduler's picker: the GPU-aware weighted picker for
@@ -493,6 +561,9 @@ func profile(sc v1alpha1.SchedulerSpec, override *schedule.Profile) (schedule.Pr
 	}
 	if len(sc.LoRAAdapters) > 0 {
 		pr = pr.WithAdapters()
+	}
+	if sc.SessionAffinity != nil {
+		pr = pr.WithSessions()
 	}
 	return pr, nil
 }

@@ -8,6 +8,7 @@ import (
 	"github.com/kvgate/kvgate/api/v1alpha1"
 	"github.com/kvgate/kvgate/internal/engine"
 	"github.com/kvgate/kvgate/internal/fleet"
+	"github.com/kvgate/kvgate/internal/latency"
 	"github.com/kvgate/kvgate/internal/openai"
 )
 
@@ -44,6 +45,13 @@ type EndpointView struct {
 	EjectedForMs        float64 `json:"ejectedForMs,omitempty"`
 	ErrorRate           float64 `json:"errorRate"` // recent failure share, 0..1
 	LastError           string  `json:"lastError,omitempty"`
+	// Publishes lists the signals the last scrape carried (queue, running,
+	// kvUsage, kvBlocks, lora); a scorer reading one that some endpoint of
+	// the pool lacks sits the pool's decisions out.
+	Publishes []string `json:"publishes,omitempty"`
+	// Speed is what predictedLatency learned of the endpoint's answers
+	// (borrowed: its pool's median, while it has too few of its own).
+	Speed latency.Speed `json:"speed"`
 }
 
 // FleetView is every scheduler's endpoints as the picker sees them now.
@@ -59,8 +67,12 @@ func (g *Router) FleetView() []SchedulerView {
 					ev.Scraped, ev.Healthy, ev.Stale, ev.AgeMs = sn.Scraped, sn.Healthy, sn.Stale, float64(sn.Age.Microseconds())/1000
 					ev.Dialect, ev.Waiting, ev.Running, ev.KVUsage, ev.LastError = string(sn.Dialect), sn.Waiting, sn.Running, sn.KVUsage, sn.LastError
 					ev.Pending, ev.PrefillTokens, ev.ScrapeErrors = sn.Pending, sn.PrefillTokens, sn.ScrapeErrors
+					if sn.Scraped {
+						ev.Publishes = sn.Published().Names()
+					}
 				}
 				ev.PrefixBlocks = g.prefix.EntriesOf(e.addr)
+				ev.Speed = e.speed.Speed(p.poolSpeed())
 				ev.ConsecutiveFailures = int(e.out.failures.Load())
 				now := g.now()
 				ev.ErrorRate = math.Round(e.errorRate(now)*1000) / 1000
@@ -89,6 +101,13 @@ func (g *Router) Models() []openai.Model {
 		}
 	}
 	return data
+}
+
+// WantsUser says whether a scheduler takes session keys from the body's user
+// field: a front then reads it (Request.User).
+func (g *Router) WantsUser() bool {
+	rt := g.routes.Load()
+	return rt != nil && rt.wantsUser
 }
 
 // Draining says whether Drain was called.

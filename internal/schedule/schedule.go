@@ -15,6 +15,9 @@ import (
 type Request struct {
 	Model   string // the model asked for
 	Adapter string // the LoRA adapter, "" for the base model
+	// PromptTokens estimates the prompt's length, for the prefill work it
+	// adds (predictedLatency); 0 when unknown.
+	PromptTokens float64
 }
 
 // Endpoint is one candidate as the picker sees it.
@@ -32,11 +35,15 @@ type Candidate struct {
 	Score   float64
 	// Scores holds the per-scorer scores, for x-kvgate-explain.
 	Scores Scores
+	// PredictedTTFT is the time to first token the predictedLatency scorer
+	// expects of the request here, in seconds, when it ran.
+	PredictedTTFT float64
 }
 
 // ScoreNames name the per-scorer scores a Candidate can carry, in their order in
 // Scores.
-var ScoreNames = [...]string{"queue", "kvCache", "prefix", "loraAffinity", "runningRequests", "prefillQueue", "errorRate", "inFlight"}
+var ScoreNames = [...]string{"queue", "kvCache", "prefix", "loraAffinity", "runningRequests", "prefillQueue", "errorRate",
+	"predictedLatency", "sessionAffinity", "inFlight"}
 
 // Scores are a candidate's per-scorer scores; a fixed array, not a map, because a
 // decision fills one per candidate.

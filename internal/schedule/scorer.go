@@ -1,9 +1,11 @@
 package schedule
 
 import (
+	"math"
 	"slices"
 
 	"github.com/kvgate/kvgate/internal/engine"
+	"github.com/kvgate/kvgate/internal/latency"
 )
 
 // Signals are what the GPU-aware scorers read of an endpoint: its scraped engine
@@ -20,10 +22,19 @@ type Signals struct {
 	// PrefillTokens are prompt tokens this gateway sent to the endpoint that
 	// await their first token: prefill work queued ahead of a new request.
 	PrefillTokens float64
+	// PrefillWork is the part of PrefillTokens not expected to be cached at
+	// the endpoint: the prefill it has to compute.
+	PrefillWork float64
 	// ErrorRate is the share of the endpoint's recent answers that failed (5xx,
 	// connection failures, timeouts, broken streams), 0..1, fading while it is
 	// not tried: a pod that fails fast looks idle to its metrics.
 	ErrorRate float64
+	// Speed is what the gateway learned of the endpoint's speed from its
+	// answers (latency.Tracker), or its pool's median while it has too few.
+	Speed latency.Speed
+	// Session says the endpoint served the request's session last
+	// (sessionAffinity).
+	Session bool
 }
 
 // Scorer scores every candidate in [0,1], higher is better, into out (as long as
@@ -31,6 +42,14 @@ type Signals struct {
 type Scorer interface {
 	Name() string
 	Score(req Request, eps []Endpoint, out []float64)
+}
+
+// Reader is a Scorer that reads signals a model server may not publish. A
+// decision leaves such a scorer out when a candidate lacks one of them, and
+// gives its weight to the scorers that see every candidate: a missing gauge
+// reads 0, which would rate that server empty.
+type Reader interface {
+	Reads(req Request) engine.Signals
 }
 
 // minMaxLow rescales out in place so that the lowest value gets 1 and the highest
@@ -59,6 +78,9 @@ var _ Scorer = KVCache{}
 // Name implements Scorer.
 func (KVCache) Name() string { return "kvCache" }
 
+// Reads implements Reader.
+func (KVCache) Reads(Request) engine.Signals { return engine.SignalKVUsage }
+
 // Score implements Scorer.
 func (KVCache) Score(_ Request, eps []Endpoint, out []float64) {
 	for i := range eps {
@@ -75,6 +97,9 @@ var _ Scorer = Queue{}
 // Name implements Scorer.
 func (Queue) Name() string { return "queue" }
 
+// Reads implements Reader.
+func (Queue) Reads(Request) engine.Signals { return engine.SignalQueue }
+
 // Score implements Scorer.
 func (q Queue) Score(_ Request, eps []Endpoint, out []float64) {
 	for i := range eps {
@@ -90,6 +115,9 @@ var _ Scorer = RunningRequests{}
 
 // Name implements Scorer.
 func (RunningRequests) Name() string { return "runningRequests" }
+
+// Reads implements Reader.
+func (RunningRequests) Reads(Request) engine.Signals { return engine.SignalRunning }
 
 // Score implements Scorer.
 func (r RunningRequests) Score(_ Request, eps []Endpoint, out []float64) {
@@ -108,6 +136,15 @@ var _ Scorer = LoRAAffinity{}
 
 // Name implements Scorer.
 func (LoRAAffinity) Name() string { return "loraAffinity" }
+
+// Reads implements Reader: only an adapter's request needs to know where
+// adapters are.
+func (LoRAAffinity) Reads(req Request) engine.Signals {
+	if req.Adapter == "" {
+		return 0
+	}
+	return engine.SignalLoRA
+}
 
 // Score implements Scorer.
 func (LoRAAffinity) Score(req Request, eps []Endpoint, out []float64) {
@@ -182,4 +219,94 @@ func (r ErrorRate) Score(_ Request, eps []Endpoint, out []float64) {
 		out[i] = min(max(eps[i].ErrorRate, 0), 1)
 	}
 	minMaxLow(out, r.Spread)
+}
+
+// PredictedLatency scores the time to first token the request can expect at
+// each endpoint — its learned speed (Signals.Speed) applied to the prefill
+// work ahead of it and its own uncached prompt, behind the running batch — as
+// the best prediction over this one: twice the best's predicted wait scores
+// 0.5. The gateway's own dispatches raise the work ahead between two scrapes,
+// so a burst arriving at once spreads by speed, not evenly.
+type PredictedLatency struct{}
+
+var _ Scorer = PredictedLatency{}
+
+// Name implements Scorer.
+func (PredictedLatency) Name() string { return "predictedLatency" }
+
+// Score implements Scorer; out holds the predictions, seconds, until the last
+// step.
+func (PredictedLatency) Score(req Request, eps []Endpoint, out []float64) {
+	best := math.Inf(1)
+	for i := range eps {
+		out[i] = PredictTTFT(req, &eps[i])
+		best = min(best, out[i])
+	}
+	for i, v := range out {
+		if v <= 0 {
+			out[i] = 1
+		} else {
+			out[i] = best / v
+		}
+	}
+}
+
+// PredictTTFT is the time to first token, seconds, the request can expect at
+// e by e's learned speed.
+func PredictTTFT(req Request, e *Endpoint) float64 {
+	return e.Speed.TTFT(WorkAhead(e)+req.PromptTokens*(1-min(max(e.PrefixMatch, 0), 1)), e.Running, AdapterLoads(req, e))
+}
+
+// AdapterLoads is 1 when the request's adapter would have to be loaded at e
+// (e publishes its adapters and is not running this one), else 0.
+func AdapterLoads(req Request, e *Endpoint) float64 {
+	if req.Adapter == "" || !e.HasLoRA || slices.Contains(e.RunningAdapters, req.Adapter) {
+		return 0
+	}
+	return 1
+}
+
+// WorkAhead is the prefill work, in prompt tokens not expected to be cached,
+// queued at e ahead of a new request: what this gateway sent that awaits its
+// first token, or what the server reports waiting at the endpoint's typical
+// prefill, whichever is more (other gateways' requests show only in the
+// latter).
+func WorkAhead(e *Endpoint) float64 {
+	w := e.PrefillWork
+	if e.Published().Has(engine.SignalQueue) {
+		w = max(w, e.Waiting*e.Speed.MeanPrefillTokens)
+	}
+	return w
+}
+
+// SessionAffinity scores 1 for the endpoint that served the request's session
+// last, while it carries no more than SessionLoadBound times its share of the
+// candidates' requests in flight (consistent hashing with bounded loads): a
+// session stays with the pod that holds its conversation's KV cache until
+// that pod is unhealthy, saturated (both filtered out before scoring) or
+// loaded beyond its share, and then moves.
+type SessionAffinity struct{}
+
+// SessionLoadBound is how far past its share of the in-flight requests a
+// session's endpoint keeps the session.
+const SessionLoadBound = 1.25
+
+var _ Scorer = SessionAffinity{}
+
+// Name implements Scorer.
+func (SessionAffinity) Name() string { return "sessionAffinity" }
+
+// Score implements Scorer.
+func (SessionAffinity) Score(_ Request, eps []Endpoint, out []float64) {
+	total := 0
+	for i := range eps {
+		total += eps[i].InFlight
+	}
+	bound := math.Ceil(SessionLoadBound * float64(total+1) / float64(len(eps)))
+	for i := range eps {
+		out[i] = 0
+		if eps[i].Session && float64(eps[i].InFlight+1) <= bound {
+			out[i] = 1
+		}
+	}
 }

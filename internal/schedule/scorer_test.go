@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/kvgate/kvgate/internal/engine"
+	"github.com/kvgate/kvgate/internal/latency"
 )
 
 func ep(addr string, m engine.Metrics) Endpoint {
@@ -43,6 +44,27 @@ func TestScorers(t *testing.T) {
 		{"lora base model", LoRAAffinity{}, Request{}, []Endpoint{ep("a", lora(1, []string{"y"}, nil))}, []float64{1}},
 		{"prefix", Prefix{}, Request{}, []Endpoint{{Address: "a", Signals: Signals{PrefixMatch: 0.5}}, {Address: "b", Signals: Signals{PrefixMatch: 2}}}, []float64{0.5, 1}},
 		{"empty", Queue{}, Request{}, nil, []float64{}},
+		{"predicted latency: best over each", PredictedLatency{}, Request{PromptTokens: 1000}, []Endpoint{
+			{Address: "fast", Signals: Signals{Speed: latency.Speed{PerKToken: 0.1}}},
+			{Address: "slow", Signals: Signals{Speed: latency.Speed{PerKToken: 0.4}}},
+			{Address: "fast, 3000 tokens ahead", Signals: Signals{PrefillWork: 3000, Speed: latency.Speed{PerKToken: 0.1}}},
+		}, []float64{1, 0.25, 0.25}},
+		{"predicted latency: a cached prefix is no work", PredictedLatency{}, Request{PromptTokens: 1000}, []Endpoint{
+			{Address: "cold", Signals: Signals{Speed: latency.Speed{PerKToken: 0.1}}},
+			{Address: "half cached", Signals: Signals{PrefixMatch: 0.5, Speed: latency.Speed{PerKToken: 0.1}}},
+		}, []float64{0.5, 1}},
+		{"predicted latency: waiting requests at the typical prompt", PredictedLatency{}, Request{PromptTokens: 500}, []Endpoint{
+			{Address: "others' queue", Signals: Signals{Metrics: engine.Metrics{Waiting: 3}, Speed: latency.Speed{PerKToken: 0.1, MeanPrefillTokens: 500}}},
+			{Address: "own queue", Signals: Signals{PrefillWork: 500, Speed: latency.Speed{PerKToken: 0.1, MeanPrefillTokens: 500}}},
+			{Address: "queue not published", Signals: Signals{Metrics: engine.Metrics{Waiting: 3, Missing: engine.SignalQueue}, Speed: latency.Speed{PerKToken: 0.1, MeanPrefillTokens: 500}}},
+		}, []float64{0.25, 0.5, 1}},
+		{"session: its endpoint within its share", SessionAffinity{}, Request{}, []Endpoint{
+			{Address: "a", InFlight: 2, Signals: Signals{Session: true}}, {Address: "b", InFlight: 2}, {Address: "c", InFlight: 1},
+		}, []float64{1, 0, 0}},
+		{"session: its endpoint past its share", SessionAffinity{}, Request{}, []Endpoint{
+			{Address: "a", InFlight: 6, Signals: Signals{Session: true}}, {Address: "b", InFlight: 1}, {Address: "c", InFlight: 1},
+		}, []float64{0, 0, 0}},
+		{"session: none", SessionAffinity{}, Request{}, []Endpoint{{Address: "a"}, {Address: "b"}}, []float64{0, 0}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got := make([]float64, len(tc.eps))
@@ -131,5 +153,51 @@ func TestWeightedPicker(t *testing.T) {
 	}
 	if kv != 0.5 || q != 1 || n != 3 || d.Ranked[0].Score != 2*0.5+2*1 {
 		t.Fatalf("scores %+v total %v", s, d.Ranked[0].Score)
+	}
+}
+
+// TestMissingSignalsSitOut: a scorer or a threshold reading a signal that a
+// candidate does not publish is left out of the whole decision, its weight
+// going to the scorers that see every candidate; never read as 0.
+func TestMissingSignalsSitOut(t *testing.T) {
+	noKV := engine.SignalKVUsage | engine.SignalBlocks
+	for _, tc := range []struct {
+		name string
+		eps  []Endpoint
+		want string // the pick
+		ran  []string
+	}{
+		{"every candidate publishes KV: the emptier cache wins", []Endpoint{
+			ep("full", engine.Metrics{KVUsage: 0.7, Waiting: 1}), ep("empty", engine.Metrics{KVUsage: 0.1, Waiting: 1}),
+		}, "empty", []string{"queue", "kvCache"}},
+		{"one without KV: kvCache sits out, the queue decides", []Endpoint{
+			ep("no-kv", engine.Metrics{Waiting: 3, Missing: noKV}), ep("kv", engine.Metrics{KVUsage: 0.7, Waiting: 0}),
+		}, "kv", []string{"queue"}},
+		{"one without KV is not saturated by a KV threshold either way", []Endpoint{
+			ep("no-kv", engine.Metrics{Waiting: 0, Missing: noKV}), ep("kv-full", engine.Metrics{KVUsage: 0.95, Waiting: 1}),
+		}, "no-kv", []string{"queue"}},
+		{"one without a queue: the queue sits out and the queue threshold too", []Endpoint{
+			ep("no-queue", engine.Metrics{KVUsage: 0.5, Missing: engine.SignalQueue}), ep("long-queue", engine.Metrics{KVUsage: 0.2, Waiting: 50}),
+		}, "long-queue", []string{"kvCache"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := NewWeighted(Profile{Weights: Weights{"queue": 1, "kvCache": 1}}, Thresholds{}, 1)
+			d := p.Pick(Request{}, slices.Clone(tc.eps))
+			if d.Ranked[0].Address != tc.want {
+				t.Fatalf("picked %s, want %s (%+v)", d.Ranked[0].Address, tc.want, d.Ranked)
+			}
+			var ran []string
+			for name := range d.Ranked[0].Scores.All() {
+				ran = append(ran, name)
+			}
+			if !slices.Equal(ran, tc.ran) {
+				t.Fatalf("scorers %v ran, want %v", ran, tc.ran)
+			}
+			// The weights that ran add up to the profile's: a decision's total
+			// keeps its scale.
+			if s := d.Ranked[0].Score; s > 2+1e-9 {
+				t.Fatalf("total %v above the weights' sum", s)
+			}
+		})
 	}
 }

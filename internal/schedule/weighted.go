@@ -2,6 +2,8 @@ package schedule
 
 import (
 	"fmt"
+
+	"github.com/kvgate/kvgate/internal/engine"
 	"maps"
 	"math"
 	"slices"
@@ -31,8 +33,9 @@ type Profile struct {
 // and batch weights were chosen.
 var profiles = map[string]Profile{
 	"gie-default": {Weights: GIEDefault},
-	"chat":        {Weights: Weights{"queue": 1, "kvCache": 6, "prefix": 3, "prefillQueue": 2, "errorRate": 6}, QueueSpread: 16},
-	"batch":       {Weights: Weights{"queue": 1, "kvCache": 3, "prefix": 3, "errorRate": 4}, QueueSpread: 8},
+	"chat": {Weights: Weights{"queue": 1, "kvCache": 6, "prefix": 3, "prefillQueue": 2, "errorRate": 6, "predictedLatency": 2},
+		QueueSpread: 16},
+	"batch": {Weights: Weights{"queue": 1, "kvCache": 3, "prefix": 3, "errorRate": 4}, QueueSpread: 8},
 }
 
 // Equal reports whether two profiles score alike (a missing weight is 0).
@@ -60,6 +63,20 @@ func (p Profile) WithAdapters() Profile {
 	if _, set := p.Weights["loraAffinity"]; !set {
 		p.Weights = maps.Clone(p.Weights)
 		p.Weights["loraAffinity"] = 3
+	}
+	return p
+}
+
+// SessionWeight is the sessionAffinity weight of a scheduler with session
+// affinity whose profile sets none: the most a single scorer weighs in chat,
+// so that a session stays unless its endpoint fills or loads past its share.
+const SessionWeight = 6
+
+// WithSessions returns the profile for a pool with session affinity.
+func (p Profile) WithSessions() Profile {
+	if _, set := p.Weights["sessionAffinity"]; !set {
+		p.Weights = maps.Clone(p.Weights)
+		p.Weights["sessionAffinity"] = SessionWeight
 	}
 	return p
 }
@@ -108,6 +125,7 @@ type Weighted struct {
 // pickScratch holds one decision's working memory.
 type pickScratch struct {
 	vals  [][]float64 // per scorer, per candidate
+	ran   []bool      // per scorer: it ran in this decision
 	total []float64
 	keys  []uint64 // random tie-breakers
 	top   []int
@@ -126,7 +144,7 @@ func NewWeighted(pr Profile, t Thresholds, seed uint64) *Weighted {
 	w := pr.Weights
 	p := &Weighted{thresholds: t, rng: newLockedRand(seed)}
 	for _, s := range []Scorer{Queue{Spread: pr.QueueSpread}, KVCache{}, Prefix{}, LoRAAffinity{}, RunningRequests{Spread: pr.RunningSpread},
-		PrefillQueue{Spread: pr.PrefillSpread}, ErrorRate{Spread: ErrorRateSpread}} {
+		PrefillQueue{Spread: pr.PrefillSpread}, ErrorRate{Spread: ErrorRateSpread}, PredictedLatency{}, SessionAffinity{}} {
 		if w[s.Name()] > 0 {
 			p.scorers = append(p.scorers, s)
 			p.weights = append(p.weights, w[s.Name()])
@@ -156,12 +174,29 @@ func (p *Weighted) Pick(req Request, eps []Endpoint) Decision {
 	for len(sc.vals) < len(p.scorers) {
 		sc.vals = append(sc.vals, nil)
 	}
+	// A scorer reading a signal some candidate does not publish sits this
+	// decision out, its weight shared by the others in proportion.
+	seen := commonSignals(cands)
+	sc.ran = resize(sc.ran, len(p.scorers))
+	all, kept := 0.0, 0.0
 	for k, s := range p.scorers {
+		r, ok := s.(Reader)
+		sc.ran[k] = !ok || seen.Has(r.Reads(req))
+		all += p.weights[k]
+		if sc.ran[k] {
+			kept += p.weights[k]
+		}
+	}
+	for k, s := range p.scorers {
+		if !sc.ran[k] {
+			continue
+		}
 		v := resize(sc.vals[k], n)
 		sc.vals[k] = v
 		s.Score(req, cands, v)
+		w := p.weights[k] * all / kept
 		for i, x := range v {
-			sc.total[i] += p.weights[k] * x
+			sc.total[i] += w * x
 		}
 	}
 	sc.keys = resize(sc.keys, n)
@@ -187,9 +222,11 @@ func (p *Weighted) Pick(req Request, eps []Endpoint) Decision {
 	sc.top = top
 	out := make([]Candidate, len(top))
 	for r, i := range top {
-		out[r] = Candidate{Address: cands[i].Address, Score: sc.total[i]}
+		out[r] = Candidate{Address: cands[i].Address, Score: sc.total[i], PredictedTTFT: PredictTTFT(req, &cands[i])}
 		for k := range p.scorers {
-			out[r].Scores.put(p.slots[k], sc.vals[k][i])
+			if sc.ran[k] {
+				out[r].Scores.put(p.slots[k], sc.vals[k][i])
+			}
 		}
 	}
 	return Decision{Ranked: out}
@@ -220,8 +257,18 @@ func (p *Weighted) filter(req Request, eps []Endpoint) []Endpoint {
 		}
 		ceiling = lo + p.failing
 	}
+	// A threshold on a signal some candidate does not publish is not applied:
+	// a missing gauge reads 0, which would keep that server and no other.
+	seen := commonSignals(eps)
+	queueLimit, kvLimit := p.thresholds.Queue, p.thresholds.KVUsage
+	if !seen.Has(engine.SignalQueue) {
+		queueLimit = math.Inf(1)
+	}
+	if !seen.Has(engine.SignalKVUsage) {
+		kvLimit = math.Inf(1)
+	}
 	eps = keep(eps, func(e *Endpoint) bool {
-		return e.Waiting < p.thresholds.Queue && e.KVUsage < p.thresholds.KVUsage && e.ErrorRate < ceiling
+		return e.Waiting < queueLimit && e.KVUsage < kvLimit && e.ErrorRate < ceiling
 	})
 	if req.Adapter != "" {
 		eps = keep(eps, func(e *Endpoint) bool {
@@ -248,4 +295,13 @@ func keep(eps []Endpoint, ok func(*Endpoint) bool) []Endpoint {
 		return eps
 	}
 	return eps[:k]
+}
+
+// commonSignals are the signals every endpoint of eps publishes.
+func commonSignals(eps []Endpoint) engine.Signals {
+	seen := engine.AllSignals
+	for i := range eps {
+		seen &= eps[i].Published()
+	}
+	return seen
 }

@@ -189,11 +189,13 @@ type Engine struct {
 	pcg    *rand.PCG // rng's source, whose state Clone and trials copy
 	rng    *rand.Rand
 
-	now     time.Duration
-	nextID  uint64
-	waiting deque
-	running []*Seq
-	stats   Stats
+	now    time.Duration
+	nextID uint64
+	// slowdown multiplies every step's time from now on (SetSlowdown); 0 is 1.
+	slowdown float64
+	waiting  deque
+	running  []*Seq
+	stats    Stats
 
 	emitted, finished []*Seq
 	tr                trial // FirstTokenIfSubmitted's journal (clone.go)
@@ -267,6 +269,10 @@ func (e *Engine) NumBlocks() int { return e.kv.total() }
 
 // Now is the engine's virtual time.
 func (e *Engine) Now() time.Duration { return e.now }
+
+// SetSlowdown makes every later step take f times as long (f ≤ 1 restores the
+// calibrated speed): a GPU throttled or shared with a noisy neighbour.
+func (e *Engine) SetSlowdown(f float64) { e.slowdown = f }
 
 // Busy reports whether the engine has work to step.
 func (e *Engine) Busy() bool { return e.waiting.len() > 0 || len(e.running) > 0 }
@@ -435,6 +441,9 @@ func (e *Engine) Step() StepResult {
 
 	start := e.now
 	d := e.cost.StepTime(work) + extra
+	if e.slowdown > 1 {
+		d = time.Duration(float64(d) * e.slowdown)
+	}
 	e.now += d
 	e.stats.Steps++
 	e.stats.BusyTime += d

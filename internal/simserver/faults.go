@@ -36,6 +36,9 @@ type Faults struct {
 	// goes on, as a broken metrics exporter would: a gateway sees the server's
 	// metrics go stale.
 	MetricsErrorStatus int `json:"metricsErrorStatus,omitempty"`
+	// Slowdown makes every engine step take this many times as long (2: half
+	// speed), as a throttled GPU or a noisy neighbour would; 0 or 1: none.
+	Slowdown float64 `json:"slowdown,omitempty"`
 }
 
 func (f Faults) validate() error {
@@ -49,6 +52,9 @@ func (f Faults) validate() error {
 	}
 	if f.MetricsErrorStatus != 0 && (f.MetricsErrorStatus < 400 || f.MetricsErrorStatus > 599) {
 		return fmt.Errorf("fault metricsErrorStatus = %d: must be a 4xx or 5xx status", f.MetricsErrorStatus)
+	}
+	if f.Slowdown < 0 || f.Slowdown > 1000 {
+		return fmt.Errorf("fault slowdown = %g: must be between 0 and 1000", f.Slowdown)
 	}
 	if f.AddedLatency < 0 || f.CloseAfterTokens < 0 {
 		return fmt.Errorf("fault addedLatency and closeAfterTokens must not be negative")
@@ -98,6 +104,7 @@ func (s *Server) setFaults(f Faults, spare net.Conn) error {
 	}
 	s.mu.Lock()
 	s.faults = f
+	s.eng.SetSlowdown(f.Slowdown)
 	s.mu.Unlock()
 	if err := s.setRefusing(f.RefuseConnections, spare); err != nil {
 		return err

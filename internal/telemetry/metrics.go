@@ -26,6 +26,7 @@ type Gateway struct {
 	Retries        *prometheus.CounterVec   // scheduler, reason
 	Ejections      *prometheus.CounterVec   // scheduler, endpoint
 	Shed           *prometheus.CounterVec   // scheduler, reason
+	SLOMisses      *prometheus.CounterVec   // scheduler, action
 	StreamErrors   *prometheus.CounterVec   // scheduler
 	InFlight       *prometheus.GaugeVec     // scheduler, endpoint
 	Reloads        *prometheus.CounterVec   // result
@@ -71,8 +72,12 @@ func NewGateway() *Gateway {
 		}, []string{"scheduler", "endpoint"}),
 		Shed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvgate_shed_total",
-			Help: "Requests refused by admission, by reason (no_endpoint: 503; saturated: 429 after queueTimeout; sheddable: 429 at once, objective priority below 0).",
+			Help: "Requests refused by admission, by reason (no_endpoint: 503; saturated: 429 after queueTimeout; sheddable: 429 at once, objective priority below 0; slo: 429 at once, sheddable and no endpoint predicted to meet its ttftSLO).",
 		}, []string{"scheduler", "reason"}),
+		SLOMisses: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvgate_ttft_slo_unmet_total",
+			Help: "Requests with a ttftSLO that no endpoint was predicted to meet, by action (shed: refused, the request being sheddable; routed: sent to the best endpoint).",
+		}, []string{"scheduler", "action"}),
 		StreamErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvgate_stream_errors_total",
 			Help: "Responses that failed after bytes reached the client and were ended with an error event.",
@@ -90,7 +95,7 @@ func NewGateway() *Gateway {
 			Help: "1 when the last configuration read was accepted, 0 when it was rejected and the previous one still serves.",
 		}),
 	}
-	g.Registry.MustRegister(g.Requests, g.Duration, g.TTFT, g.Decision, g.PrefixMatch, g.Tokens, g.Retries, g.Ejections, g.Shed, g.StreamErrors,
+	g.Registry.MustRegister(g.Requests, g.Duration, g.TTFT, g.Decision, g.PrefixMatch, g.Tokens, g.Retries, g.Ejections, g.Shed, g.SLOMisses, g.StreamErrors,
 		g.InFlight, g.Reloads, g.ConfigAccepted,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return g

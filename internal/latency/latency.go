@@ -1,0 +1,402 @@
+// Package latency learns, online, how fast a model server answers: a small
+// linear model per endpoint fitted to what the gateway observes of each
+// response (its time to first token against the prefill work ahead of it and
+// the running batch; its inter-token latency against the batch), so that the
+// picker can predict a request's time to first token on every candidate, on a
+// pool of mixed GPUs as on a uniform one.
+//
+// The fit is least squares with exponential forgetting — the model forgets at
+// a known rate, so a pod that slows down is seen within a few dozen answers —
+// pulled toward a prior (the pool's median model, or a default), with
+// non-negative coefficients, and made robust by down-weighting an answer whose
+// error is many times the typical one: one request stuck behind a stall does
+// not teach the model that the pod is slow.
+package latency
+
+import (
+	"math"
+	"slices"
+	"sync"
+	"sync/atomic"
+)
+
+// dim is the most features a Model takes (an intercept and three inputs).
+const dim = 4
+
+// Model is y ≈ θ·x fitted online: weighted least squares over the answers,
+// each weighing Forgetting times less per later answer, pulled toward a
+// prior (ridge) and solved with every coefficient non-negative. It keeps
+// sufficient statistics, not the answers, and solves the small system after
+// each answer: unlike recursive least squares, whose covariance update loses
+// its conditioning under forgetting and diverged in the bursty scenario, it
+// cannot wind up. The zero value is not usable: start one with New. A Model is
+// not safe for concurrent use.
+type Model struct {
+	n     int
+	prior [dim]float64
+	ridge [dim]float64 // the prior's pull on each coefficient
+	sxx   [dim][dim]float64
+	sxy   [dim]float64
+	theta [dim]float64
+	scale float64 // typical absolute error, for down-weighting outliers
+	// Samples counts the observations fitted.
+	Samples int
+}
+
+// Forgetting is the weight an observation keeps per later observation: about
+// the last 1/(1−Forgetting) answers make the fit.
+const Forgetting = 0.95
+
+// clip is how many typical errors an answer's error may reach before it
+// weighs less: one request stuck behind a stall moves the fit as a few
+// typical answers would, a change that repeats moves it all the way.
+const clip = 4
+
+// noise is the typical error, in the answers' unit, that a coefficient's
+// spread is measured against: a prior with spread s pulls like one answer
+// whose error is noise when the coefficient is s off.
+const noise = 0.05
+
+// New starts a model of len(prior) features (at most 3) at the prior
+// coefficients, each held to the prior with the given spread: how far from
+// it one answer of typical error may pull it.
+func New(prior, spread []float64) *Model {
+	m := &Model{n: min(len(prior), dim)}
+	for i := range m.n {
+		m.prior[i] = max(prior[i], 0)
+		m.theta[i] = m.prior[i]
+		sp := 1.0
+		if i < len(spread) && spread[i] > 0 {
+			sp = spread[i]
+		}
+		m.ridge[i] = (noise / sp) * (noise / sp)
+	}
+	return m
+}
+
+// Coefficients returns θ.
+func (m *Model) Coefficients() []float64 { return append([]float64(nil), m.theta[:m.n]...) }
+
+// Predict returns θ·x.
+func (m *Model) Predict(x []float64) float64 {
+	y := 0.0
+	for i := range m.n {
+		y += m.theta[i] * x[i]
+	}
+	return y
+}
+
+// Observe fits one observation y of features x.
+func (m *Model) Observe(x []float64, y float64) {
+	if math.IsNaN(y) || math.IsInf(y, 0) {
+		return
+	}
+	for i := range m.n {
+		if math.IsNaN(x[i]) || math.IsInf(x[i], 0) {
+			return
+		}
+	}
+	e := math.Abs(y - m.Predict(x))
+	w := 1.0
+	if m.Samples >= 3 && m.scale > 0 && e > clip*m.scale {
+		w = clip * m.scale / e
+	}
+	if m.Samples == 0 {
+		m.scale = e
+	} else {
+		m.scale = 0.7*m.scale + 0.3*e
+	}
+	n := m.n
+	for i := range n {
+		for j := range n {
+			m.sxx[i][j] = Forgetting*m.sxx[i][j] + w*x[i]*x[j]
+		}
+		m.sxy[i] = Forgetting*m.sxy[i] + w*x[i]*y
+	}
+	m.Samples++
+	m.solve()
+}
+
+// solve sets θ to the non-negative minimiser of the forgotten squared errors
+// plus the ridge: of the solutions with some coefficients held at 0, the best
+// whose free coefficients are all non-negative (4 coefficients: 15 systems).
+func (m *Model) solve() {
+	n := m.n
+	best, bestCost := m.theta, math.Inf(1)
+	for free := 1; free < 1<<n; free++ {
+		var a [dim][dim]float64
+		var b [dim]float64
+		var idx []int
+		for i := range n {
+			if free&(1<<i) != 0 {
+				idx = append(idx, i)
+			}
+		}
+		for r, i := range idx {
+			for c, j := range idx {
+				a[r][c] = m.sxx[i][j]
+			}
+			a[r][r] += m.ridge[i]
+			b[r] = m.sxy[i] + m.ridge[i]*m.prior[i]
+		}
+		sol, ok := solveSmall(a, b, len(idx))
+		if !ok {
+			continue
+		}
+		var th [dim]float64
+		feasible := true
+		for r, i := range idx {
+			if sol[r] < 0 {
+				feasible = false
+			}
+			th[i] = sol[r]
+		}
+		if !feasible {
+			continue
+		}
+		if c := m.cost(th); c < bestCost {
+			best, bestCost = th, c
+		}
+	}
+	m.theta = best
+}
+
+// cost is the forgotten squared error of θ (up to a constant) plus the ridge.
+func (m *Model) cost(th [dim]float64) float64 {
+	c := 0.0
+	for i := range m.n {
+		c -= 2 * th[i] * m.sxy[i]
+		for j := range m.n {
+			c += th[i] * m.sxx[i][j] * th[j]
+		}
+		d := th[i] - m.prior[i]
+		c += m.ridge[i] * d * d
+	}
+	return c
+}
+
+// solveSmall solves a·x = b for the leading k×k block by Gaussian elimination
+// with partial pivoting.
+func solveSmall(a [dim][dim]float64, b [dim]float64, k int) ([dim]float64, bool) {
+	for col := range k {
+		p := col
+		for r := col + 1; r < k; r++ {
+			if math.Abs(a[r][col]) > math.Abs(a[p][col]) {
+				p = r
+			}
+		}
+		if math.Abs(a[p][col]) < 1e-15 {
+			return b, false
+		}
+		a[col], a[p] = a[p], a[col]
+		b[col], b[p] = b[p], b[col]
+		for r := col + 1; r < k; r++ {
+			f := a[r][col] / a[col][col]
+			for c := col; c < k; c++ {
+				a[r][c] -= f * a[col][c]
+			}
+			b[r] -= f * b[col]
+		}
+	}
+	var x [dim]float64
+	for r := k - 1; r >= 0; r-- {
+		v := b[r]
+		for c := r + 1; c < k; c++ {
+			v -= a[r][c] * x[c]
+		}
+		x[r] = v / a[r][r]
+	}
+	return x, true
+}
+
+// Speed is an endpoint's learned speed, as the picker reads it: its time to
+// first token as a function of the prefill work ahead of it and its running
+// batch, and its decode step time as a function of the batch.
+type Speed struct {
+	// Base is the time to first token with no work ahead, in seconds.
+	Base float64 `json:"baseSeconds"`
+	// PerKToken is the time per thousand prompt tokens of prefill work, in
+	// seconds: the inverse of the prefill rate.
+	PerKToken float64 `json:"secondsPerKToken"`
+	// PerRunning is the time to first token each running request adds.
+	PerRunning float64 `json:"secondsPerRunning"`
+	// AdapterLoad is the time to first token a request adds when its LoRA
+	// adapter is not loaded at the endpoint.
+	AdapterLoad float64 `json:"adapterLoadSeconds"`
+	// StepBase and StepPerRunning model the inter-token latency.
+	StepBase       float64 `json:"stepSeconds"`
+	StepPerRunning float64 `json:"stepSecondsPerRunning"`
+	// MeanPrefillTokens is the typical prefill (prompt tokens not cached) of
+	// the requests the endpoint served, for the work of the requests it
+	// reports waiting that this gateway did not send.
+	MeanPrefillTokens float64 `json:"meanPrefillTokens"`
+	// Samples counts the answers that taught the TTFT model; Steps the
+	// streams that taught the step model.
+	Samples int `json:"samples"`
+	Steps   int `json:"steps"`
+	// Borrowed says the endpoint has too few answers of its own: the speed
+	// is its pool's median (or the default) until it has MinSamples.
+	Borrowed bool `json:"borrowed,omitempty"`
+}
+
+// MinSamples is how many answers an endpoint's model needs before it speaks
+// for the endpoint rather than its pool's median.
+const MinSamples = 5
+
+// minPerKToken keeps a prediction growing with the work ahead: a fit that put
+// all of a pod's time in its intercept would otherwise see no cost in
+// queueing more on it.
+const minPerKToken = 1e-3
+
+// Default is the speed assumed of an endpoint before anything in its pool
+// answered: about a mid-range GPU's prefill of an 8B model. Only its ratios
+// to other endpoints' speeds matter to a pick, and every endpoint starts
+// from it.
+var Default = Speed{Base: 0.01, PerKToken: 0.1, PerRunning: 0.0005, AdapterLoad: 0.05, StepBase: 0.02, StepPerRunning: 0.0002, MeanPrefillTokens: 512}
+
+// TTFT predicts the time to first token of a request whose prefill work,
+// with what is queued ahead of it, is tokens, behind running requests, with
+// loads adapter loads (1 when its adapter is not loaded there, else 0).
+func (s Speed) TTFT(tokens, running, loads float64) float64 {
+	return max(s.Base, 0) + max(s.PerKToken, minPerKToken)*tokens/1000 + max(s.PerRunning, 0)*running + max(s.AdapterLoad, 0)*loads
+}
+
+// Features of the models: TTFT on [1, ktokens, running/100], the step on
+// [1, running/100], scaled so that coefficients are of like size.
+func ttftX(tokens, running, loads float64) []float64 {
+	return []float64{1, tokens / 1000, running / 100, loads}
+}
+func stepX(running float64) []float64 { return []float64{1, running / 100} }
+
+// Tracker learns one endpoint's Speed. It is safe for concurrent use: answers
+// update it under a lock, and a pick reads the last fit without one.
+type Tracker struct {
+	mu          sync.Mutex
+	ttft, step  *Model
+	meanPrefill float64
+	fit         atomic.Pointer[Speed] // the models' coefficients after the last answer
+}
+
+// prior turns a Speed into the TTFT model's starting coefficients. The spreads
+// say how readily answers move each: the intercept little (a pod's time is
+// mostly its prefill work, which a pod answering only short prompts cannot
+// tell apart from a constant), the per-token cost readily.
+func ttftPrior(s Speed) *Model {
+	return New([]float64{s.Base, s.PerKToken, s.PerRunning * 100, s.AdapterLoad}, []float64{0.05, 2, 0.2, 0.2})
+}
+
+func stepPrior(s Speed) *Model {
+	return New([]float64{s.StepBase, s.StepPerRunning * 100}, []float64{0.02, 0.05})
+}
+
+// ObserveTTFT fits one answer: its time to first token, seconds, when its
+// prefill work with what was queued ahead was tokens, behind running
+// requests, of which its own prefill was ownTokens. prior starts a model
+// that has none (the pool's median speed).
+func (t *Tracker) ObserveTTFT(tokens, running, loads, ownTokens, seconds float64, prior Speed) {
+	if seconds < 0 || tokens < 0 || math.IsNaN(seconds) {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.ttft == nil {
+		t.ttft = ttftPrior(prior)
+		t.meanPrefill = prior.MeanPrefillTokens
+	}
+	t.ttft.Observe(ttftX(tokens, running, loads), seconds)
+	if ownTokens > 0 {
+		t.meanPrefill = 0.95*t.meanPrefill + 0.05*ownTokens
+	}
+	t.publish(prior)
+}
+
+// ObserveStep fits one stream's mean inter-token latency, seconds, with
+// running requests in the batch when it started.
+func (t *Tracker) ObserveStep(running, seconds float64, prior Speed) {
+	if seconds <= 0 || math.IsNaN(seconds) {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.step == nil {
+		t.step = stepPrior(prior)
+	}
+	t.step.Observe(stepX(running), seconds)
+	t.publish(prior)
+}
+
+// publish stores the models' coefficients for Speed; t.mu is held.
+func (t *Tracker) publish(prior Speed) {
+	s := prior
+	if old := t.fit.Load(); old != nil {
+		s = *old
+	}
+	if t.ttft != nil {
+		c := t.ttft.Coefficients()
+		s.Base, s.PerKToken, s.PerRunning, s.AdapterLoad, s.Samples = c[0], c[1], c[2]/100, c[3], t.ttft.Samples
+		s.MeanPrefillTokens = t.meanPrefill
+	}
+	if t.step != nil {
+		c := t.step.Coefficients()
+		s.StepBase, s.StepPerRunning, s.Steps = c[0], c[1]/100, t.step.Samples
+	}
+	t.fit.Store(&s)
+}
+
+// Speed is what the tracker has learned; with fewer than MinSamples answers,
+// prior's (the pool's median), marked Borrowed; likewise the step model.
+func (t *Tracker) Speed(prior Speed) Speed {
+	own := t.fit.Load()
+	if own == nil {
+		prior.Samples, prior.Steps, prior.Borrowed = 0, 0, true
+		return prior
+	}
+	s := *own
+	if s.Samples < MinSamples {
+		s.Base, s.PerKToken, s.PerRunning, s.AdapterLoad = prior.Base, prior.PerKToken, prior.PerRunning, prior.AdapterLoad
+		s.MeanPrefillTokens, s.Borrowed = prior.MeanPrefillTokens, true
+	}
+	if s.Steps < MinSamples {
+		s.StepBase, s.StepPerRunning = prior.StepBase, prior.StepPerRunning
+	}
+	return s
+}
+
+// Median is the coefficient-wise median of the speeds that are not borrowed,
+// or Default when none is: a new pod in a pool starts as its typical member.
+// Its Samples is the number of speeds the median is of (0: the default).
+func Median(speeds []Speed) Speed {
+	var own []Speed
+	for _, s := range speeds {
+		if !s.Borrowed {
+			own = append(own, s)
+		}
+	}
+	if len(own) == 0 {
+		return Default
+	}
+	med := func(f func(Speed) float64) float64 {
+		v := make([]float64, len(own))
+		for i, s := range own {
+			v[i] = f(s)
+		}
+		return median(v)
+	}
+	return Speed{
+		Base: med(func(s Speed) float64 { return s.Base }), PerKToken: med(func(s Speed) float64 { return s.PerKToken }),
+		PerRunning: med(func(s Speed) float64 { return s.PerRunning }), AdapterLoad: med(func(s Speed) float64 { return s.AdapterLoad }),
+		StepBase:          med(func(s Speed) float64 { return s.StepBase }),
+		StepPerRunning:    med(func(s Speed) float64 { return s.StepPerRunning }),
+		MeanPrefillTokens: med(func(s Speed) float64 { return s.MeanPrefillTokens }),
+		Samples:           len(own),
+	}
+}
+
+func median(v []float64) float64 {
+	slices.Sort(v)
+	n := len(v)
+	if n%2 == 1 {
+		return v[n/2]
+	}
+	return (v[n/2-1] + v[n/2]) / 2
+}

@@ -1,0 +1,128 @@
+package latency
+
+import (
+	"math"
+	"math/rand/v2"
+	"testing"
+)
+
+// TestModelLearnsLine: a model fitted to noisy answers of a known line finds
+// its coefficients, and a stall among them does not drag it away.
+func TestModelLearnsLine(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		truth  []float64
+		noise  float64
+		stalls bool
+	}{
+		{"fast pod", []float64{0.01, 0.05, 0.02}, 0.002, false},
+		{"slow pod", []float64{0.05, 0.8, 0.1}, 0.02, false},
+		{"slow pod with stalls", []float64{0.05, 0.8, 0.1}, 0.02, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(1, 2))
+			m := New([]float64{0.01, 0.1, 0.05}, []float64{0.05, 2, 0.2})
+			for i := range 400 {
+				x := []float64{1, rng.Float64() * 4, rng.Float64() * 2}
+				y := tc.truth[0] + tc.truth[1]*x[1] + tc.truth[2]*x[2] + rng.NormFloat64()*tc.noise
+				if tc.stalls && i%25 == 7 {
+					y += 30 // one answer in 25 stuck behind something else
+				}
+				m.Observe(x, y)
+			}
+			c := m.Coefficients()
+			for i := range c {
+				if math.Abs(c[i]-tc.truth[i]) > 0.1*tc.truth[1]+0.02 {
+					t.Fatalf("coefficients %.4f, want about %.4f", c, tc.truth)
+				}
+			}
+		})
+	}
+}
+
+// TestModelNoticesSlowdown: when a pod's per-token cost doubles, the model
+// follows: 60 answers later (0.95^60 ≈ 5% weight left on the old speed) it
+// reads at least 80% of the change.
+func TestModelNoticesSlowdown(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	m := New([]float64{0.01, 0.1, 0.05}, []float64{0.05, 2, 0.2})
+	observe := func(perK float64, n int) {
+		for range n {
+			x := []float64{1, 0.5 + rng.Float64()*2, rng.Float64()}
+			m.Observe(x, 0.01+perK*x[1]+0.02*x[2]+rng.NormFloat64()*0.005)
+		}
+	}
+	observe(0.1, 200)
+	if c := m.Coefficients()[1]; math.Abs(c-0.1) > 0.01 {
+		t.Fatalf("per-token cost %.4f before the slowdown, want 0.1", c)
+	}
+	observe(0.2, 60)
+	if c := m.Coefficients()[1]; c < 0.18 {
+		t.Fatalf("per-token cost %.4f 60 answers after it doubled to 0.2", c)
+	}
+}
+
+// TestModelIgnoresNonsense: NaN and infinite answers are not fitted, and a
+// model of unvarying inputs stays finite.
+func TestModelIgnoresNonsense(t *testing.T) {
+	m := New([]float64{0.01, 0.1, 0.05}, []float64{0.05, 2, 0.2})
+	m.Observe([]float64{1, 1, 0}, math.NaN())
+	m.Observe([]float64{1, 1, 0}, math.Inf(1))
+	if m.Samples != 0 {
+		t.Fatalf("fitted %d nonsense answers", m.Samples)
+	}
+	for range 10000 {
+		m.Observe([]float64{1, 0.5, 0}, 0.06)
+	}
+	for _, c := range m.Coefficients() {
+		if math.IsNaN(c) || math.IsInf(c, 0) || math.Abs(c) > 10 {
+			t.Fatalf("coefficients %v after unvarying inputs", m.Coefficients())
+		}
+	}
+	if got := m.Predict([]float64{1, 0.5, 0}); math.Abs(got-0.06) > 0.005 {
+		t.Fatalf("predicts %.4f for the input it saw 10,000 times with 0.06", got)
+	}
+}
+
+// TestTrackerBorrowsUntilLearned: an endpoint with fewer than MinSamples
+// answers reads as its pool's median; then as itself.
+func TestTrackerBorrowsUntilLearned(t *testing.T) {
+	prior := Speed{Base: 0.02, PerKToken: 0.3, PerRunning: 0.001, StepBase: 0.03, StepPerRunning: 0.0003, MeanPrefillTokens: 700, Samples: 3}
+	var tr Tracker
+	if s := tr.Speed(prior); !s.Borrowed || s.PerKToken != 0.3 || s.Samples != 0 {
+		t.Fatalf("a tracker that learned nothing reads %+v", s)
+	}
+	for i := range MinSamples {
+		if s := tr.Speed(prior); !s.Borrowed || s.PerKToken != 0.3 {
+			t.Fatalf("after %d answers it reads %+v, want the prior's", i, s)
+		}
+		// 512 tokens in 0.5 s: about a second per thousand tokens.
+		tr.ObserveTTFT(512, 0, 0, 512, 0.5, prior)
+	}
+	s := tr.Speed(prior)
+	if s.Borrowed || s.Samples != MinSamples || s.PerKToken < 0.5 {
+		t.Fatalf("after %d answers of a slow pod it reads %+v", MinSamples, s)
+	}
+	if got := s.TTFT(512, 0, 0); math.Abs(got-0.5) > 0.15 {
+		t.Fatalf("predicts %.3f s for the 512 tokens that took 0.5 s", got)
+	}
+}
+
+func TestMedian(t *testing.T) {
+	if got := Median(nil); got != Default {
+		t.Fatalf("median of nothing %+v, want the default", got)
+	}
+	speeds := []Speed{{PerKToken: 0.1}, {PerKToken: 0.5}, {PerKToken: 0.2}, {PerKToken: 9, Borrowed: true}}
+	if got := Median(speeds); got.PerKToken != 0.2 || got.Samples != 3 {
+		t.Fatalf("median %+v, want per-token 0.2 over 3 learned speeds", got)
+	}
+}
+
+// TestTTFTGrowsWithWork: whatever the fit, queueing more on an endpoint never
+// makes it look faster.
+func TestTTFTGrowsWithWork(t *testing.T) {
+	s := Speed{Base: 0.3, PerKToken: -0.2, PerRunning: -1}
+	if a, b := s.TTFT(1000, 4, 0), s.TTFT(2000, 4, 0); !(b > a) || a < 0 {
+		t.Fatalf("TTFT(1000) %.4f, TTFT(2000) %.4f", a, b)
+	}
+}
