@@ -1,6 +1,8 @@
-// Package engine reads the Prometheus exposition of a model server — vLLM, SGLang,
-// TensorRT-LLM (trtllm-serve) or Triton's TensorRT-LLM backend — into one Metrics
-// value the picker scores on.
+// Package engine reads the Prometheus exposition of a model server into one
+// Metrics value the picker scores on. A metric map (Map) says which series
+// carry which signal: built-in maps read vLLM, SGLang, TensorRT-LLM
+// (trtllm-serve) and Triton's TensorRT-LLM backend; a configured one reads
+// any other server.
 package engine
 
 import (
@@ -8,8 +10,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -18,12 +18,14 @@ import (
 // Dialect is a model server's metric naming.
 type Dialect string
 
-// The dialects, with the names they are detected by.
+// The dialects: the engines with a built-in map, and Custom, a map the
+// configuration gives.
 const (
 	VLLM   Dialect = "vllm"
 	SGLang Dialect = "sglang"
 	TRTLLM Dialect = "trtllm"
 	Triton Dialect = "triton"
+	Custom Dialect = "custom"
 )
 
 // Metrics is one scrape of a model server, in dialect-free terms.
@@ -35,7 +37,8 @@ type Metrics struct {
 	BlockSize int // tokens per KV block, 0 when not exported
 	NumBlocks int // KV blocks in all, 0 when not exported
 
-	// LoRA state (vLLM): set when the server exports lora_requests_info.
+	// LoRA state: set when the server exports its map's LoRA info metric
+	// (vLLM's lora_requests_info).
 	HasLoRA         bool
 	MaxLoRA         int
 	RunningAdapters []string
@@ -82,52 +85,7 @@ func (s Signals) Names() []string {
 // Published is the set of signals the scrape carried.
 func (m Metrics) Published() Signals { return AllSignals &^ m.Missing }
 
-// detect lists, per dialect, the family whose presence identifies it.
-var detect = []struct {
-	family  string
-	dialect Dialect
-}{
-	{"vllm:num_requests_waiting", VLLM},
-	{"sglang:num_queue_reqs", SGLang},
-	{"trtllm_num_requests_waiting", TRTLLM},
-	{"nv_trt_llm_request_metrics", Triton},
-}
-
-// families lists, per dialect, the metric families Parse reads.
-var families = map[Dialect][]string{
-	VLLM: {"vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc",
-		"vllm:cache_config_info", "vllm:lora_requests_info"},
-	SGLang: {"sglang:num_queue_reqs", "sglang:num_running_reqs", "sglang:token_usage", "sglang:cache_config_info"},
-	TRTLLM: {"trtllm_num_requests_waiting", "trtllm_num_requests_running", "trtllm_kv_cache_utilization",
-		"trtllm_kv_cache_tokens_per_block", "trtllm_kv_cache_max_blocks"},
-	Triton: {"nv_trt_llm_request_metrics", "nv_trt_llm_kv_cache_block_metrics"},
-}
-
-// wanted holds the families as sets, per dialect; under "" the union of all, for
-// detection. A set maps a name to itself, so that a sample can carry the name
-// without allocating it.
-var wanted = func() map[Dialect]map[string]string {
-	out := map[Dialect]map[string]string{"": {}}
-	for d, fs := range families {
-		out[d] = map[string]string{}
-		for _, f := range fs {
-			out[d][f] = f
-			out[""][f] = f
-		}
-	}
-	return out
-}()
-
-// maxFamilyLen bounds the names worth a map lookup.
-var maxFamilyLen = func() int {
-	n := 0
-	for f := range wanted[""] {
-		n = max(n, len(f))
-	}
-	return n
-}()
-
-// sample is one series of a family Parse reads.
+// sample is one series of a family a map reads.
 type sample struct {
 	family string
 	labels []labelPair
@@ -136,13 +94,28 @@ type sample struct {
 
 type labelPair struct{ name, value string }
 
-// exposition holds the samples of the families a dialect reads.
+// exposition holds the samples of the families a map reads.
 type exposition []sample
 
 var bufPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
 
-// Parse reads an exposition in the Prometheus text format. With dialect "" the
-// dialect is detected from the families present; it is returned either way.
+// Parse reads an exposition in the Prometheus text format with the built-in
+// map of dialect; with dialect "" the dialect is detected from the families
+// present. The dialect read is returned either way.
+func Parse(r io.Reader, dialect Dialect) (Metrics, Dialect, error) {
+	if dialect == "" {
+		return (*Map)(nil).Parse(r)
+	}
+	m := Builtin(dialect)
+	if m == nil {
+		return Metrics{}, dialect, fmt.Errorf("unknown engine type %q (known: %s)", dialect, strings.Join(builtinNames(), ", "))
+	}
+	return m.Parse(r)
+}
+
+// Parse reads an exposition in the Prometheus text format with the map m; a nil
+// m detects the built-in map from the families present. It returns the name of
+// the map read with.
 //
 // A model server exports hundreds of series, mostly histograms, of which the
 // picker needs a handful. Parse picks those lines out by name and reads only
@@ -152,85 +125,33 @@ var bufPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
 // 256-endpoint fleet above its CPU budget (BenchmarkScrape256 in internal/fleet).
 // The lines read are checked as strictly as the format requires; the rest is
 // the model server's business.
-func Parse(r io.Reader, dialect Dialect) (Metrics, Dialect, error) {
+func (m *Map) Parse(r io.Reader) (Metrics, Dialect, error) {
 	raw := bufPool.Get().(*bytes.Buffer)
 	defer bufPool.Put(raw)
 	raw.Reset()
 	if _, err := raw.ReadFrom(r); err != nil {
-		return Metrics{}, dialect, fmt.Errorf("reading metrics: %w", err)
+		return Metrics{}, m.Name(), fmt.Errorf("reading metrics: %w", err)
 	}
-	want, ok := wanted[dialect]
-	if !ok {
-		want = wanted[""]
+	sc := m
+	if m == nil {
+		sc = detectAll
 	}
-	fams, err := scan(raw.Bytes(), want)
+	x, err := scan(raw.Bytes(), sc.want, sc.maxLen)
 	if err != nil {
-		return Metrics{}, dialect, fmt.Errorf("parsing metrics: %w", err)
+		return Metrics{}, m.Name(), fmt.Errorf("parsing metrics: %w", err)
 	}
-	if dialect == "" {
-		for _, d := range detect {
-			if fams.has(d.family) {
-				dialect = d.dialect
-				break
-			}
-		}
-		if dialect == "" {
-			return Metrics{}, "", fmt.Errorf("no known model-server metrics (looked for %s)", knownFamilies())
+	if m == nil {
+		if m = detect(x); m == nil {
+			return Metrics{}, "", fmt.Errorf("no known model-server metrics (looked for %s)", strings.Join(detectAll.loadNames(), ", "))
 		}
 	}
-	var m Metrics
-	var run, kv, blocks bool
-	switch dialect {
-	case VLLM:
-		m.Waiting, ok = fams.sum("vllm:num_requests_waiting", "", "")
-		m.Running, run = fams.sum("vllm:num_requests_running", "", "")
-		if m.KVUsage, kv = fams.max("vllm:kv_cache_usage_perc"); !kv {
-			m.KVUsage, kv = fams.max("vllm:gpu_cache_usage_perc") // before vLLM 0.10
-		}
-		m.BlockSize, m.NumBlocks = fams.labelInts("vllm:cache_config_info", "block_size", "num_gpu_blocks")
-		fams.readLoRA(&m)
-	case SGLang:
-		m.Waiting, ok = fams.sum("sglang:num_queue_reqs", "", "")
-		m.Running, run = fams.sum("sglang:num_running_reqs", "", "")
-		m.KVUsage, kv = fams.max("sglang:token_usage")
-		m.BlockSize, m.NumBlocks = fams.labelInts("sglang:cache_config_info", "page_size", "num_pages")
-	case TRTLLM:
-		m.Waiting, ok = fams.sum("trtllm_num_requests_waiting", "", "")
-		m.Running, run = fams.sum("trtllm_num_requests_running", "", "")
-		m.KVUsage, kv = fams.max("trtllm_kv_cache_utilization")
-		bs, _ := fams.max("trtllm_kv_cache_tokens_per_block")
-		nb, _ := fams.max("trtllm_kv_cache_max_blocks")
-		m.BlockSize, m.NumBlocks = int(bs), int(nb)
-	case Triton:
-		const f, kvf = "nv_trt_llm_request_metrics", "nv_trt_llm_kv_cache_block_metrics"
-		m.Waiting, ok = fams.sum(f, "request_type", "waiting")
-		m.Running, run = fams.sum(f, "request_type", "scheduled")
-		m.KVUsage, kv = fams.sum(kvf, "kv_cache_block_type", "fraction")
-		bs, _ := fams.sum(kvf, "kv_cache_block_type", "tokens_per")
-		nb, _ := fams.sum(kvf, "kv_cache_block_type", "max")
-		m.BlockSize, m.NumBlocks = int(bs), int(nb)
-	default:
-		return Metrics{}, dialect, fmt.Errorf("unknown engine type %q", dialect)
-	}
-	if !ok {
-		return Metrics{}, dialect, fmt.Errorf("the %s metrics lack the queue length", dialect)
-	}
-	blocks = m.BlockSize > 0 && m.NumBlocks > 0
-	for _, c := range []struct {
-		present bool
-		s       Signals
-	}{{run, SignalRunning}, {kv, SignalKVUsage}, {blocks, SignalBlocks}, {m.HasLoRA, SignalLoRA}} {
-		if !c.present {
-			m.Missing |= c.s
-		}
-	}
-	m.KVUsage = math.Min(math.Max(m.KVUsage, 0), 1)
-	return m, dialect, nil
+	met, err := m.read(x)
+	return met, m.name, err
 }
 
 // scan reads the sample lines of the wanted families; comments and other
 // families are skipped unread.
-func scan(src []byte, want map[string]string) (exposition, error) {
+func scan(src []byte, want map[string]string, maxLen int) (exposition, error) {
 	var out exposition
 	for n := 1; len(src) > 0; n++ {
 		line := src
@@ -242,11 +163,13 @@ func scan(src []byte, want map[string]string) (exposition, error) {
 		if len(line) == 0 || line[0] == '#' {
 			continue
 		}
-		end := 0
-		for end < len(line) && line[end] != '{' && line[end] != ' ' && line[end] != '\t' {
+		// The name ends at '{' or a blank; one longer than any wanted is
+		// passed over without reading it to its end.
+		end, limit := 0, min(len(line), maxLen+1)
+		for end < limit && line[end] != '{' && line[end] != ' ' && line[end] != '\t' {
 			end++
 		}
-		if end > maxFamilyLen {
+		if end > maxLen {
 			continue
 		}
 		fam, ok := want[string(line[:end])]
@@ -335,93 +258,4 @@ func unquote(b []byte) (string, int, error) {
 		}
 	}
 	return "", 0, errors.New("unterminated label value")
-}
-
-func (x exposition) has(fam string) bool {
-	return slices.ContainsFunc(x, func(s sample) bool { return s.family == fam })
-}
-
-// sum adds the series of a family whose label key has value v (every series when
-// key is empty): several engines behind one server add up.
-func (x exposition) sum(fam, key, v string) (float64, bool) {
-	total, found := 0.0, false
-	for _, s := range x {
-		if s.family != fam || key != "" && s.label(key) != v || math.IsNaN(s.value) {
-			continue
-		}
-		total += s.value
-		found = true
-	}
-	return total, found
-}
-
-// max is the largest value of a family: the fullest engine's KV cache decides.
-func (x exposition) max(fam string) (float64, bool) {
-	best, found := 0.0, false
-	for _, s := range x {
-		if s.family == fam && !math.IsNaN(s.value) && (!found || s.value > best) {
-			best, found = s.value, true
-		}
-	}
-	return best, found
-}
-
-func (s sample) label(key string) string {
-	for _, l := range s.labels {
-		if l.name == key {
-			return l.value
-		}
-	}
-	return ""
-}
-
-// labelInts reads two integer labels of the first series of an info family.
-func (x exposition) labelInts(fam, a, b string) (int, int) {
-	i := slices.IndexFunc(x, func(s sample) bool { return s.family == fam })
-	if i < 0 {
-		return 0, 0
-	}
-	p, _ := strconv.Atoi(x[i].label(a))
-	q, _ := strconv.Atoi(x[i].label(b))
-	return p, q
-}
-
-// readLoRA reads the newest lora_requests_info series: vLLM keeps one series per
-// state it has been in, valued by the time it was set.
-func (x exposition) readLoRA(m *Metrics) {
-	newest := -1
-	for i, s := range x {
-		if s.family == "vllm:lora_requests_info" && (newest < 0 || s.value > x[newest].value) {
-			newest = i
-		}
-	}
-	if newest < 0 {
-		return
-	}
-	s := x[newest]
-	m.HasLoRA = true
-	m.MaxLoRA, _ = strconv.Atoi(s.label("max_lora"))
-	m.RunningAdapters = splitNames(s.label("running_lora_adapters"))
-	m.WaitingAdapters = splitNames(s.label("waiting_lora_adapters"))
-}
-
-func knownFamilies() string {
-	names := make([]string, len(detect))
-	for i, d := range detect {
-		names[i] = d.family
-	}
-	return strings.Join(names, ", ")
-}
-
-// readLoRA takes vLLM's lora_requests_info series with the newest timestamp value:
-// older states linger as series of their own.
-
-func splitNames(s string) []string {
-	var out []string
-	for _, n := range strings.Split(s, ",") {
-		if n = strings.TrimSpace(n); n != "" {
-			out = append(out, n)
-		}
-	}
-	return out
 }

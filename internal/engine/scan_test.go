@@ -19,6 +19,7 @@ import (
 // them — and checks that the hand-written scan reads back exactly what the
 // encoder wrote for the families it wants.
 func TestScanMatchesPrometheus(t *testing.T) {
+	vllm := Builtin(VLLM)
 	rng := rand.New(rand.NewPCG(7, 8))
 	odd := []string{"", "plain", `quo"te`, `back\slash`, "new\nline", "ünïcödé", "a,b,c", "{}=", " spaced "}
 	values := []float64{0, 1, -2.5, 1e-9, 3.4e38, math.Inf(1), math.Inf(-1)}
@@ -38,7 +39,7 @@ func TestScanMatchesPrometheus(t *testing.T) {
 					m.TimestampMs = proto.Int64(1700000000000)
 				}
 				fam.Metric = append(fam.Metric, m)
-				if _, ok := wanted[VLLM][name]; ok {
+				if _, ok := vllm.want[name]; ok {
 					s := sample{family: name, value: m.GetGauge().GetValue()}
 					for _, l := range m.Label {
 						s.labels = append(s.labels, labelPair{l.GetName(), l.GetValue()})
@@ -52,7 +53,7 @@ func TestScanMatchesPrometheus(t *testing.T) {
 				}
 			}
 		}
-		got, err := scan(text.Bytes(), wanted[VLLM])
+		got, err := scan(text.Bytes(), vllm.want, vllm.maxLen)
 		if err != nil {
 			t.Fatalf("round %d: %v\n%s", round, err, text.String())
 		}
@@ -71,6 +72,7 @@ func TestScanMatchesPrometheus(t *testing.T) {
 }
 
 func TestScanRejectsMalformedLines(t *testing.T) {
+	vllm := Builtin(VLLM)
 	for _, line := range []string{
 		`vllm:num_requests_waiting{a="1"`,
 		`vllm:num_requests_waiting{a=1} 2`,
@@ -81,13 +83,13 @@ func TestScanRejectsMalformedLines(t *testing.T) {
 		`vllm:num_requests_waiting 1 2 3`,
 	} {
 		t.Run(line, func(t *testing.T) {
-			if _, err := scan([]byte(line+"\n"), wanted[VLLM]); err == nil {
+			if _, err := scan([]byte(line+"\n"), vllm.want, vllm.maxLen); err == nil {
 				t.Fatal("accepted")
 			}
 		})
 	}
 	// Lines of families the dialect does not read are not its business.
-	if got, err := scan([]byte("other_metric{{{ garbage\nvllm:num_requests_waiting 3\n"), wanted[VLLM]); err != nil || len(got) != 1 || got[0].value != 3 {
+	if got, err := scan([]byte("other_metric{{{ garbage\nvllm:num_requests_waiting 3\n"), vllm.want, vllm.maxLen); err != nil || len(got) != 1 || got[0].value != 3 {
 		t.Fatalf("got %+v %v", got, err)
 	}
 }
@@ -113,6 +115,29 @@ func BenchmarkParse(b *testing.B) {
 	for b.Loop() {
 		if m, _, err := Parse(bytes.NewReader(raw), VLLM); err != nil || m.Waiting != 3 {
 			b.Fatal(m, err)
+		}
+	}
+}
+
+// BenchmarkParseCustom reads an exposition of the same size through a custom map
+// with label matchers and used over total.
+func BenchmarkParseCustom(b *testing.B) {
+	var text strings.Builder
+	text.WriteString("myserver_requests{pool=\"a\",state=\"pending\"} 3\nmyserver_requests{pool=\"a\",state=\"active\"} 12\n")
+	text.WriteString("myserver_kv_used_blocks 400\nmyserver_kv_total_blocks 1000\nmyserver_cache_info{block_size=\"16\"} 1\n")
+	for i := 0; text.Len() < 40<<10; i++ {
+		text.WriteString("myserver_latency_seconds_bucket{le=\"" + strings.Repeat("9", i%5+1) + "\",model=\"m\"} 42\n")
+	}
+	raw := []byte(text.String())
+	m, err := NewMap(Custom, customSpec)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.SetBytes(int64(len(raw)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if got, _, err := m.Parse(bytes.NewReader(raw)); err != nil || got.Waiting != 3 || got.KVUsage != 0.4 {
+			b.Fatal(got, err)
 		}
 	}
 }
