@@ -25,7 +25,7 @@ func newSimCmd() *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:   "sim",
-		Short: "Run simulated model servers (vLLM, SGLang or TensorRT-LLM look-alikes)",
+		Short: "Run simulated model servers (vLLM, SGLang, TensorRT-LLM, TGI or llama.cpp look-alikes)",
 		Long: `Runs one simulated model server, or a whole fleet from a fleet file, on loopback. Each server
 speaks the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models, LoRA loading) and exports
 its engine's Prometheus metrics; latencies come from a virtual-time engine with continuous batching,
@@ -87,8 +87,8 @@ a paged KV cache with prefix caching, and LoRA slots (docs/simulator.md).`,
 	f.StringSliceVar(&spec.LoRAModules, "lora-modules", nil, "LoRA adapters servable from the start (comma-separated names)")
 	f.IntVar(&spec.MaxLoRAs, "max-loras", 0, "adapters resident at once (default 1 when adapters are used)")
 	f.DurationVar(&loraLoad, "lora-load-time", sim.DefaultLoRALoadTime, "time to load an adapter into a slot")
-	f.StringVar(&engine, "engine", "vllm", "metric dialect: vllm, sglang, trtllm or triton")
-	f.BoolVar(&spec.LegacyMetricNames, "legacy-metric-names", false, "vLLM: export gpu_cache_usage_perc instead of kv_cache_usage_perc")
+	f.StringVar(&engine, "engine", "vllm", "metric dialect: vllm, sglang, trtllm, triton, tgi, llamacpp or custom (names of no known engine, docs/simulator.md)")
+	f.BoolVar(&spec.LegacyMetricNames, "legacy-metric-names", false, "vLLM: export gpu_cache_usage_perc instead of kv_cache_usage_perc; llama.cpp: export kv_cache_usage_ratio and kv_cache_tokens, as builds before mid-2025 did")
 	f.IntVar(&spec.MaxNumSeqs, "max-num-seqs", 0, "running sequences at most (default: vLLM's for the GPU: 1024 on a GPU of ≥ 70 GiB other than the A100, else 256)")
 	f.IntVar(&spec.MaxNumBatchedTokens, "max-num-batched-tokens", 0, "token budget of one engine step (default: vLLM's API server for the GPU: 8192 on a GPU of ≥ 70 GiB other than the A100, else 2048)")
 	f.IntVar(&spec.MaxModelLen, "max-model-len", 0, "longest prompt + output (default: the model's, capped by KV capacity)")

@@ -42,6 +42,22 @@ var builtins = []struct {
 		BlockSize: labelled("nv_trt_llm_kv_cache_block_metrics", "kv_cache_block_type", "tokens_per"),
 		NumBlocks: labelled("nv_trt_llm_kv_cache_block_metrics", "kv_cache_block_type", "max"),
 	}},
+	// Hugging Face TGI's router (backends/v3, docs/source/reference/metrics.md):
+	// no KV-cache gauge, no block size. Its gauges exist from their first set,
+	// the queue's when a request first arrives.
+	{TGI, MapSpec{
+		Queue:      named("tgi_queue_size"),
+		Running:    named("tgi_batch_current_size"),
+		LazyGauges: true,
+	}},
+	// llama.cpp's llama-server --metrics (tools/server): requests waiting for a
+	// slot are deferred. kv_cache_usage_ratio (used cells / context) was
+	// dropped from /metrics in 2025; builds before that still carry it.
+	{LlamaCpp, MapSpec{
+		Queue:   named("llamacpp:requests_deferred"),
+		Running: named("llamacpp:requests_processing"),
+		KVUsage: named("llamacpp:kv_cache_usage_ratio"),
+	}},
 }
 
 func named(names ...string) Source { return Source{Names: names} }

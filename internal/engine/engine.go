@@ -1,8 +1,8 @@
 // Package engine reads the Prometheus exposition of a model server into one
 // Metrics value the picker scores on. A metric map (Map) says which series
 // carry which signal: built-in maps read vLLM, SGLang, TensorRT-LLM
-// (trtllm-serve) and Triton's TensorRT-LLM backend; a configured one reads
-// any other server.
+// (trtllm-serve), Triton's TensorRT-LLM backend, Hugging Face TGI and the
+// llama.cpp server; a configured one reads any other server.
 package engine
 
 import (
@@ -21,11 +21,13 @@ type Dialect string
 // The dialects: the engines with a built-in map, and Custom, a map the
 // configuration gives.
 const (
-	VLLM   Dialect = "vllm"
-	SGLang Dialect = "sglang"
-	TRTLLM Dialect = "trtllm"
-	Triton Dialect = "triton"
-	Custom Dialect = "custom"
+	VLLM     Dialect = "vllm"
+	SGLang   Dialect = "sglang"
+	TRTLLM   Dialect = "trtllm"
+	Triton   Dialect = "triton"
+	TGI      Dialect = "tgi"
+	LlamaCpp Dialect = "llamacpp"
+	Custom   Dialect = "custom"
 )
 
 // Metrics is one scrape of a model server, in dialect-free terms.

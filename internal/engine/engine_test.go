@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"fmt"
 	"math"
 	"net/http"
 	"slices"
@@ -20,7 +21,56 @@ func same(a, b Metrics) bool {
 		slices.Equal(a.RunningAdapters, b.RunningAdapters) && slices.Equal(a.WaitingAdapters, b.WaitingAdapters)
 }
 
-const noBlocksLoRA = SignalBlocks | SignalLoRA
+const (
+	noBlocksLoRA = SignalBlocks | SignalLoRA
+	onlyLoad     = SignalKVUsage | SignalBlocks | SignalLoRA // queue and running only
+)
+
+// tgiExposition is what TGI's router (metrics-exporter-prometheus) serves once
+// it has taken requests: untyped names, no labels, histograms around.
+const tgiExposition = `
+# TYPE tgi_request_count counter
+tgi_request_count 57
+# TYPE tgi_request_success counter
+tgi_request_success 49
+# TYPE tgi_queue_size gauge
+tgi_queue_size 3
+# TYPE tgi_batch_current_size gauge
+tgi_batch_current_size 5
+# TYPE tgi_batch_current_max_tokens gauge
+tgi_batch_current_max_tokens 9216
+# TYPE tgi_batch_inference_count counter
+tgi_batch_inference_count{method="prefill"} 50
+tgi_batch_inference_count{method="decode"} 4096
+# TYPE tgi_request_duration histogram
+tgi_request_duration_bucket{le="0.5"} 3
+tgi_request_duration_bucket{le="+Inf"} 49
+tgi_request_duration_sum 123.5
+tgi_request_duration_count 49
+`
+
+// llamaCppExposition is llama-server --metrics as tools/server writes it now:
+// every series HELP and TYPE, no labels, no KV-cache gauge.
+const llamaCppExposition = `
+# HELP llamacpp:prompt_tokens_total Number of prompt tokens processed.
+# TYPE llamacpp:prompt_tokens_total counter
+llamacpp:prompt_tokens_total 4821
+# HELP llamacpp:tokens_predicted_total Number of generation tokens processed.
+# TYPE llamacpp:tokens_predicted_total counter
+llamacpp:tokens_predicted_total 9034
+# HELP llamacpp:n_busy_slots_per_decode Average number of busy slots per llama_decode() call
+# TYPE llamacpp:n_busy_slots_per_decode counter
+llamacpp:n_busy_slots_per_decode 1.87
+# HELP llamacpp:predicted_tokens_seconds Average generation throughput in tokens/s.
+# TYPE llamacpp:predicted_tokens_seconds gauge
+llamacpp:predicted_tokens_seconds 41.2
+# HELP llamacpp:requests_processing Number of requests processing.
+# TYPE llamacpp:requests_processing gauge
+llamacpp:requests_processing 4
+# HELP llamacpp:requests_deferred Number of requests deferred.
+# TYPE llamacpp:requests_deferred gauge
+llamacpp:requests_deferred 2
+`
 
 func TestParseExpositions(t *testing.T) {
 	for _, tc := range []struct {
@@ -70,6 +120,20 @@ nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="fraction",model="m",versi
 nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="tokens_per",model="m",version="1"} 128
 nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="max",model="m",version="1"} 512
 `, Metrics{Waiting: 4, Running: 8, KVUsage: 0.25, BlockSize: 128, NumBlocks: 512, Missing: SignalLoRA}, Triton},
+		{"tgi", "", tgiExposition, Metrics{Waiting: 3, Running: 5, Missing: onlyLoad}, TGI},
+		// TGI's gauges exist from their first set: a router yet to take a
+		// request exports none, and says nothing of its load.
+		{"tgi before its first request", TGI, "# nothing yet\n", Metrics{Missing: AllSignals}, TGI},
+		{"tgi with its queue gauge alone", TGI, "tgi_queue_size 1\n", Metrics{Waiting: 1, Missing: SignalRunning | onlyLoad}, TGI},
+		{"llama.cpp", "", llamaCppExposition, Metrics{Waiting: 2, Running: 4, Missing: onlyLoad}, LlamaCpp},
+		{"llama.cpp before the KV gauges were dropped", LlamaCpp, llamaCppExposition + `
+# HELP llamacpp:kv_cache_usage_ratio KV-cache usage. 1 means 100 percent usage.
+# TYPE llamacpp:kv_cache_usage_ratio gauge
+llamacpp:kv_cache_usage_ratio 0.375
+# HELP llamacpp:kv_cache_tokens KV-cache tokens.
+# TYPE llamacpp:kv_cache_tokens gauge
+llamacpp:kv_cache_tokens 3072
+`, Metrics{Waiting: 2, Running: 4, KVUsage: 0.375, Missing: noBlocksLoRA}, LlamaCpp},
 		{"usage clamped", VLLM, "vllm:num_requests_waiting 0\nvllm:kv_cache_usage_perc 1.3\n", Metrics{KVUsage: 1, Missing: SignalRunning | noBlocksLoRA}, VLLM},
 		{"NaN is no reading", VLLM, "vllm:num_requests_waiting 2\nvllm:num_requests_running NaN\n", Metrics{Waiting: 2, Missing: SignalRunning | SignalKVUsage | noBlocksLoRA}, VLLM},
 	} {
@@ -182,11 +246,25 @@ func TestNewMapRefuses(t *testing.T) {
 
 // A built-in map overridden: the signals set replace its own, the rest stay.
 func TestOverride(t *testing.T) {
+	tgi, err := Builtin(TGI).Override(MapSpec{
+		KVUsed:  Source{Names: []string{"tgi_batch_current_max_tokens"}},
+		KVTotal: Source{Names: []string{"my_kv_tokens"}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, d, err := tgi.Parse(strings.NewReader(tgiExposition + "my_kv_tokens 36864\n"))
+	if err != nil || d != TGI || !same(got, Metrics{Waiting: 3, Running: 5, KVUsage: 0.25, Missing: noBlocksLoRA}) {
+		t.Fatalf("tgi: %+v %s %v", got, d, err)
+	}
+	if got, _, err := tgi.Parse(strings.NewReader("")); err != nil || got.Missing != AllSignals {
+		t.Fatalf("the override lost TGI's lazy gauges: %+v %v", got, err)
+	}
 	vllm, err := Builtin(VLLM).Override(MapSpec{Queue: Source{Names: []string{"vllm:num_requests_waiting"}, Match: map[string]string{"engine": "1"}}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, _, err := vllm.Parse(strings.NewReader("vllm:num_requests_waiting{engine=\"0\"} 4\nvllm:num_requests_waiting{engine=\"1\"} 1\nvllm:kv_cache_usage_perc 0.5\n"))
+	got, _, err = vllm.Parse(strings.NewReader("vllm:num_requests_waiting{engine=\"0\"} 4\nvllm:num_requests_waiting{engine=\"1\"} 1\nvllm:kv_cache_usage_perc 0.5\n"))
 	if err != nil || !same(got, Metrics{Waiting: 1, KVUsage: 0.5, Missing: SignalRunning | noBlocksLoRA}) {
 		t.Fatalf("vllm: %+v %v", got, err)
 	}
@@ -238,11 +316,30 @@ func TestParseErrors(t *testing.T) {
 	}
 }
 
-// Every dialect the simulator exports parses to the engine's own state.
+// Every dialect the simulator exports parses to the engine's own state, with
+// the signals its engine does not publish Missing.
 func TestParseSimulator(t *testing.T) {
-	for _, d := range []simserver.Dialect{simserver.DialectVLLM, simserver.DialectSGLang, simserver.DialectTRTLLM, simserver.DialectTriton} {
-		t.Run(string(d), func(t *testing.T) {
-			s := simtest.Start(t, simserver.Options{Dialect: d, Engine: sim.Config{GPU: "h100", ModelSize: "8b", NumGPUBlocks: 5000, MaxNumSeqs: 2}})
+	custom, err := NewMap(Custom, customSpec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		d       simserver.Dialect
+		legacy  bool
+		m       *Map // nil: detected
+		missing Signals
+	}{
+		{simserver.DialectVLLM, false, nil, SignalLoRA},
+		{simserver.DialectSGLang, false, nil, SignalLoRA},
+		{simserver.DialectTRTLLM, false, nil, SignalLoRA},
+		{simserver.DialectTriton, false, nil, SignalLoRA},
+		{simserver.DialectTGI, false, Builtin(TGI), onlyLoad},
+		{simserver.DialectLlamaCpp, false, nil, onlyLoad},
+		{simserver.DialectLlamaCpp, true, nil, noBlocksLoRA},
+		{simserver.DialectCustom, false, custom, SignalLoRA},
+	} {
+		t.Run(fmt.Sprintf("%s legacy=%v", tc.d, tc.legacy), func(t *testing.T) {
+			s := simtest.Start(t, simserver.Options{Dialect: tc.d, LegacyNames: tc.legacy, Engine: sim.Config{GPU: "h100", ModelSize: "8b", NumGPUBlocks: 5000, MaxNumSeqs: 2}})
 			for range 5 {
 				go func() {
 					body := `{"model":"m","prompt":"` + strings.Repeat("word ", 500) + `","max_tokens":300,"ignore_eos":true}`
@@ -258,15 +355,18 @@ func TestParseSimulator(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				m, dialect, err := Parse(resp.Body, "")
+				m, dialect, err := tc.m.Parse(resp.Body)
 				resp.Body.Close()
 				if err != nil {
 					t.Fatal(err)
 				}
-				if string(dialect) != string(d) || m.NumBlocks != 5000 || m.BlockSize != 16 {
+				if blocks := !tc.missing.Has(SignalBlocks); string(dialect) != string(tc.d) || blocks && (m.NumBlocks != 5000 || m.BlockSize != 16) {
 					t.Fatalf("dialect %s, blocks %d × %d", dialect, m.NumBlocks, m.BlockSize)
 				}
-				if m.Running == 2 && m.Waiting == 3 && m.KVUsage > 0 {
+				if m.Running == 2 && m.Waiting == 3 && (m.KVUsage > 0 || tc.missing.Has(SignalKVUsage)) {
+					if m.Missing != tc.missing {
+						t.Fatalf("missing %v, want %v", m.Missing.Names(), tc.missing.Names())
+					}
 					return // the two running and three queued requests, and their KV blocks
 				}
 				if time.Now().After(deadline) {

@@ -53,6 +53,10 @@ type MapSpec struct {
 	// largest matching value, or a label.
 	BlockSize, NumBlocks Source
 	LoRA                 LoRASource
+	// LazyGauges: the server creates each gauge when it first sets it (TGI's
+	// metrics crate), so a scrape carrying none of the map's load metrics is
+	// a server yet to see a request, not an error; what it lacks is Missing.
+	LazyGauges bool
 }
 
 // source is a Source ready to read: its matchers as a list.
@@ -231,7 +235,7 @@ func (m *Map) read(x exposition) (Metrics, error) {
 			out.KVUsage = used / total
 		}
 	}
-	if !queue && !run && !kv {
+	if !queue && !run && !kv && !m.spec.LazyGauges {
 		return Metrics{}, fmt.Errorf("no %s metrics: the exposition carries none of %s", m.name, strings.Join(m.loadNames(), ", "))
 	}
 	out.BlockSize, out.NumBlocks = m.blockSize.integer(x), m.numBlocks.integer(x)

@@ -16,16 +16,32 @@ type Dialect string
 
 // The dialects; their names and labels follow each engine's own exporter
 // (vLLM's v1/metrics/loggers.py, SGLang's srt/metrics/collector.py, TensorRT-LLM's
-// metrics/collector.py, Triton's TRT-LLM backend).
+// metrics/collector.py, Triton's TRT-LLM backend, TGI's router, llama.cpp's
+// tools/server). DialectCustom is a server of no known engine, with names of
+// its own (customNames), for kvgate's custom metric maps.
 const (
-	DialectVLLM   Dialect = "vllm"
-	DialectSGLang Dialect = "sglang"
-	DialectTRTLLM Dialect = "trtllm"
-	DialectTriton Dialect = "triton"
+	DialectVLLM     Dialect = "vllm"
+	DialectSGLang   Dialect = "sglang"
+	DialectTRTLLM   Dialect = "trtllm"
+	DialectTriton   Dialect = "triton"
+	DialectTGI      Dialect = "tgi"
+	DialectLlamaCpp Dialect = "llamacpp"
+	DialectCustom   Dialect = "custom"
 )
 
 // Dialects lists the supported dialects.
-var Dialects = []Dialect{DialectVLLM, DialectSGLang, DialectTRTLLM, DialectTriton}
+var Dialects = []Dialect{DialectVLLM, DialectSGLang, DialectTRTLLM, DialectTriton, DialectTGI, DialectLlamaCpp, DialectCustom}
+
+// The custom dialect's series: requests by state in one family (pending,
+// active, finished), the KV cache in blocks and as a percentage, and the block
+// size as a label of an info metric.
+const (
+	CustomRequests     = "myserver_requests"         // {state="pending"|"active"|"finished"}
+	CustomKVUsedBlocks = "myserver_kv_used_blocks"   // KV blocks in use
+	CustomKVBlocks     = "myserver_kv_total_blocks"  // KV blocks in all
+	CustomKVPercent    = "myserver_kv_usage_percent" // 0..100
+	CustomCacheInfo    = "myserver_cache_info"       // {block_size="16"} 1
+)
 
 // vLLM's histogram buckets (seconds).
 var (
@@ -49,6 +65,9 @@ type metrics struct {
 
 	mu       sync.Mutex
 	loraInfo map[[3]string]float64 // (max, running, waiting) → last timestamp
+	// used: a request has arrived. TGI's gauges and counters exist only from
+	// their first update.
+	used bool
 }
 
 func newMetrics(s *Server) *metrics {
@@ -68,6 +87,8 @@ func newMetrics(s *Server) *metrics {
 	case DialectTRTLLM:
 		m.ttft = hist("trtllm_time_to_first_token_seconds", vllmTTFTBuckets)
 		m.e2e = hist("trtllm_e2e_request_latency_seconds", vllmE2EBuckets)
+	case DialectTGI:
+		m.e2e = hist("tgi_request_duration", vllmE2EBuckets)
 	}
 	return m
 }
@@ -80,6 +101,10 @@ func (m *metrics) baseLabels() prometheus.Labels {
 		return prometheus.Labels{"model_name": m.model, "engine_type": "trtllm"}
 	case DialectTriton:
 		return prometheus.Labels{"model": m.model, "version": "1"}
+	case DialectTGI, DialectLlamaCpp:
+		return nil // their series carry no labels
+	case DialectCustom:
+		return prometheus.Labels{"model": m.model}
 	default:
 		return prometheus.Labels{"model_name": m.model}
 	}
@@ -184,17 +209,59 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 		} {
 			e.gauge("nv_trt_llm_kv_cache_block_metrics", v, "kv_cache_block_type", typ)
 		}
-		var done int64
-		for _, v := range st.FinishedByReason {
-			done += v
+		e.counter("nv_inference_request_success", float64(finished(st)))
+	case DialectTGI:
+		if !m.usedYet(snap) {
+			return // a fresh TGI router exports none of its series
 		}
-		e.counter("nv_inference_request_success", float64(done))
+		e.gauge("tgi_queue_size", float64(snap.Waiting))
+		e.gauge("tgi_batch_current_size", float64(snap.Running))
+		e.gauge("tgi_batch_current_max_tokens", float64(int(snap.KVUsage*float64(snap.NumBlocks))*snap.BlockSize))
+		e.counter("tgi_request_count", float64(snap.Running+snap.Waiting)+float64(finished(st)))
+		e.counter("tgi_request_success", float64(st.FinishedByReason[sim.FinishStop]+st.FinishedByReason[sim.FinishLength]))
+	case DialectLlamaCpp:
+		e.counter("llamacpp:prompt_tokens_total", float64(st.PromptTokens))
+		e.counter("llamacpp:tokens_predicted_total", float64(st.GenerationTokens))
+		e.counter("llamacpp:n_decode_total", float64(st.Steps))
+		e.gauge("llamacpp:requests_processing", float64(snap.Running))
+		e.gauge("llamacpp:requests_deferred", float64(snap.Waiting))
+		if m.s.opts.LegacyNames { // llama.cpp builds before the KV gauges were dropped
+			used := int(snap.KVUsage * float64(snap.NumBlocks))
+			e.gauge("llamacpp:kv_cache_usage_ratio", snap.KVUsage)
+			e.gauge("llamacpp:kv_cache_tokens", float64(used*snap.BlockSize))
+		}
+	case DialectCustom:
+		used := float64(int(snap.KVUsage*float64(snap.NumBlocks) + 0.5))
+		e.gauge(CustomRequests, float64(snap.Waiting), "state", "pending")
+		e.gauge(CustomRequests, float64(snap.Running), "state", "active")
+		e.gauge(CustomRequests, float64(finished(st)), "state", "finished")
+		e.gauge(CustomKVUsedBlocks, used)
+		e.gauge(CustomKVBlocks, float64(snap.NumBlocks))
+		e.gauge(CustomKVPercent, 100*snap.KVUsage)
+		e.gauge(CustomCacheInfo, 1, "block_size", strconv.Itoa(snap.BlockSize))
 	}
 	for _, h := range []prometheus.Histogram{m.ttft, m.e2e, m.itl} {
 		if h != nil {
 			h.Collect(ch)
 		}
 	}
+}
+
+// finished counts the requests the engine has finished.
+func finished(st sim.Stats) int64 {
+	var n int64
+	for _, v := range st.FinishedByReason {
+		n += v
+	}
+	return n
+}
+
+// usedYet reports whether a request has arrived, as of snap or before.
+func (m *metrics) usedYet(snap sim.Snapshot) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.used = m.used || snap.Waiting+snap.Running > 0 || snap.Stats.Steps > 0
+	return m.used
 }
 
 // emitLoRAInfo keeps vLLM's habit of one series per adapter state, valued with the

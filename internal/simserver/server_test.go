@@ -468,8 +468,12 @@ func TestDialects(t *testing.T) {
 		{DialectSGLang, false, []string{"sglang:num_queue_reqs", "sglang:num_running_reqs", "sglang:token_usage", "sglang:cache_config_info"}, "vllm:num_requests_waiting"},
 		{DialectTRTLLM, false, []string{"trtllm_num_requests_waiting", "trtllm_num_requests_running", "trtllm_kv_cache_utilization", "trtllm_kv_cache_tokens_per_block", "trtllm_kv_cache_max_blocks"}, "vllm:num_requests_waiting"},
 		{DialectTriton, false, []string{"nv_trt_llm_request_metrics", "nv_trt_llm_kv_cache_block_metrics"}, "vllm:num_requests_waiting"},
+		{DialectTGI, false, []string{"tgi_queue_size", "tgi_batch_current_size", "tgi_request_count", "tgi_request_duration"}, "vllm:num_requests_waiting"},
+		{DialectLlamaCpp, false, []string{"llamacpp:requests_processing", "llamacpp:requests_deferred", "llamacpp:tokens_predicted_total"}, "llamacpp:kv_cache_usage_ratio"},
+		{DialectLlamaCpp, true, []string{"llamacpp:requests_deferred", "llamacpp:kv_cache_usage_ratio", "llamacpp:kv_cache_tokens"}, "vllm:num_requests_waiting"},
+		{DialectCustom, false, []string{CustomRequests, CustomKVUsedBlocks, CustomKVBlocks, CustomKVPercent, CustomCacheInfo}, "vllm:num_requests_waiting"},
 	} {
-		t.Run(string(tc.dialect), func(t *testing.T) {
+		t.Run(fmt.Sprintf("%s legacy=%v", tc.dialect, tc.legacy), func(t *testing.T) {
 			_, base := startServer(t, Options{Dialect: tc.dialect, LegacyNames: tc.legacy})
 			c := sdk(base)
 			if _, err := c.Completions.New(context.Background(), openai.CompletionNewParams{
@@ -488,8 +492,23 @@ func TestDialects(t *testing.T) {
 			}
 		})
 	}
-	_, base := startServer(t, Options{Dialect: DialectTriton, Engine: sim.Config{GPU: "h100", ModelSize: "8b", NumGPUBlocks: 1000}})
+	// TGI's router creates its series on first use: a fresh one has none.
+	_, base := startServer(t, Options{Dialect: DialectTGI})
+	for name := range scrape(t, base) {
+		if strings.HasPrefix(name, "tgi_") {
+			t.Errorf("a fresh TGI exports %s", name)
+		}
+	}
+	_, base = startServer(t, Options{Dialect: DialectCustom, Engine: sim.Config{GPU: "h100", ModelSize: "8b", NumGPUBlocks: 1000}})
 	f := scrape(t, base)
+	if v := value(t, f, CustomKVBlocks); v != 1000 {
+		t.Errorf("custom total blocks %v", v)
+	}
+	if v := value(t, f, CustomRequests, "state", "pending"); v != 0 {
+		t.Errorf("custom pending %v", v)
+	}
+	_, base = startServer(t, Options{Dialect: DialectTriton, Engine: sim.Config{GPU: "h100", ModelSize: "8b", NumGPUBlocks: 1000}})
+	f = scrape(t, base)
 	if v := value(t, f, "nv_trt_llm_kv_cache_block_metrics", "kv_cache_block_type", "max"); v != 1000 {
 		t.Errorf("triton max blocks %v", v)
 	}
