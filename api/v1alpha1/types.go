@@ -133,6 +133,8 @@ type BBRSpec struct {
 //
 // +kubebuilder:validation:XValidation:rule="(has(self.modelSelector) ? 1 : 0) + (has(self.poolRef) && size(self.poolRef) > 0 ? 1 : 0) + (has(self.endpoints) && size(self.endpoints) > 0 ? 1 : 0) == 1",message="must take its endpoints from exactly one of modelSelector, poolRef (Kubernetes) or endpoints (static)"
 // +kubebuilder:validation:XValidation:rule="!has(self.replicas)",message="replicas is not supported: scale the kvgate Deployment instead (Helm value replicas)",fieldPath=".replicas"
+// +kubebuilder:validation:XValidation:rule="!has(self.metrics) || (has(self.engineType) && size(self.engineType) > 0)",message="needs an engineType: custom, or the built-in one whose map it overrides",fieldPath=".metrics"
+// +kubebuilder:validation:XValidation:rule="!has(self.engineType) || self.engineType != 'custom' || (has(self.metrics) && (has(self.metrics.queue) || has(self.metrics.running) || has(self.metrics.kvUsage) || has(self.metrics.kvUsed)))",message="engineType custom needs metrics with at least one of queue, running and kvUsage (or kvUsed with kvTotal)",fieldPath=".metrics"
 type SchedulerSpec struct {
 	// Name identifies the scheduler in metrics, headers and logs.
 	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`
@@ -171,11 +173,17 @@ type SchedulerSpec struct {
 	// +kubebuilder:validation:Enum=http;kubernetes.io/h2c
 	// +optional
 	AppProtocol string `json:"appProtocol,omitempty"`
-	// EngineType selects the metric dialect: vllm, sglang, trtllm or triton; empty
-	// means detect it from the exposition.
-	// +kubebuilder:validation:Enum=vllm;sglang;trtllm;triton
+	// EngineType selects the model servers' metric map: vllm, sglang, trtllm,
+	// triton, tgi or llamacpp (built in), or custom (the map in metrics); empty
+	// means detect a built-in one from the exposition.
+	// +kubebuilder:validation:Enum=vllm;sglang;trtllm;triton;tgi;llamacpp;custom
 	// +optional
 	EngineType string `json:"engineType,omitempty"`
+	// Metrics says where the model servers publish each signal kvgate scores
+	// on. Required with engineType custom; with a built-in engineType, the
+	// signals it sets replace the built-in map's.
+	// +optional
+	Metrics *MetricMap `json:"metrics,omitempty"`
 	// Picker chooses how a pod is picked: kvgate (GPU-aware, the default) or a
 	// baseline for comparison: least-request, round-robin, random, power-of-two.
 	// +kubebuilder:validation:Enum=kvgate;least-request;round-robin;random;power-of-two
@@ -232,6 +240,96 @@ type SchedulerSpec struct {
 	// refused with that message rather than as an unknown field.
 	// +optional
 	Replicas *int32 `json:"replicas,omitempty"`
+}
+
+// MetricMap says where a model server publishes each signal: a metric, the
+// label values that select its series, and a scale. A signal left out is one
+// the server does not publish; the scorer that reads it then sits out.
+//
+// +kubebuilder:validation:XValidation:rule="has(self.kvUsed) == has(self.kvTotal)",message="kvUsed and kvTotal go together: usage is kvUsed / kvTotal"
+type MetricMap struct {
+	// Queue: requests waiting, the sum of the series selected.
+	// +optional
+	Queue *MetricSource `json:"queue,omitempty"`
+	// Running: requests being served, the sum of the series selected.
+	// +optional
+	Running *MetricSource `json:"running,omitempty"`
+	// KVUsage: the share of the KV cache in use, 0..1 after scale (a
+	// percentage takes scale 0.01); the largest of the series selected.
+	// +optional
+	KVUsage *MetricSource `json:"kvUsage,omitempty"`
+	// KVUsed: the KV cache in use, in the unit of kvTotal (blocks, tokens,
+	// bytes), summed; usage is kvUsed / kvTotal when the exposition lacks
+	// kvUsage.
+	// +optional
+	KVUsed *MetricSource `json:"kvUsed,omitempty"`
+	// KVTotal: the KV cache in all, in the unit of kvUsed, summed.
+	// +optional
+	KVTotal *MetricSource `json:"kvTotal,omitempty"`
+	// BlockSize: tokens per KV block.
+	// +optional
+	BlockSize *IntegerSource `json:"blockSize,omitempty"`
+	// NumBlocks: KV blocks in all.
+	// +optional
+	NumBlocks *IntegerSource `json:"numBlocks,omitempty"`
+	// LoRA: the adapters loaded, from the labels of an info metric.
+	// +optional
+	LoRA *LoRASource `json:"lora,omitempty"`
+}
+
+// MetricSelector is a metric's series: its name and label matchers.
+type MetricSelector struct {
+	// Name of the metric as the exposition spells it.
+	// +kubebuilder:validation:MaxLength=256
+	// +kubebuilder:validation:Pattern=`^[a-zA-Z_:][a-zA-Z0-9_:]*$`
+	Name string `json:"name"`
+	// Labels keeps the series whose labels have these values; an empty
+	// value matches a series without the label.
+	// +kubebuilder:validation:MaxProperties=16
+	// +optional
+	Labels map[string]string `json:"labels,omitempty"`
+}
+
+// MetricSource is a signal read from the value of a metric's series.
+type MetricSource struct {
+	MetricSelector `json:",inline"`
+	// Scale multiplies the value read (default 1).
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:ExclusiveMinimum=true
+	// +optional
+	Scale Decimal `json:"scale,omitempty"`
+}
+
+// IntegerSource is a count read from a series' value or, with label, from a
+// label of an info metric (as vLLM's cache_config_info{block_size}).
+type IntegerSource struct {
+	MetricSource `json:",inline"`
+	// Label holding the number, in the first series selected.
+	// +kubebuilder:validation:MaxLength=128
+	// +kubebuilder:validation:Pattern=`^[a-zA-Z_][a-zA-Z0-9_]*$`
+	// +optional
+	Label string `json:"label,omitempty"`
+}
+
+// LoRASource reads the LoRA adapters from the labels of an info metric: of the
+// series selected, the one of largest value (vLLM's lora_requests_info keeps a
+// series per state, valued by the time it was set).
+type LoRASource struct {
+	MetricSelector `json:",inline"`
+	// RunningLabel lists the adapters loaded, comma-separated.
+	// +kubebuilder:validation:MaxLength=128
+	// +kubebuilder:validation:Pattern=`^[a-zA-Z_][a-zA-Z0-9_]*$`
+	RunningLabel string `json:"runningLabel"`
+	// WaitingLabel lists the adapters requests wait for, comma-separated.
+	// +kubebuilder:validation:MaxLength=128
+	// +kubebuilder:validation:Pattern=`^[a-zA-Z_][a-zA-Z0-9_]*$`
+	// +optional
+	WaitingLabel string `json:"waitingLabel,omitempty"`
+	// MaxLabel holds how many adapters fit at once.
+	// +kubebuilder:validation:MaxLength=128
+	// +kubebuilder:validation:Pattern=`^[a-zA-Z_][a-zA-Z0-9_]*$`
+	// +optional
+	MaxLabel string `json:"maxLabel,omitempty"`
 }
 
 // The int32 fields without a tighter bound carry Maximum=2147483647: without

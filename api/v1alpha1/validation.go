@@ -2,6 +2,7 @@ package v1alpha1
 
 import (
 	"fmt"
+	"maps"
 	"regexp"
 	"slices"
 	"strings"
@@ -59,6 +60,30 @@ const (
 	MsgReplicas       = "replicas is not supported: scale the kvgate Deployment instead (Helm value replicas)"
 	MsgEndpointSource = "must take its endpoints from exactly one of modelSelector, poolRef (Kubernetes) or endpoints (static)"
 	MsgEmptySelector  = "selects every pod: give it matchLabels or matchExpressions"
+	MsgMetricsEngine  = "needs an engineType: custom, or the built-in one whose map it overrides"
+	MsgCustomMetrics  = "engineType custom needs metrics with at least one of queue, running and kvUsage (or kvUsed with kvTotal)"
+	MsgKVUsedTotal    = "kvUsed and kvTotal go together: usage is kvUsed / kvTotal"
+)
+
+// The forms of Prometheus metric and label names: MetricSelector.Name and the
+// label fields of IntegerSource and LoRASource carry them as Pattern markers.
+const (
+	MetricNamePattern = `^[a-zA-Z_:][a-zA-Z0-9_:]*$`
+	LabelNamePattern  = `^[a-zA-Z_][a-zA-Z0-9_]*$`
+)
+
+var (
+	metricName = regexp.MustCompile(MetricNamePattern)
+	labelName  = regexp.MustCompile(LabelNamePattern)
+)
+
+// EngineCustom is the engineType whose metric map is all in metrics.
+const EngineCustom = "custom"
+
+const (
+	maxMetricName  = 256
+	maxLabelName   = 128
+	maxLabelValues = 16
 )
 
 // HostPortPattern is what a static endpoint must match: host:port, the host a
@@ -73,7 +98,7 @@ var hostPort = regexp.MustCompile(HostPortPattern)
 var (
 	Pickers     = []string{"kvgate", "least-request", "round-robin", "random", "power-of-two"}
 	Profiles    = []string{"kvgate", "chat", "batch", "gie-default"}
-	EngineTypes = []string{"vllm", "sglang", "trtllm", "triton"}
+	EngineTypes = []string{"vllm", "sglang", "trtllm", "triton", "tgi", "llamacpp", EngineCustom}
 )
 
 // FieldError is one problem with a document, at a field path such as
@@ -185,6 +210,7 @@ func (v *fieldErrors) scheduler(p string, i int, sc SchedulerSpec, names map[str
 	}
 	v.endpoints(p, sc)
 	checkEnum(v.add, p+".engineType", sc.EngineType, EngineTypes)
+	v.metrics(p, sc)
 	checkEnum(v.add, p+".picker", sc.Picker, Pickers)
 	checkEnum(v.add, p+".profile", sc.Profile, Profiles)
 	v.scoring(p, sc)
@@ -240,6 +266,81 @@ func (v *fieldErrors) endpoints(p string, sc SchedulerSpec) {
 	}
 	if sc.AppProtocol != "" && sc.AppProtocol != AppProtocolHTTP && sc.AppProtocol != AppProtocolH2C {
 		v.add(p+".appProtocol", "%q is not %s or %s", sc.AppProtocol, AppProtocolHTTP, AppProtocolH2C)
+	}
+}
+
+// metrics checks a scheduler's metric map and that its engineType has one.
+func (v *fieldErrors) metrics(p string, sc SchedulerSpec) {
+	mm := sc.Metrics
+	switch {
+	case mm != nil && sc.EngineType == "":
+		v.add(p+".metrics", MsgMetricsEngine)
+	case sc.EngineType == EngineCustom && (mm == nil || mm.Queue == nil && mm.Running == nil && mm.KVUsage == nil && mm.KVUsed == nil):
+		v.add(p+".metrics", MsgCustomMetrics)
+	}
+	if mm == nil {
+		return
+	}
+	p += ".metrics"
+	if (mm.KVUsed == nil) != (mm.KVTotal == nil) {
+		v.add(p, MsgKVUsedTotal)
+	}
+	for _, s := range []struct {
+		name string
+		src  *MetricSource
+	}{{"queue", mm.Queue}, {"running", mm.Running}, {"kvUsage", mm.KVUsage}, {"kvUsed", mm.KVUsed}, {"kvTotal", mm.KVTotal}} {
+		if s.src != nil {
+			v.metricSource(p+"."+s.name, *s.src)
+		}
+	}
+	for _, s := range []struct {
+		name string
+		src  *IntegerSource
+	}{{"blockSize", mm.BlockSize}, {"numBlocks", mm.NumBlocks}} {
+		if s.src != nil {
+			v.metricSource(p+"."+s.name, s.src.MetricSource)
+			v.labelName(p+"."+s.name+".label", s.src.Label, false)
+		}
+	}
+	if l := mm.LoRA; l != nil {
+		v.selector(p+".lora", l.MetricSelector)
+		v.labelName(p+".lora.runningLabel", l.RunningLabel, true)
+		v.labelName(p+".lora.waitingLabel", l.WaitingLabel, false)
+		v.labelName(p+".lora.maxLabel", l.MaxLabel, false)
+	}
+}
+
+func (v *fieldErrors) metricSource(p string, s MetricSource) {
+	v.selector(p, s.MetricSelector)
+	if f, err := s.Scale.Float64(); err != nil {
+		v.add(p+".scale", "%v", err)
+	} else if s.Scale != "" && f <= 0 {
+		v.add(p+".scale", "must be > 0, got %s", s.Scale)
+	}
+}
+
+func (v *fieldErrors) selector(p string, s MetricSelector) {
+	switch {
+	case s.Name == "":
+		v.add(p+".name", "is required")
+	case len(s.Name) > maxMetricName || !metricName.MatchString(s.Name):
+		v.add(p+".name", "%q is not a Prometheus metric name (%s, at most %d)", trimName(s.Name), MetricNamePattern, maxMetricName)
+	}
+	if len(s.Labels) > maxLabelValues {
+		v.add(p+".labels", "has %d labels, at most %d allowed", len(s.Labels), maxLabelValues)
+	}
+	for _, k := range slices.Sorted(maps.Keys(s.Labels)) {
+		v.labelName(p+".labels."+k, k, true)
+	}
+}
+
+// labelName checks a Prometheus label name; required says whether "" is a problem.
+func (v *fieldErrors) labelName(p, name string, required bool) {
+	switch {
+	case name == "" && required:
+		v.add(p, "is required")
+	case name != "" && (len(name) > maxLabelName || !labelName.MatchString(name)):
+		v.add(p, "%q is not a Prometheus label name (%s, at most %d)", trimName(name), LabelNamePattern, maxLabelName)
 	}
 }
 

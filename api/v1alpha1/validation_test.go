@@ -1,6 +1,7 @@
 package v1alpha1
 
 import (
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -23,6 +24,15 @@ func config(edit func(*InferenceGatewayConfig)) *InferenceGatewayConfig {
 func ptr[T any](v T) *T { return &v }
 
 func dur(d time.Duration) *metav1.Duration { return &metav1.Duration{Duration: d} }
+
+func src(name string) *MetricSource { return &MetricSource{MetricSelector: MetricSelector{Name: name}} }
+
+// custom sets scheduler 0 to engineType custom with the map m.
+func custom(m *MetricMap) func(*InferenceGatewayConfig) {
+	return func(c *InferenceGatewayConfig) {
+		c.Spec.Schedulers[0].EngineType, c.Spec.Schedulers[0].Metrics = EngineCustom, m
+	}
+}
 
 func TestValidateRefuses(t *testing.T) {
 	for _, tc := range []struct {
@@ -48,6 +58,30 @@ func TestValidateRefuses(t *testing.T) {
 		{"connectTimeout zero", func(c *InferenceGatewayConfig) { c.Spec.Gateway.ConnectTimeout = dur(0) }, "spec.gateway.connectTimeout", "must be between 1ns and 1m"},
 		{"adapter twice", func(c *InferenceGatewayConfig) { c.Spec.Schedulers[0].LoRAAdapters = []string{"x", "x"} }, "spec.schedulers[0].loraAdapters[1]", "is already served by spec.schedulers[0].loraAdapters[0]"},
 		{"adapter is the model", func(c *InferenceGatewayConfig) { c.Spec.Schedulers[0].LoRAAdapters = []string{"m"} }, "spec.schedulers[0].loraAdapters[0]", "is already served by spec.schedulers[0]"},
+		{"unknown engine", func(c *InferenceGatewayConfig) { c.Spec.Schedulers[0].EngineType = "ollama" }, "spec.schedulers[0].engineType", `"ollama" is not one of vllm, sglang, trtllm, triton, tgi, llamacpp, custom`},
+		{"custom without a map", custom(nil), "spec.schedulers[0].metrics", MsgCustomMetrics},
+		{"custom with blocks alone", custom(&MetricMap{NumBlocks: &IntegerSource{MetricSource: *src("blocks")}}), "spec.schedulers[0].metrics", MsgCustomMetrics},
+		{"a map without an engineType", func(c *InferenceGatewayConfig) { c.Spec.Schedulers[0].Metrics = &MetricMap{Queue: src("q")} }, "spec.schedulers[0].metrics", MsgMetricsEngine},
+		{"kvUsed without kvTotal", custom(&MetricMap{KVUsed: src("used")}), "spec.schedulers[0].metrics", MsgKVUsedTotal},
+		{"kvTotal without kvUsed", custom(&MetricMap{Queue: src("q"), KVTotal: src("total")}), "spec.schedulers[0].metrics", MsgKVUsedTotal},
+		{"metric name", custom(&MetricMap{Queue: src("my-server.queue")}), "spec.schedulers[0].metrics.queue.name", `"my-server.queue" is not a Prometheus metric name`},
+		{"metric name missing", custom(&MetricMap{Running: src("")}), "spec.schedulers[0].metrics.running.name", "is required"},
+		{"metric name too long", custom(&MetricMap{Queue: src(strings.Repeat("q", 257))}), "spec.schedulers[0].metrics.queue.name", "is not a Prometheus metric name"},
+		{"label name", custom(&MetricMap{Queue: &MetricSource{MetricSelector: MetricSelector{Name: "q", Labels: map[string]string{"state": "a", "pool-name": "b"}}}}),
+			"spec.schedulers[0].metrics.queue.labels.pool-name", `"pool-name" is not a Prometheus label name`},
+		{"too many labels", custom(&MetricMap{Queue: &MetricSource{MetricSelector: MetricSelector{Name: "q", Labels: func() map[string]string {
+			m := map[string]string{}
+			for i := range 17 {
+				m[fmt.Sprintf("l%d", i)] = "x"
+			}
+			return m
+		}()}}}), "spec.schedulers[0].metrics.queue.labels", "has 17 labels, at most 16 allowed"},
+		{"scale zero", custom(&MetricMap{KVUsage: &MetricSource{MetricSelector: MetricSelector{Name: "kv"}, Scale: "0"}}), "spec.schedulers[0].metrics.kvUsage.scale", "must be > 0, got 0"},
+		{"scale negative", custom(&MetricMap{KVUsage: &MetricSource{MetricSelector: MetricSelector{Name: "kv"}, Scale: "-0.01"}}), "spec.schedulers[0].metrics.kvUsage.scale", "must be > 0"},
+		{"scale no number", custom(&MetricMap{KVUsage: &MetricSource{MetricSelector: MetricSelector{Name: "kv"}, Scale: "lots"}}), "spec.schedulers[0].metrics.kvUsage.scale", `"lots" is not a number`},
+		{"info label", custom(&MetricMap{Queue: src("q"), BlockSize: &IntegerSource{MetricSource: *src("info"), Label: "block size"}}), "spec.schedulers[0].metrics.blockSize.label", "is not a Prometheus label name"},
+		{"lora without running label", custom(&MetricMap{Queue: src("q"), LoRA: &LoRASource{MetricSelector: MetricSelector{Name: "lora_info"}}}), "spec.schedulers[0].metrics.lora.runningLabel", "is required"},
+		{"lora label", custom(&MetricMap{Queue: src("q"), LoRA: &LoRASource{MetricSelector: MetricSelector{Name: "lora_info"}, RunningLabel: "running", MaxLabel: "max-lora"}}), "spec.schedulers[0].metrics.lora.maxLabel", "is not a Prometheus label name"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			errs := config(tc.edit).Validate()
@@ -86,6 +120,30 @@ func TestValidateAccepts(t *testing.T) {
 		}},
 		{"staleAfter equals the default interval", func(c *InferenceGatewayConfig) {
 			c.Spec.Gateway.Scrape = &ScrapeSpec{StaleAfter: dur(DefaultScrapeInterval)}
+		}},
+		{"every engine type", func(c *InferenceGatewayConfig) {
+			for _, e := range EngineTypes {
+				if e != EngineCustom {
+					c.Spec.Schedulers = append(c.Spec.Schedulers, SchedulerSpec{Name: "e-" + e, ModelName: e, Endpoints: []string{"h:1"}, EngineType: e})
+				}
+			}
+			c.Spec.BBR.Enabled = true
+		}},
+		{"a custom map", custom(&MetricMap{
+			Queue:     &MetricSource{MetricSelector: MetricSelector{Name: "myserver_requests", Labels: map[string]string{"state": "pending", "pool": ""}}},
+			KVUsage:   &MetricSource{MetricSelector: MetricSelector{Name: "myserver:kv_percent"}, Scale: "0.01"},
+			KVUsed:    src("used"),
+			KVTotal:   &MetricSource{MetricSelector: MetricSelector{Name: "total"}, Scale: "1e3"},
+			BlockSize: &IntegerSource{MetricSource: *src("myserver_cache_info"), Label: "block_size"},
+			NumBlocks: &IntegerSource{MetricSource: *src("myserver_blocks")},
+			LoRA:      &LoRASource{MetricSelector: MetricSelector{Name: "myserver_lora"}, RunningLabel: "running", WaitingLabel: "waiting", MaxLabel: "max_lora"},
+		})},
+		{"custom with running alone", custom(&MetricMap{Running: src("active")})},
+		{"custom with used over total alone", custom(&MetricMap{KVUsed: src("used"), KVTotal: src("total")})},
+		// A map beside a built-in engineType overrides its signals.
+		{"a built-in map overridden", func(c *InferenceGatewayConfig) {
+			c.Spec.Schedulers[0].EngineType = "tgi"
+			c.Spec.Schedulers[0].Metrics = &MetricMap{KVUsed: src("tgi_batch_current_max_tokens"), KVTotal: src("my_kv_tokens")}
 		}},
 		{"bounds", func(c *InferenceGatewayConfig) {
 			c.Spec.BBR.MaxRequestBodyBytes = ptr(int64(1 << 30))
@@ -129,6 +187,12 @@ func TestMarkersMatch(t *testing.T) {
 		`message="` + MsgReplicas + `",fieldPath=".replicas"`,
 		`message="` + MsgEndpointSource + `"`,
 		`message="` + MsgEmptySelector + `"`,
+		`message="` + MsgMetricsEngine + `",fieldPath=".metrics"`,
+		`message="` + MsgCustomMetrics + `",fieldPath=".metrics"`,
+		`message="` + MsgKVUsedTotal + `"`,
+		"+kubebuilder:validation:Pattern=`" + MetricNamePattern + "`",
+		"+kubebuilder:validation:Pattern=`" + LabelNamePattern + "`",
+		"+kubebuilder:validation:Enum=" + strings.Join(EngineTypes, ";"),
 	} {
 		if !strings.Contains(string(src), want) {
 			t.Errorf("types.go has no marker %s", want)

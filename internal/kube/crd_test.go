@@ -54,6 +54,9 @@ type crdCase struct {
 //     label keys are checked by the controller (metav1.LabelSelectorAsSelector;
 //     Accepted=False), not by Validate; metav1.LabelSelector declares no
 //     maxItems or maxLength, so CEL rules over it cannot fit the cost budget.
+//   - the names of a metric map's label matchers (spec.schedulers[].metrics.*.labels):
+//     a CEL rule over a map's keys, which the schema bounds in number but not
+//     in length, exceeds the cost budget; the schema does bound their number.
 //   - a poolRef naming an InferencePool that exists and has matchLabels: state
 //     of the cluster, not of the document (a missing pool is an empty one:
 //     Ready=False, InferencePoolNotFound).
@@ -64,6 +67,8 @@ type crdCase struct {
 //     controller resolves, which carries the selector and the pods' endpoints.
 //   - "" for an enumerated field (unset to kvgate): a typed client never
 //     sends it.
+//   - a metric map's scale quoted ("0.01"): a file may quote it, the API
+//     server stores a number.
 func TestCRDValidation(t *testing.T) {
 	k := startCluster(t)
 	k.namespace(t, "crd")
@@ -143,7 +148,9 @@ func TestCRDValidation(t *testing.T) {
 	refuse("spec.schedulers[0].targetPort", -1, atLeast+"0")
 	accept("spec.schedulers[0].targetPort", 65535)
 	refuse("spec.schedulers[0].appProtocol", "grpc", enum)
-	refuse("spec.schedulers[0].engineType", "tgi", enum)
+	refuse("spec.schedulers[0].engineType", "ollama", enum)
+	accept("spec.schedulers[0].engineType", "tgi")
+	accept("spec.schedulers[0].engineType", "llamacpp")
 	refuse("spec.schedulers[0].picker", "best", enum)
 	refuse("spec.schedulers[0].profile", "fast", enum)
 	accept("spec.schedulers[0].appProtocol", "kubernetes.io/h2c")
@@ -206,6 +213,48 @@ func TestCRDValidation(t *testing.T) {
 	}
 	cases = append(cases, crdCase{name: "endpoints at the bounds accepted",
 		spec: setField(setField(base(), "spec.schedulers[0].modelSelector", nil), "spec.schedulers[0].endpoints", []any{"10.0.0.1:1", "[::1]:65535", "vllm-0.models.svc:8000"})})
+
+	// Metric maps.
+	custom := func(metrics map[string]any) map[string]any {
+		return setField(setField(base(), "spec.schedulers[0].engineType", "custom"), "spec.schedulers[0].metrics", metrics)
+	}
+	metric := func(name string) map[string]any { return map[string]any{"name": name} }
+	sixteen := map[string]any{}
+	for i := range 17 {
+		sixteen[fmt.Sprintf("l%d", i)] = "x"
+	}
+	const m0 = "spec.schedulers[0].metrics"
+	cases = append(cases,
+		crdCase{name: "custom map accepted", spec: custom(map[string]any{
+			"queue":     map[string]any{"name": "myserver_requests", "labels": map[string]any{"state": "pending", "pool": ""}},
+			"running":   map[string]any{"name": "myserver_requests", "labels": map[string]any{"state": "active"}},
+			"kvUsage":   map[string]any{"name": "myserver:kv_percent", "scale": 0.01},
+			"kvUsed":    metric("used"),
+			"kvTotal":   map[string]any{"name": "total", "scale": 16},
+			"blockSize": map[string]any{"name": "myserver_cache_info", "label": "block_size"},
+			"numBlocks": metric("total"),
+			"lora":      map[string]any{"name": "myserver_lora", "runningLabel": "running", "waitingLabel": "waiting", "maxLabel": "max_lora"},
+		})},
+		crdCase{name: "built-in map overridden accepted", spec: setField(setField(base(), "spec.schedulers[0].engineType", "tgi"), m0, map[string]any{"kvUsed": metric("a"), "kvTotal": metric("b")})},
+		crdCase{name: "custom without a map", spec: custom(nil), field: m0, msg: v1alpha1.MsgCustomMetrics},
+		crdCase{name: "custom with blocks alone", spec: custom(map[string]any{"numBlocks": metric("b")}), field: m0, msg: v1alpha1.MsgCustomMetrics},
+		crdCase{name: "a map without an engineType", spec: setField(base(), m0, map[string]any{"queue": metric("q")}), field: m0, msg: v1alpha1.MsgMetricsEngine},
+		crdCase{name: "kvUsed without kvTotal", spec: custom(map[string]any{"queue": metric("q"), "kvUsed": metric("u")}), field: m0, msg: v1alpha1.MsgKVUsedTotal},
+		crdCase{name: "kvTotal alone", spec: custom(map[string]any{"kvTotal": metric("t")}), field: m0, msg: v1alpha1.MsgKVUsedTotal},
+		crdCase{name: "metric name", spec: custom(map[string]any{"queue": metric("my-server.queue")}), field: m0 + ".queue.name", msg: match},
+		crdCase{name: "metric name too long", spec: custom(map[string]any{"queue": metric(strings.Repeat("q", 257))}), field: m0 + ".queue.name", msg: "256"},
+		crdCase{name: "metric without a name", spec: custom(map[string]any{"queue": metric("q"), "running": map[string]any{"labels": map[string]any{"a": "b"}}}),
+			field: m0 + ".running.name", msg: "Required value"},
+		crdCase{name: "17 label matchers", spec: custom(map[string]any{"queue": map[string]any{"name": "q", "labels": sixteen}}), field: m0 + ".queue.labels", msg: "16"},
+		crdCase{name: "scale 0", spec: custom(map[string]any{"kvUsage": map[string]any{"name": "kv", "scale": 0}}), field: m0 + ".kvUsage.scale", msg: "should be greater than 0"},
+		crdCase{name: "scale negative", spec: custom(map[string]any{"kvUsage": map[string]any{"name": "kv", "scale": -0.5}}), field: m0 + ".kvUsage.scale", msg: "should be greater than 0"},
+		crdCase{name: "scale no number", spec: custom(map[string]any{"kvUsage": map[string]any{"name": "kv", "scale": "lots"}}), field: m0 + ".kvUsage.scale", decode: true},
+		crdCase{name: "scale quoted", spec: custom(map[string]any{"kvUsage": map[string]any{"name": "kv", "scale": "0.01"}}), field: m0 + ".kvUsage.scale", msg: "number", schemaOnly: true},
+		crdCase{name: "info label", spec: custom(map[string]any{"queue": metric("q"), "blockSize": map[string]any{"name": "i", "label": "block size"}}), field: m0 + ".blockSize.label", msg: match},
+		crdCase{name: "lora without runningLabel", spec: custom(map[string]any{"queue": metric("q"), "lora": metric("l")}), field: m0 + ".lora.runningLabel", msg: "Required value"},
+		crdCase{name: "lora label", spec: custom(map[string]any{"queue": metric("q"), "lora": map[string]any{"name": "l", "runningLabel": "r", "maxLabel": "max-lora"}}),
+			field: m0 + ".lora.maxLabel", msg: match},
+	)
 
 	// LoRA adapters
 	refuse("spec.schedulers[0].loraAdapters", []any{"x", ""}, "should be at least 1 chars long")
@@ -361,6 +410,15 @@ func TestCRDKvgateOnly(t *testing.T) {
 		t.Errorf("the API server refused an adapter in two schedulers: %v", err)
 	}
 	if got := kvgateRefuses(t, doc, crdCase{field: "spec.schedulers[1].loraAdapters[0]"}); !strings.Contains(got, "already served by spec.schedulers[0].loraAdapters[0]") {
+		t.Errorf("kvgate: %q", got)
+	}
+	spec = setField(setField(base(), "spec.schedulers[0].engineType", "custom"), "spec.schedulers[0].metrics",
+		map[string]any{"queue": map[string]any{"name": "q", "labels": map[string]any{"pool-name": "a"}}})
+	doc = document(spec)
+	if err := k.c.Create(context.Background(), &unstructured.Unstructured{Object: doc}); err != nil {
+		t.Errorf("the API server refused a label matcher's name: %v", err)
+	}
+	if got := kvgateRefuses(t, doc, crdCase{field: "spec.schedulers[0].metrics.queue.labels.pool-name"}); !strings.Contains(got, "is not a Prometheus label name") {
 		t.Errorf("kvgate: %q", got)
 	}
 }
