@@ -139,3 +139,62 @@ func TestEmpty(t *testing.T) {
 		}
 	}
 }
+
+// customMap is a custom metric map with every signal.
+const customMap = `apiVersion: gateway.kvgate.io/v1alpha1
+kind: InferenceGatewayConfig
+metadata:
+  name: myserver
+spec:
+  schedulers:
+  - name: myserver
+    modelName: my-model
+    endpoints: ["10.0.0.5:9000"]
+    engineType: custom
+    metrics:
+      queue:   {name: myserver_requests, labels: {state: pending}}
+      running: {name: myserver_requests, labels: {state: active}}
+      kvUsage: {name: myserver_kv_usage_percent, scale: 0.01}
+      kvUsed:  {name: myserver_kv_used_blocks}
+      kvTotal: {name: myserver_kv_total_blocks}
+      blockSize: {name: myserver_cache_info, label: block_size}
+      numBlocks: {name: myserver_kv_total_blocks}
+      lora: {name: myserver_lora_info, runningLabel: running, waitingLabel: waiting, maxLabel: max_lora}
+`
+
+func TestParseCustomMetricMap(t *testing.T) {
+	cfg, err := Parse("custom.yaml", []byte(customMap))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mm := cfg.Spec.Schedulers[0].Metrics
+	if scale, _ := mm.KVUsage.Scale.Float64(); scale != 0.01 || mm.Queue.Labels["state"] != "pending" || mm.BlockSize.Label != "block_size" || mm.LoRA.MaxLabel != "max_lora" {
+		t.Fatalf("decoded %+v", mm)
+	}
+	// A quoted scale reads the same, and the document survives a round trip.
+	quoted, err := Parse("custom.yaml", []byte(strings.Replace(customMap, "scale: 0.01", `scale: "0.01"`, 1)))
+	if err != nil || quoted.Spec.Schedulers[0].Metrics.KVUsage.Scale != "0.01" {
+		t.Fatalf("quoted scale: %v", err)
+	}
+	out, err := Marshal(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := Parse("again.yaml", out)
+	if err != nil || again.Spec.Schedulers[0].Metrics.KVUsage.Scale != "0.01" {
+		t.Fatalf("round trip: %v\n%s", err, out)
+	}
+	for _, tc := range []struct{ from, to, want string }{
+		{"scale: 0.01", "scale: lots", `custom.yaml:14: spec.schedulers[0].metrics.kvUsage.scale: "lots" is not a number`},
+		{"scale: 0.01", "scale: 0", "custom.yaml:14: spec.schedulers[0].metrics.kvUsage.scale: must be > 0, got 0"},
+		{"labels: {state: pending}", "labels: {engine: 0}", `custom.yaml:12: spec.schedulers[0].metrics.queue.labels.engine: must be a string, got "0" (quote it)`},
+		{"label: block_size", "lable: block_size", "custom.yaml:17: spec.schedulers[0].metrics.blockSize.lable: unknown field"},
+		{"{name: myserver_kv_total_blocks}\n      blockSize", "{name: total-blocks}\n      blockSize", `spec.schedulers[0].metrics.kvTotal.name: "total-blocks" is not a Prometheus metric name`},
+		{"    engineType: custom\n", "", "custom.yaml:10: spec.schedulers[0].metrics: needs an engineType"},
+	} {
+		_, err := Parse("custom.yaml", []byte(strings.Replace(customMap, tc.from, tc.to, 1)))
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s → %s: err = %v\nwant it to contain %q", tc.from, tc.to, err, tc.want)
+		}
+	}
+}

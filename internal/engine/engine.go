@@ -128,6 +128,9 @@ func Parse(r io.Reader, dialect Dialect) (Metrics, Dialect, error) {
 // The lines read are checked as strictly as the format requires; the rest is
 // the model server's business.
 func (m *Map) Parse(r io.Reader) (Metrics, Dialect, error) {
+	if m != nil && m.err != nil {
+		return Metrics{}, m.name, m.err
+	}
 	raw := bufPool.Get().(*bytes.Buffer)
 	defer bufPool.Put(raw)
 	raw.Reset()

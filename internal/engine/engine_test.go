@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"net/http"
@@ -300,6 +301,7 @@ func TestParseErrors(t *testing.T) {
 		{"matchers selecting nothing", "myserver_requests{state=\"finished\"} 3\n", "no custom metrics", custom},
 		{"a malformed line of a family read", "myserver_requests{state=\"pending\"} 1\nmyserver_kv_used_blocks{gpu=0} 3\n", "line 2: myserver_kv_used_blocks: malformed label", custom},
 		{"a value that is no number", "myserver_requests{state=\"pending\"} many\n", `value "many"`, custom},
+		{"a map that failed to build", "vllm:num_requests_waiting 1\n", "no map", Refusing(errors.New("no map"))},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if _, _, err := tc.m.Parse(strings.NewReader(tc.text)); err == nil || !strings.Contains(err.Error(), tc.want) {

@@ -80,7 +80,13 @@ type Map struct {
 	// worth a lookup.
 	want   map[string]string
 	maxLen int
+	// err fails every parse (Refusing).
+	err error
 }
+
+// Refusing is a map that fails every scrape with err: for a configuration
+// whose map could not be built, so that each endpoint says why.
+func Refusing(err error) *Map { return &Map{name: Custom, err: err} }
 
 type loraSource struct {
 	name                     string

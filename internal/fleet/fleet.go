@@ -108,11 +108,11 @@ func (f *Fleet) SetConfig(cfg Config) {
 	f.cfg.Store(&cfg)
 }
 
-// Target is an endpoint to scrape and the metric dialect it speaks ("" detects it
-// from the exposition).
+// Target is an endpoint to scrape and the metric map its exposition is read
+// with (nil detects a built-in one; engine.MapFor builds it from a scheduler).
 type Target struct {
-	Addr    string
-	Dialect engine.Dialect
+	Addr string
+	Map  *engine.Map
 }
 
 type endpoint struct {
@@ -121,7 +121,7 @@ type endpoint struct {
 	done   chan struct{}
 
 	mu   sync.Mutex
-	want engine.Dialect // configured; "" detects
+	want *engine.Map // configured; nil detects
 	acct Accounting
 }
 
@@ -270,12 +270,12 @@ type Ticket struct {
 }
 
 // Sync makes the fleet scrape exactly targets: scrapers start for new addresses
-// and stop, with their state purged, for addresses that left; a changed dialect
-// applies from the next scrape.
+// and stop, with their state purged, for addresses that left; a changed metric
+// map applies from the next scrape.
 func (f *Fleet) Sync(ctx context.Context, targets []Target) {
-	want := make(map[string]engine.Dialect, len(targets))
+	want := make(map[string]*engine.Map, len(targets))
 	for _, t := range targets {
-		want[t.Addr] = t.Dialect
+		want[t.Addr] = t.Map
 	}
 	f.mu.Lock()
 	var stopped []*endpoint
@@ -377,9 +377,9 @@ func fetch(e *endpoint, sc *scrapeConn, timeout time.Duration) (engine.Metrics, 
 		return engine.Metrics{}, "", err
 	}
 	e.mu.Lock()
-	d := e.want
+	m := e.want
 	e.mu.Unlock()
-	return engine.Parse(buf, d)
+	return m.Parse(buf)
 }
 
 // Dispatched records that the gateway sent a request of promptTokens to addr,

@@ -21,6 +21,21 @@ func startSim(t *testing.T, cfg sim.Config) *simserver.Server {
 	return simtest.Start(t, simserver.Options{Engine: cfg})
 }
 
+// busy sends n long completions to addr at once; the group waits for their
+// answers.
+func busy(addr string, n int) *sync.WaitGroup {
+	var wg sync.WaitGroup
+	for range n {
+		wg.Go(func() {
+			body := `{"model":"m","prompt":"` + strings.Repeat("word ", 400) + `","max_tokens":100,"ignore_eos":true}`
+			if resp, err := http.Post("http://"+addr+"/v1/completions", "application/json", strings.NewReader(body)); err == nil {
+				resp.Body.Close()
+			}
+		})
+	}
+	return &wg
+}
+
 func TestScrapesFollowTheServer(t *testing.T) {
 	s := startSim(t, sim.Config{GPU: "h100", ModelSize: "8b", MaxNumSeqs: 2, NumGPUBlocks: 4000})
 	f := New(Config{Interval: 20 * time.Millisecond})
@@ -31,15 +46,7 @@ func TestScrapesFollowTheServer(t *testing.T) {
 	if got := snap(); !got.Healthy || got.Stale || got.NumBlocks != 4000 || got.BlockSize != 16 || got.Dialect != "vllm" {
 		t.Fatalf("first snapshot %+v", got)
 	}
-	var wg sync.WaitGroup
-	for range 5 {
-		wg.Go(func() {
-			body := `{"model":"m","prompt":"` + strings.Repeat("word ", 400) + `","max_tokens":100,"ignore_eos":true}`
-			if resp, err := http.Post("http://"+s.Addr()+"/v1/completions", "application/json", strings.NewReader(body)); err == nil {
-				resp.Body.Close()
-			}
-		})
-	}
+	wg := busy(s.Addr(), 5)
 	waittest.Until(t, 5*time.Second, "load in the scraped metrics", func() bool { g := snap(); return g.Running == 2 && g.Waiting == 3 && g.KVUsage > 0 })
 	wg.Wait()
 	waittest.Until(t, 5*time.Second, "the load to drain", func() bool { g := snap(); return g.Running == 0 && g.Waiting == 0 })
@@ -107,10 +114,10 @@ func TestWrongDialectFails(t *testing.T) {
 	s := startSim(t, sim.Config{GPU: "h100", ModelSize: "8b"})
 	f := New(Config{Interval: 10 * time.Millisecond})
 	defer f.Close()
-	f.Sync(context.Background(), []Target{{Addr: s.Addr(), Dialect: "sglang"}}) // the wrong dialect for a vLLM server
+	f.Sync(context.Background(), []Target{{Addr: s.Addr(), Map: engine.Builtin(engine.SGLang)}}) // the wrong dialect for a vLLM server
 	waittest.Until(t, 5*time.Second, "failures", func() bool { g := f.Snapshot([]string{s.Addr()})[0]; return g.Failures >= 3 && !g.Healthy })
 	// Corrected by a later Sync, the same scraper recovers.
-	f.Sync(context.Background(), []Target{{Addr: s.Addr(), Dialect: "vllm"}})
+	f.Sync(context.Background(), []Target{{Addr: s.Addr(), Map: engine.Builtin(engine.VLLM)}})
 	waittest.Until(t, 5*time.Second, "recovery", func() bool { g := f.Snapshot([]string{s.Addr()})[0]; return g.Healthy && g.Dialect == "vllm" })
 }
 

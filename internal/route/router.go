@@ -324,8 +324,14 @@ func (g *Router) Apply(cfg *v1alpha1.InferenceGatewayConfig) error {
 	var targets []fleet.Target
 	inUse := map[string]bool{}
 	for _, p := range rt.schedulers {
+		// Validate accepted the map; one it could not build fails every scrape
+		// with the reason.
+		m, err := engine.MapFor(p.spec.EngineType, p.spec.Metrics)
+		if err != nil {
+			m = engine.Refusing(err)
+		}
 		for _, e := range p.endpoints {
-			targets = append(targets, fleet.Target{Addr: e.addr, Dialect: engine.Dialect(p.spec.EngineType)})
+			targets = append(targets, fleet.Target{Addr: e.addr, Map: m})
 			inUse[e.addr] = true
 		}
 	}
