@@ -2,6 +2,8 @@ package config
 
 import (
 	"errors"
+	"os"
+	"reflect"
 	"strings"
 	"testing"
 )
@@ -140,7 +142,7 @@ func TestEmpty(t *testing.T) {
 	}
 }
 
-// customMap is a custom metric map with every signal.
+// customMap is the example of docs/configuration.md's custom metric maps.
 const customMap = `apiVersion: gateway.kvgate.io/v1alpha1
 kind: InferenceGatewayConfig
 metadata:
@@ -196,5 +198,27 @@ func TestParseCustomMetricMap(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s → %s: err = %v\nwant it to contain %q", tc.from, tc.to, err, tc.want)
 		}
+	}
+}
+
+// The custom map of docs/configuration.md is the one above, and valid.
+func TestDocumentedCustomMap(t *testing.T) {
+	doc, err := os.ReadFile("../../docs/configuration.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, section, _ := strings.Cut(string(doc), "### Custom metric maps")
+	_, block, _ := strings.Cut(section, "```yaml\n")
+	block, _, _ = strings.Cut(block, "```")
+	cfg, err := Parse("configuration.md", []byte("apiVersion: gateway.kvgate.io/v1alpha1\nkind: InferenceGatewayConfig\nmetadata: {name: doc}\nspec:\n  schedulers:\n"+block))
+	if err != nil {
+		t.Fatalf("%v\n%s", err, block)
+	}
+	want, err := Parse("custom.yaml", []byte(customMap))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := cfg.Spec.Schedulers[0].Metrics; !reflect.DeepEqual(got, want.Spec.Schedulers[0].Metrics) {
+		t.Fatalf("docs: %+v\ntest: %+v", got, want.Spec.Schedulers[0].Metrics)
 	}
 }

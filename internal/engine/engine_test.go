@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"net/http"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -408,5 +409,27 @@ func TestParseRecordsMissingSignals(t *testing.T) {
 				t.Fatalf("published %v and missing %v do not partition the signals", m.Published().Names(), m.Missing.Names())
 			}
 		})
+	}
+}
+
+// TestMapsDocumented: docs/metrics.md lists, under each engine, every metric
+// name its built-in map reads.
+func TestMapsDocumented(t *testing.T) {
+	doc, err := os.ReadFile("../../docs/metrics.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range builtinNames() {
+		_, section, ok := strings.Cut(string(doc), "(`engineType: "+name+"`)")
+		if !ok {
+			t.Errorf("docs/metrics.md has no section for engineType %s", name)
+			continue
+		}
+		section, _, _ = strings.Cut(section, "\n#")
+		for _, f := range Builtin(Dialect(name)).Families() {
+			if !strings.Contains(section, "`"+f) {
+				t.Errorf("docs/metrics.md does not list %s under engineType %s", f, name)
+			}
+		}
 	}
 }
