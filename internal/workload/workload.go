@@ -56,11 +56,12 @@ const (
 	MultiTurn    = "multi-turn"
 	LoRAMix      = "lora-mix"
 	LongContext  = "long-context"
+	Spike        = "spike"
 )
 
 // Kinds lists the workload kinds Generate knows, for flags and help text.
 func Kinds() []string {
-	return []string{Poisson, Bursty, SharedPrefix, MultiTurn, LoRAMix, LongContext}
+	return []string{Poisson, Bursty, SharedPrefix, MultiTurn, LoRAMix, LongContext, Spike}
 }
 
 // Dist is a length distribution: a lognormal of mean Mean > 0 and log-space
@@ -130,6 +131,17 @@ type Spec struct {
 	BurstFactor       float64       // 10; at least 1
 	BurstOn, BurstOff time.Duration // 5s, 25s
 
+	// spike: bursts of BurstSize requests, each arriving uniformly at random
+	// within BurstSpread of the burst's start, one every BurstEvery, the first
+	// after one BurstEvery; between and under them, Poisson arrivals at what is
+	// left of Rate once the bursts' own BurstSize/BurstEvery is taken (none
+	// when Rate equals it). Rate stays the mean over the run, so it must be at
+	// least the bursts' rate. The trace ends at Requests requests, which may cut
+	// the last burst short.
+	BurstSize   int           // 60
+	BurstEvery  time.Duration // 10s
+	BurstSpread time.Duration // 10ms; below BurstEvery, so that bursts do not overlap
+
 	// shared-prefix: Groups groups of Users users; a request comes from a user drawn
 	// uniformly (so groups are equally popular) and is the group's system segment of
 	// SystemTokens tokens followed by a unique segment of PromptTokens.
@@ -177,6 +189,9 @@ func (s Spec) withDefaults() Spec {
 	def(&s.BurstFactor, 10)
 	def(&s.BurstOn, 5*time.Second)
 	def(&s.BurstOff, 25*time.Second)
+	def(&s.BurstSize, 60)
+	def(&s.BurstEvery, 10*time.Second)
+	def(&s.BurstSpread, 10*time.Millisecond)
 	def(&s.Groups, 8)
 	def(&s.Users, 16)
 	def(&s.SystemTokens, 2048)
@@ -211,7 +226,7 @@ func (s Spec) validate() error {
 	}{
 		{"requests", s.Requests}, {"groups", s.Groups}, {"users", s.Users},
 		{"system tokens", s.SystemTokens}, {"sessions", s.Sessions}, {"turns", s.Turns},
-		{"adapters", s.Adapters}, {"long tokens", s.LongTokens},
+		{"adapters", s.Adapters}, {"long tokens", s.LongTokens}, {"burst size", s.BurstSize},
 	} {
 		if f.v < 0 {
 			return fmt.Errorf("workload: %s %d, want ≥ 0", f.name, f.v)
@@ -220,7 +235,8 @@ func (s Spec) validate() error {
 	for _, f := range []struct {
 		name string
 		v    time.Duration
-	}{{"burst on", s.BurstOn}, {"burst off", s.BurstOff}, {"think time", s.ThinkTime}} {
+	}{{"burst on", s.BurstOn}, {"burst off", s.BurstOff}, {"think time", s.ThinkTime},
+		{"burst every", s.BurstEvery}, {"burst spread", s.BurstSpread}} {
 		if f.v < 0 {
 			return fmt.Errorf("workload: %s %v, want > 0", f.name, f.v)
 		}
@@ -236,6 +252,11 @@ func (s Spec) validate() error {
 		return fmt.Errorf("workload: base share %g, want within [0, 1]", s.BaseShare)
 	case !(s.LongShare >= 0 && s.LongShare <= 1):
 		return fmt.Errorf("workload: long share %g, want within [0, 1]", s.LongShare)
+	case s.BurstSpread >= s.BurstEvery:
+		return fmt.Errorf("workload: burst spread %v, want below burst every (%v)", s.BurstSpread, s.BurstEvery)
+	case s.Kind == Spike && s.spikeBackground() < 0:
+		return fmt.Errorf("workload: rate %g below the bursts' own %g (burst size %d every %v)",
+			s.Rate, s.spikeRate(), s.BurstSize, s.BurstEvery)
 	}
 	if err := s.PromptTokens.validate("prompt tokens"); err != nil {
 		return err
@@ -259,6 +280,8 @@ func Describe(s Spec) string {
 		fmt.Fprintf(&b, ", %d adapters, Zipf s %g, base share %g", s.Adapters, s.ZipfS, s.BaseShare)
 	case LongContext:
 		fmt.Fprintf(&b, ", %g%% at %d tokens", 100*s.LongShare, s.LongTokens)
+	case Spike:
+		fmt.Fprintf(&b, ", bursts of %d requests within %v every %v, background %.3g/s", s.BurstSize, s.BurstSpread, s.BurstEvery, s.spikeBackground())
 	}
 	fmt.Fprintf(&b, ", prompt %v, output %v", s.PromptTokens, s.OutputTokens)
 	return b.String()
@@ -282,6 +305,13 @@ func Generate(s Spec) (Trace, error) {
 		g.onRate = s.BurstFactor * s.Rate * (on + off) / (s.BurstFactor*on + off)
 		g.phaseEnd = on
 		t = g.each(g.burstArrival, g.unique)
+	case Spike:
+		g.background = s.spikeBackground()
+		g.nextBackground = math.Inf(1)
+		if g.background > 0 {
+			g.nextBackground = g.rng.ExpFloat64() / g.background
+		}
+		t = g.each(g.spikeArrival, g.unique)
 	default:
 		t = g.each(g.poissonArrival, g.request)
 	}
@@ -307,6 +337,13 @@ type gen struct {
 	onRate   float64
 	off      bool
 	phaseEnd float64
+
+	// spike: the background's rate and next arrival, the bursts begun so far,
+	// and the current burst's arrivals not yet taken, in order.
+	background     float64
+	nextBackground float64
+	bursts         int
+	burst          []float64
 }
 
 // each generates s.Requests requests, arrival first, then the rest of the request.
@@ -346,6 +383,44 @@ func (g *gen) burstArrival() float64 {
 			g.phaseEnd += g.s.BurstOn.Seconds()
 		}
 	}
+}
+
+// spikeRate is what a spike workload's bursts add to the mean rate.
+func (s Spec) spikeRate() float64 { return float64(s.BurstSize) / s.BurstEvery.Seconds() }
+
+// spikeBackground is the rate of a spike workload's Poisson background: Rate
+// less the bursts' rate, 0 when they are equal to within rounding (a Rate
+// computed as BurstSize/BurstEvery), negative when Rate is below it.
+func (s Spec) spikeBackground() float64 {
+	b := s.Rate - s.spikeRate()
+	if math.Abs(b) <= 1e-9*s.Rate {
+		return 0
+	}
+	return b
+}
+
+// spikeArrival is the next arrival of the bursts merged with the background:
+// the earlier of the background's next arrival and the current burst's next
+// one. A burst's arrivals are drawn all at once, when the one before it is
+// used up, as BurstSize uniform offsets within BurstSpread of its start.
+func (g *gen) spikeArrival() float64 {
+	if len(g.burst) == 0 {
+		g.bursts++
+		start, spread := float64(g.bursts)*g.s.BurstEvery.Seconds(), g.s.BurstSpread.Seconds()
+		g.burst = make([]float64, g.s.BurstSize)
+		for i := range g.burst {
+			g.burst[i] = start + g.rng.Float64()*spread
+		}
+		slices.Sort(g.burst)
+	}
+	if g.nextBackground < g.burst[0] {
+		at := g.nextBackground
+		g.nextBackground += g.rng.ExpFloat64() / g.background
+		return at
+	}
+	at := g.burst[0]
+	g.burst = g.burst[1:]
+	return at
 }
 
 func (g *gen) segment(prefix string, tokens int) Segment {

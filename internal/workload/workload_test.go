@@ -112,6 +112,80 @@ func TestBursty(t *testing.T) {
 	}
 }
 
+// A spike trace is bursts of BurstSize arrivals within BurstSpread of k ×
+// BurstEvery (k ≥ 1), and between them a Poisson background at Rate less the
+// bursts' rate.
+func TestSpike(t *testing.T) {
+	for _, tc := range []struct {
+		name          string
+		s             Spec
+		size          int
+		every, spread time.Duration
+		background    float64 // requests/s
+		// Without a background: the bursts the trace begins and the arrivals
+		// of the last, which Requests cuts short.
+		wantBursts, wantInLastBurst int
+	}{
+		{"defaults", Spec{Requests: 1000}, 60, 10 * time.Second, 10 * time.Millisecond, 4, 0, 0},
+		{"no background", Spec{Requests: 300, Rate: 64.0 / 5, BurstSize: 64, BurstEvery: 5 * time.Second}, 64, 5 * time.Second, 10 * time.Millisecond, 0, 5, 44},
+		{"wide spread", Spec{Requests: 500, Rate: 12, BurstSize: 20, BurstEvery: 2 * time.Second, BurstSpread: 500 * time.Millisecond},
+			20, 2 * time.Second, 500 * time.Millisecond, 2, 0, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := tc.s
+			s.Kind, s.Seed = Spike, 9
+			tr := generate(t, s)
+			if len(tr) != s.Requests {
+				t.Fatalf("%d requests, want %d", len(tr), s.Requests)
+			}
+			every, spread := tc.every.Seconds(), tc.spread.Seconds()
+			// An arrival within a burst's window (to the microsecond the trace
+			// keeps) counts as the burst's.
+			per := map[int]int{}
+			first, last := map[int]float64{}, map[int]float64{}
+			background, bursts := 0, 0
+			for _, r := range tr {
+				k := int(math.Floor(r.At/every + 1e-9))
+				if off := r.At - float64(k)*every; k >= 1 && off >= -1e-6 && off <= spread+1e-6 {
+					if per[k] == 0 {
+						first[k] = off
+					}
+					per[k]++
+					last[k] = off
+					bursts = max(bursts, k)
+				} else {
+					background++
+				}
+			}
+			for k := 1; k <= bursts; k++ {
+				// A background arrival may fall inside a window too.
+				n := per[k]
+				switch {
+				case k < bursts && (n < tc.size || n > tc.size+3):
+					t.Errorf("burst %d: %d arrivals within %v of %gs, want %d", k, n, tc.spread, float64(k)*every, tc.size)
+				case k == bursts && (n < 1 || n > tc.size+3):
+					t.Errorf("the last burst has %d arrivals, want 1 to %d", n, tc.size)
+				case k < bursts && last[k]-first[k] < spread/2:
+					t.Errorf("burst %d spans %gs, want most of %gs", k, last[k]-first[k], spread)
+				}
+			}
+			if tc.background == 0 {
+				if bursts != tc.wantBursts || per[bursts] != tc.wantInLastBurst {
+					t.Errorf("%d bursts, the last of %d arrivals; want %d, the last of %d", bursts, per[bursts], tc.wantBursts, tc.wantInLastBurst)
+				}
+				if background != 0 {
+					t.Errorf("%d arrivals outside the bursts, want none", background)
+				}
+				if tr[0].At < every {
+					t.Errorf("first arrival at %gs, before the first burst at %gs", tr[0].At, every)
+				}
+				return
+			}
+			near(t, "background rate", float64(background)/tr[len(tr)-1].At, tc.background, 0.2*tc.background)
+		})
+	}
+}
+
 func TestSharedPrefix(t *testing.T) {
 	tr := generate(t, Spec{Kind: SharedPrefix, Seed: 2, Requests: 4000, Groups: 4, Users: 5, SystemTokens: 300})
 	groups := map[string]int{}
@@ -230,6 +304,11 @@ func TestGenerateErrors(t *testing.T) {
 		{"base share", Spec{Kind: LoRAMix, BaseShare: 1.5}, "base share"},
 		{"long share", Spec{Kind: LongContext, LongShare: -0.1}, "long share"},
 		{"turns", Spec{Kind: MultiTurn, Turns: -1}, "turns"},
+		{"burst size", Spec{Kind: Spike, BurstSize: -1}, "burst size"},
+		{"burst every", Spec{Kind: Spike, BurstEvery: -time.Second}, "burst every"},
+		{"burst spread", Spec{Kind: Spike, BurstSpread: -time.Millisecond}, "burst spread"},
+		{"bursts overlap", Spec{Kind: Spike, BurstEvery: time.Second, BurstSpread: time.Second}, "want below burst every"},
+		{"rate below the bursts'", Spec{Kind: Spike, Rate: 5, BurstSize: 60, BurstEvery: 10 * time.Second}, "below the bursts' own 6"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := Generate(tc.s)
@@ -260,6 +339,8 @@ func TestDescribe(t *testing.T) {
 		{Spec{Kind: MultiTurn, Requests: 1000}, "1000 requests at 10/s, seed 0, model meta-llama/Llama-3.1-8B-Instruct, 200 sessions × 5 turns, think time 10s"},
 		{Spec{Kind: LoRAMix}, "16 adapters, Zipf s 1.1, base share 0.2"},
 		{Spec{Kind: LongContext}, "10% at 32768 tokens"},
+		{Spec{Kind: Spike}, "bursts of 60 requests within 10ms every 10s, background 4/s"},
+		{Spec{Kind: Spike, Rate: 6}, "background 0/s"},
 	} {
 		t.Run(tc.s.Kind, func(t *testing.T) {
 			if got := Describe(tc.s); !strings.Contains(got, tc.want) {
