@@ -227,9 +227,9 @@ func capacity(fleet simserver.FleetSpec, prompt, output float64) (prefill, decod
 
 // describeLoad says what a trace offers its fleet in prefill and decode terms,
 // against the fleet's capacity (capacity), over the span of its arrivals, and
-// in bursts for a bursty workload; cached is the share of prompt tokens an
-// earlier request computed (report.Floor.CachedShare), which a cache can spare
-// the prefill.
+// in bursts for a bursty workload or per burst for a spike one; cached is the
+// share of prompt tokens an earlier request computed (report.Floor.CachedShare),
+// which a cache can spare the prefill.
 func describeLoad(fleet simserver.FleetSpec, spec workload.Spec, trace workload.Trace, cached float64) (string, error) {
 	if len(trace) < 2 {
 		return "", nil
@@ -267,6 +267,11 @@ func describeLoad(fleet simserver.FleetSpec, spec workload.Spec, trace workload.
 		burst := spec.BurstFactor * (on + off) / (spec.BurstFactor*on + off) // the bursts' rate over the mean
 		fmt.Fprintf(&b, ", in bursts ~%.0f%% (%.3g requests/s for %v) and between them ~%.0f%%",
 			100*burst*(share+out/decode), burst*spec.Rate, spec.BurstOn, 100*burst/spec.BurstFactor*(share+out/decode))
+	}
+	if spec.Kind == workload.Spike && spec.BurstSize > 0 && spec.BurstSpread > 0 {
+		tokens := float64(spec.BurstSize) * prompt / n
+		fmt.Fprintf(&b, "; a burst of %d requests within %v carries ~%s prompt tokens, %.0f ms of the whole fleet's prefill capacity",
+			spec.BurstSize, spec.BurstSpread, kilo(tokens), 1000*tokens/prefill)
 	}
 	b.WriteString(".")
 	return b.String(), nil

@@ -184,6 +184,8 @@ func TestDescribeLoad(t *testing.T) {
 		{"cached prefixes", workload.Spec{Kind: "shared-prefix"}, 0.9, []string{"110/s", "once the 90% of prompt tokens an earlier request computed are cached"}, nil},
 		{"bursts", workload.Spec{Kind: "bursty", Rate: 32, BurstFactor: 10, BurstOn: 5 * time.Second, BurstOff: 25 * time.Second}, 0,
 			[]string{"in bursts ~", "(128 requests/s for 5s) and between them ~"}, nil},
+		{"spike", workload.Spec{Kind: workload.Spike, Rate: 10, BurstSize: 50, BurstEvery: 10 * time.Second, BurstSpread: 10 * time.Millisecond}, 0,
+			[]string{"; a burst of 50 requests within 10ms carries ~50.0k prompt tokens, ", " ms of the whole fleet's prefill capacity."}, []string{"in bursts ~"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := describeLoad(four, tc.spec, tr, tc.cached)
