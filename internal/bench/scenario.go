@@ -27,10 +27,16 @@ const (
 )
 
 func servers(name, gpu, size string, tp, n int, extra func(*simserver.ServerSpec)) simserver.ServerSpec {
-	// Ports only matter to `kvgate sim`; virtual time never listens.
-	port := 20000
-	if gpu != "h100" {
-		port = 21000
+	// Ports only matter to `kvgate sim`; virtual time never listens. Each GPU
+	// has its own range, so that a fleet of several kinds can run there too.
+	port := 21000 // a10g, and any other
+	switch gpu {
+	case "h100":
+		port = 20000
+	case "a100":
+		port = 22000
+	case "l40s":
+		port = 23000
 	}
 	model := llama8b
 	if size == "70b" {
