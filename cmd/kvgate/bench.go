@@ -30,6 +30,7 @@ goes to stderr; when stderr is not a terminal, nothing does.
 Examples:
   kvgate bench --suite aws --out bench-out
   kvgate bench --suite aws --quick --scenario mixed-gpu --policies round-robin,kvgate
+  kvgate bench --suite mixed --quick --policies least-request,chat,oracle
   kvgate bench --trace trace.jsonl --fleet deploy/examples/sim-fleet.yaml
   kvgate bench --mode live --scenario mixed-gpu --requests 500 --rate 5 \
       --target nginx=http://127.0.0.1:8201 --target kvgate=http://127.0.0.1:8203`,
@@ -42,7 +43,7 @@ Examples:
 	}
 	f := cmd.Flags()
 	f.StringVar(&cfg.Mode, "mode", "sim", "sim (virtual time) or live (real HTTP)")
-	f.StringVar(&cfg.Suite, "suite", "aws", "scenario suite")
+	f.StringVar(&cfg.Suite, "suite", "aws", "scenario suite: "+strings.Join(bench.Suites, ", "))
 	f.StringSliceVar(&cfg.Scenarios, "scenario", nil, "run only these scenarios of the suite (repeatable or comma-separated)")
 	f.StringSliceVar(&cfg.Policies, "policies", nil, "policies to compare in sim mode (default: all: "+strings.Join(bench.Policies, ",")+")")
 	f.BoolVar(&cfg.Quick, "quick", false, "a tenth of each workload, for CI")
@@ -88,7 +89,7 @@ Examples:
 	f := cmd.Flags()
 	f.StringVar(&cfg.TraceFile, "trace", "", "JSONL trace to tune on (with --fleet)")
 	f.StringVar(&cfg.FleetFile, "fleet", "", "fleet file (as for kvgate sim)")
-	f.StringVar(&cfg.Suite, "suite", "", "tune over a suite's scenarios instead (aws)")
+	f.StringVar(&cfg.Suite, "suite", "", "tune over a suite's scenarios instead ("+strings.Join(bench.Suites, ", ")+")")
 	f.StringSliceVar(&cfg.Scenarios, "scenario", nil, "with --suite: only these scenarios")
 	f.BoolVar(&cfg.Quick, "quick", false, "with --suite: a tenth of each workload")
 	f.StringVar(&cfg.Objective, "objective", "p95-ttft", "p95-ttft, p99-ttft, p50-ttft, p95-e2e or throughput")

@@ -5,6 +5,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -24,5 +25,19 @@ func TestProgressOnlyOnATerminal(t *testing.T) {
 		if p := progress(stderr); p != nil {
 			t.Errorf("%s: progress goes to %v", name, p)
 		}
+	}
+}
+
+// bench's and tune's --suite help name every suite, and an unknown suite's
+// error lists them.
+func TestSuiteFlagNamesSuites(t *testing.T) {
+	for _, cmd := range []string{"bench", "tune"} {
+		out, err := run(t, cmd, "--help")
+		if err != nil || !strings.Contains(out, "aws, mixed") {
+			t.Errorf("%s --help: %v\n%s", cmd, err, out)
+		}
+	}
+	if _, err := run(t, "bench", "--suite", "azure"); err == nil || !strings.Contains(err.Error(), `unknown suite "azure" (known: aws, mixed)`) {
+		t.Fatalf("bench --suite azure: %v", err)
 	}
 }

@@ -21,7 +21,7 @@ import (
 // Config is one `kvgate bench` invocation.
 type Config struct {
 	Mode      string   // "sim" (default) or "live"
-	Suite     string   // "aws"
+	Suite     string   // one of Suites; "" is "aws"
 	Scenarios []string // subset of the suite; empty: all
 	Policies  []string // empty: Policies
 	Quick     bool

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/kvgate/kvgate/internal/report"
@@ -18,6 +19,19 @@ const (
 	h100x4Rate70b = 15.9 // Llama-3.3-70B on four H100s
 )
 
+// What one server of Llama-3.1-8B sustains of the suites' chat traffic at P95
+// TTFT ≤ 2 s, in requests a second, for the generations the aws suite does not
+// run: measured by sustainableRate (what weighted-round-robin weighs a server
+// by: Poisson replays on one engine of 2,000 requests of the chat trace,
+// bisected on the rate) on the traces of mixed-gpu and mixed-gpu-stable (seeds
+// 11 and 17), which agree to within 1% (A100 11.22 and 11.31, L40S 8.86 and
+// 8.95). The same measure gives today an H100 34.7 and an A10G 1.72–1.75,
+// against the 31.5 and 1.7 the aws suite quotes and the mixed suite keeps.
+const (
+	a100Rate = 11.3 // Llama-3.1-8B on one A100
+	l40sRate = 8.9  // Llama-3.1-8B on one L40S
+)
+
 // Suite returns a named set of scenarios: "aws" mirrors the table AWS published
 // for its gateway (mixed GPU generations, bursts, shared prompt prefixes, a uniform
 // fleet under steady load) and adds LoRA-heavy and long-context traffic. quick
@@ -31,18 +45,31 @@ const (
 // round-robin's A10Gs, so its P95 grows with the trace; mixed-gpu-stable runs
 // the fleet at what round-robin sustains. bursty's bursts are twice the fleet's
 // capacity; bursty-ttft's are 1.5 times it, for longer.
+//
+// "mixed" (mixedSuite) compares routing on fleets of mixed GPU generations:
+// mixed-gpu-stable, two fleets of other generations than the aws suite's, and
+// a burst that arrives inside one scrape interval.
 func Suite(name string, quick bool) ([]Scenario, error) {
-	if name != "aws" {
-		return nil, fmt.Errorf("unknown suite %q (known: aws)", name)
-	}
 	n := func(full int) int {
 		if quick {
 			return max(200, full/10)
 		}
 		return full
 	}
-	// mixed-gpu-stable: round-robin gives each of the 8 servers an eighth.
-	const stableRate = 12
+	switch name {
+	case "aws":
+		return awsSuite(n), nil
+	case "mixed":
+		return mixedSuite(n), nil
+	}
+	return nil, fmt.Errorf("unknown suite %q (known: %s)", name, strings.Join(Suites, ", "))
+}
+
+// Suites are the names Suite knows.
+var Suites = []string{"aws", "mixed"}
+
+// awsSuite is the "aws" suite; n sizes a workload from its full request count.
+func awsSuite(n func(int) int) []Scenario {
 	// bursty-ttft: bursts at 1.5× the 70B fleet's capacity for 10 s, 20 s quiet
 	// at a fifth of the burst rate.
 	const burstFactor, burstOn, burstOff = 5, 10 * time.Second, 20 * time.Second
@@ -58,15 +85,7 @@ func Suite(name string, quick bool) ([]Scenario, error) {
 			Fleet:    mixedFleet(),
 			Workload: workload.Spec{Kind: "poisson", Seed: 11, Requests: n(20000), Rate: 92},
 		},
-		{
-			Scenario: report.Scenario{Name: "mixed-gpu-stable", Baseline: "round-robin",
-				Description: fmt.Sprintf("mixed-gpu's fleet (4 H100 and 4 A10G servers of Llama-3.1-8B) and traffic at %d requests/s, a load round-robin sustains: it sends each A10G an eighth, %.1f requests/s against the ~%g it sustains, so every baseline's queue drains and the comparison holds however long the trace.",
-					stableRate, float64(stableRate)/8, a10gRate),
-				Target: "P95 TTFT ≤ −97% against round-robin (mixed-gpu's, at a load every baseline sustains)",
-				Goals:  []report.Goal{{Percentile: 95, Change: -97}}},
-			Fleet:    mixedFleet(),
-			Workload: workload.Spec{Kind: "poisson", Seed: 17, Requests: n(6000), Rate: stableRate},
-		},
+		mixedGPUStable(n),
 		{
 			Scenario: report.Scenario{Name: "bursty", Baseline: "round-robin",
 				Description: "4 servers of Llama-3.3-70B on 4 H100s each; on/off traffic: 5 s bursts at 10× the quiet rate, 25 s quiet; mean 32 requests/s, so that bursts arrive at twice the ~63.5 requests/s the fleet sustains and quiet spells at a fifth of it.",
@@ -123,7 +142,23 @@ func Suite(name string, quick bool) ([]Scenario, error) {
 			Workload: workload.Spec{Kind: "long-context", Seed: 16, Requests: n(10000), Rate: 12, LongShare: 0.1, LongTokens: 32768},
 		},
 	}
-	return sc, nil
+	return sc
+}
+
+// mixedGPUStable is mixed-gpu's fleet and traffic at a load round-robin
+// sustains, as the aws and mixed suites both run it.
+func mixedGPUStable(n func(int) int) Scenario {
+	// Round-robin gives each of the 8 servers an eighth.
+	const stableRate = 12
+	return Scenario{
+		Scenario: report.Scenario{Name: "mixed-gpu-stable", Baseline: "round-robin",
+			Description: fmt.Sprintf("mixed-gpu's fleet (4 H100 and 4 A10G servers of Llama-3.1-8B) and traffic at %d requests/s, a load round-robin sustains: it sends each A10G an eighth, %.1f requests/s against the ~%g it sustains, so every baseline's queue drains and the comparison holds however long the trace.",
+				stableRate, float64(stableRate)/8, a10gRate),
+			Target: "P95 TTFT ≤ −97% against round-robin (mixed-gpu's, at a load every baseline sustains)",
+			Goals:  []report.Goal{{Percentile: 95, Change: -97}}},
+		Fleet:    mixedFleet(),
+		Workload: workload.Spec{Kind: "poisson", Seed: 17, Requests: n(6000), Rate: stableRate},
+	}
 }
 
 // mixedFleet is 4 H100 and 4 A10G servers of Llama-3.1-8B.
@@ -136,4 +171,79 @@ func mixedFleet() simserver.FleetSpec {
 // least-request's and gie-default's".
 func ahead() []report.Goal {
 	return []report.Goal{{Percentile: 95}, {Percentile: 95, Against: "least-request"}, {Percentile: 95, Against: "gie-default"}}
+}
+
+// The burst-at-once scenario's bursts: what the mixed fleet's four H100s
+// prefill in one full-budget step each (4 × 8,192 tokens of ~512-token
+// prompts), arriving well inside one 50 ms scrape interval, every 10 s, over a
+// light Poisson background.
+const (
+	spikeSize       = 64
+	spikeEvery      = 10 * time.Second
+	spikeSpread     = 10 * time.Millisecond
+	spikeBackground = 4.0 // requests/s
+)
+
+// mixedSuite is the "mixed" suite: routing on fleets of mixed GPU generations,
+// where what a request waits for depends on which server gets it, at stable
+// loads and under a burst the gateway's scrapes cannot see arrive.
+// mixed-gpu-stable is the aws suite's; mixed-a100-l40s and mixed-generations
+// run other generations at a stable load, least-request's included (on
+// mixed-generations that is 42% of what the fleet sustains, not the 60–75%
+// the aws suite runs at); burst-at-once sends mixed-gpu's fleet bursts that
+// arrive within one scrape interval.
+//
+// Each scenario has issue 19's goal against the oracle: kvgate's P95
+// TTFT closes at least half of the distance it has to the oracle's today where
+// that distance is above 5%. The distances are those of the full suite at seed
+// 0 (`kvgate bench --suite mixed`); seeds 1 and 2 (--seed) move them by under
+// 15 points (burst-at-once's +311% to +296%, the others by under 3), and
+// kvgate's P95 by under 5%.
+func mixedSuite(n func(int) int) []Scenario {
+	stable := mixedGPUStable(n)
+	stable.Target += "; P95 TTFT ≤ +30% against the oracle, half of kvgate's +61.3% today (rounded down)"
+	stable.Goals = append(stable.Goals, report.Goal{Percentile: 95, Change: 30, Against: Oracle})
+
+	// mixed-a100-l40s: 64% of 4 A100s and 4 L40Ss spread by capacity.
+	const a100L40sRate = 52
+	// mixed-generations: least-request's count of requests in flight
+	// overloads the A10Gs well below 60% of the fleet: its P95 grows over the
+	// run from ~52 requests/s (0.67 s over 15,000 requests at 52, 1.7 s at 55,
+	// 10 s at 69, 65%), and holds at ~0.26 s at 45 over 30,000.
+	const generationsRate = 45
+	generationsCapacity := 2 * (h100Rate + a100Rate + l40sRate + a10gRate)
+	burstRate := spikeSize/spikeEvery.Seconds() + spikeBackground
+	return []Scenario{
+		stable,
+		{
+			Scenario: report.Scenario{Name: "mixed-a100-l40s", Baseline: "least-request",
+				Description: fmt.Sprintf("4 A100 and 4 L40S servers of Llama-3.1-8B; Poisson chat traffic (prompts ~512 tokens, outputs ~256) at %d requests/s, %.0f%% of what the fleet sustains when traffic is spread by capacity (an A100 ~%g requests/s at P95 TTFT < 2 s, an L40S ~%g). Round-robin sends each server an eighth, %.1f requests/s, below what an L40S sustains, so it drains, as every load-aware baseline does (kube-proxy's pinned connections overload a server in some draws); the generations differ by %.2g×, not mixed-gpu's %.0f×, so what a router can gain is in finer differences of queue and speed.",
+					a100L40sRate, 100*a100L40sRate/(4*(a100Rate+l40sRate)), a100Rate, l40sRate, a100L40sRate/8.0, a100Rate/l40sRate, h100Rate/a10gRate),
+				Target: "P95 TTFT ≤ +2.6% against the oracle, half of kvgate's +5.3% today (rounded down; just above the issue's 5% threshold: seeds 1 and 2 give +5.3% and +3.8%), and no higher than least-request's",
+				Goals:  []report.Goal{{Percentile: 95, Change: 2.6, Against: Oracle}, {Percentile: 95}}},
+			Fleet:    simserver.FleetSpec{Seed: 7, Servers: []simserver.ServerSpec{servers("a100", "a100", "8b", 1, 4, nil), servers("l40s", "l40s", "8b", 1, 4, nil)}},
+			Workload: workload.Spec{Kind: "poisson", Seed: 19, Requests: n(12000), Rate: a100L40sRate},
+		},
+		{
+			Scenario: report.Scenario{Name: "mixed-generations", Baseline: "least-request",
+				Description: fmt.Sprintf("2 servers each of H100, A100, L40S and A10G with Llama-3.1-8B; Poisson chat traffic at %d requests/s, %.0f%% of what the fleet sustains when traffic is spread by capacity (~%g, %g, %g and %g requests/s a server at P95 TTFT < 2 s), the load at which least-request still drains: its count of requests in flight sends the A10Gs more than they sustain from ~52 requests/s. Round-robin, which sends each A10G an eighth, %.1f requests/s against the ~%g it sustains, does not drain, as on mixed-gpu, nor do random and kube-proxy.",
+					generationsRate, 100*generationsRate/generationsCapacity, h100Rate, a100Rate, l40sRate, a10gRate, generationsRate/8.0, a10gRate),
+				Target: "P95 TTFT ≤ +46% against the oracle, half of kvgate's +93.9% today (rounded down), and no higher than least-request's",
+				Goals:  []report.Goal{{Percentile: 95, Change: 46, Against: Oracle}, {Percentile: 95}}},
+			Fleet: simserver.FleetSpec{Seed: 8, Servers: []simserver.ServerSpec{
+				servers("h100", "h100", "8b", 1, 2, nil), servers("a100", "a100", "8b", 1, 2, nil),
+				servers("l40s", "l40s", "8b", 1, 2, nil), servers("a10g", "a10g", "8b", 1, 2, nil)}},
+			Workload: workload.Spec{Kind: "poisson", Seed: 20, Requests: n(15000), Rate: generationsRate},
+		},
+		{
+			Scenario: report.Scenario{Name: "burst-at-once", Baseline: "least-request",
+				Description: fmt.Sprintf("mixed-gpu's fleet (4 H100 and 4 A10G servers of Llama-3.1-8B); every %v a burst of %d chat requests (~%dk prompt tokens, what the four H100s prefill in one full-budget step each) arrives within %v, inside one of the gateway's 50 ms scrape intervals, so that no scrape a router reads shows the burst; under it a Poisson background at %g requests/s; mean %.3g requests/s, %.0f%% of what the fleet sustains spread by capacity. Round-robin sends an A10G an eighth of each burst and of the background, %.2g requests/s against the ~%g it sustains, and every baseline's queue drains between bursts, but for kube-proxy's in some draws, whose pinned connections overload a server.",
+					spikeEvery, spikeSize, spikeSize*512/1000, spikeSpread, spikeBackground, burstRate, 100*burstRate/(4*(h100Rate+a10gRate)), burstRate/8, a10gRate),
+				Target: "P95 TTFT ≤ +155% against the oracle, half of kvgate's +311.1% today (rounded down), and no higher than least-request's",
+				Goals:  []report.Goal{{Percentile: 95, Change: 155, Against: Oracle}, {Percentile: 95}}},
+			Fleet: mixedFleet(),
+			Workload: workload.Spec{Kind: workload.Spike, Seed: 21, Requests: n(3000), Rate: burstRate,
+				BurstSize: spikeSize, BurstEvery: spikeEvery, BurstSpread: spikeSpread},
+		},
+	}
 }

@@ -2,12 +2,16 @@ package bench
 
 import (
 	"context"
+	"log/slog"
 	"math"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kvgate/kvgate/internal/report"
+	"github.com/kvgate/kvgate/internal/sim"
 	"github.com/kvgate/kvgate/internal/workload"
 )
 
@@ -22,14 +26,7 @@ func TestSuite(t *testing.T) {
 		var names []string
 		for _, s := range sc {
 			names = append(names, s.Name)
-			if s.Target != "" && len(s.Goals) == 0 {
-				t.Errorf("%s: target %q without goals", s.Name, s.Target)
-			}
-			for _, g := range s.Goals {
-				if g.Percentile != 95 && g.Percentile != 99 || g.Against != "" && !slices.Contains(Policies, g.Against) {
-					t.Errorf("%s: goal %+v", s.Name, g)
-				}
-			}
+			checkGoals(t, s)
 		}
 		want := "mixed-gpu,mixed-gpu-stable,bursty,bursty-ttft,shared-prefix,uniform-steady,lora-heavy,long-context"
 		if strings.Join(names, ",") != want {
@@ -75,6 +72,29 @@ func TestSuite(t *testing.T) {
 	})
 }
 
+func suite(t *testing.T, name string, quick bool) []Scenario {
+	t.Helper()
+	sc, err := Suite(name, quick)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sc
+}
+
+// checkGoals fails unless s states its target as goals the report can judge:
+// at P95 or P99, against a policy the bench runs.
+func checkGoals(t *testing.T, s Scenario) {
+	t.Helper()
+	if s.Target != "" && len(s.Goals) == 0 {
+		t.Errorf("%s: target %q without goals", s.Name, s.Target)
+	}
+	for _, g := range s.Goals {
+		if g.Percentile != 95 && g.Percentile != 99 || g.Against != "" && !slices.Contains(Policies, g.Against) {
+			t.Errorf("%s: goal %+v", s.Name, g)
+		}
+	}
+}
+
 // A scenario whose A10G round-robin overloads is flagged unstable under
 // round-robin, not under kvgate, which sends the A10G what it can take; at a
 // load round-robin sustains, nothing is flagged.
@@ -104,5 +124,129 @@ func TestUnstableFlagged(t *testing.T) {
 				t.Fatalf("unstable %v (%+v, P95 %.0f ms), want %v", r.Unstable, r.Drain, r.TTFTP95ms, tc.unstable)
 			}
 		})
+	}
+}
+
+// The mixed suite holds aws's mixed-gpu-stable as it is, two fleets of other
+// generations and a burst inside one scrape interval; every scenario is valid,
+// quick-sized with --quick, and has a goal against the oracle.
+func TestMixedSuite(t *testing.T) {
+	aws := suite(t, "aws", false)
+	awsStable := aws[slices.IndexFunc(aws, func(s Scenario) bool { return s.Name == "mixed-gpu-stable" })]
+	full, quick := suite(t, "mixed", false), suite(t, "mixed", true)
+	var names []string
+	for i, s := range quick {
+		names = append(names, s.Name)
+		t.Run(s.Name, func(t *testing.T) {
+			if s.Name != full[i].Name {
+				t.Fatalf("quick scenario %d is %s, full %s", i, s.Name, full[i].Name)
+			}
+			if s.Description == "" || s.Target == "" {
+				t.Errorf("description %q, target %q", s.Description, s.Target)
+			}
+			if !slices.ContainsFunc(s.Goals, func(g report.Goal) bool { return g.Against == Oracle && g.Percentile == 95 }) {
+				t.Errorf("no P95 goal against the oracle: %+v", s.Goals)
+			}
+			checkGoals(t, s)
+			if !slices.Contains(Policies, s.Baseline) {
+				t.Errorf("baseline %q", s.Baseline)
+			}
+			// Valid, and runnable by `kvgate sim`: one address a server.
+			opts, addrs, err := s.Fleet.Options(slog.New(slog.DiscardHandler))
+			if err != nil || len(opts) != 8 {
+				t.Fatalf("fleet: %d servers, %v", len(opts), err)
+			}
+			if slices.Sort(addrs); len(slices.Compact(addrs)) != len(opts) {
+				t.Errorf("servers share addresses: %v", addrs)
+			}
+			if want := max(200, full[i].Workload.Requests/10); s.Workload.Requests != want || want > 1500 {
+				t.Errorf("quick: %d requests, want %d (a tenth of %d), at most 1500", s.Workload.Requests, want, full[i].Workload.Requests)
+			}
+			tr, err := workload.Generate(s.Workload)
+			if err != nil || len(tr) != s.Workload.Requests {
+				t.Fatalf("trace of %d requests: %v", len(tr), err)
+			}
+		})
+	}
+	if want := "mixed-gpu-stable,mixed-a100-l40s,mixed-generations,burst-at-once"; strings.Join(names, ",") != want {
+		t.Fatalf("scenarios %v, want %s", names, want)
+	}
+	byName := map[string]Scenario{}
+	for _, s := range full {
+		byName[s.Name] = s
+	}
+	t.Run("mixed-gpu-stable is the aws suite's, with a goal against the oracle added", func(t *testing.T) {
+		s := byName["mixed-gpu-stable"]
+		if !reflect.DeepEqual(s.Fleet, awsStable.Fleet) || s.Workload != awsStable.Workload || s.Description != awsStable.Description ||
+			!strings.HasPrefix(s.Target, awsStable.Target) || !slices.Equal(s.Goals[:len(awsStable.Goals)], awsStable.Goals) {
+			t.Fatalf("mixed suite's %+v\naws suite's %+v", s, awsStable)
+		}
+	})
+	t.Run("stable loads: mixed-a100-l40s at 60–70% spread by capacity, an eighth below an L40S", func(t *testing.T) {
+		rate := byName["mixed-a100-l40s"].Workload.Rate
+		if share := rate / (4 * (a100Rate + l40sRate)); share < 0.6 || share > 0.7 || rate/8 >= l40sRate {
+			t.Fatalf("%g requests/s: %.0f%% of the fleet, %g a server", rate, 100*share, rate/8)
+		}
+	})
+	t.Run("burst-at-once: bursts inside one scrape interval, an eighth below an A10G", func(t *testing.T) {
+		w := byName["burst-at-once"].Workload
+		if w.Kind != workload.Spike || w.BurstSpread <= 0 || w.BurstSpread >= 50*time.Millisecond || w.BurstSize != spikeSize || w.Rate/8 >= a10gRate {
+			t.Fatalf("%+v", w)
+		}
+	})
+}
+
+// The suites' names are what Suite knows, and an unknown one's error lists
+// them.
+func TestSuiteNames(t *testing.T) {
+	for _, name := range Suites {
+		if _, err := Suite(name, true); err != nil {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+	_, err := Suite("azure", false)
+	if err == nil || !strings.Contains(err.Error(), "known: aws, mixed") {
+		t.Fatalf("error %v", err)
+	}
+}
+
+// The capacities the mixed suite quotes for the A100 and the L40S are what
+// sustainableRate measures on the suite's chat traffic, to within 2%.
+func TestMixedSuiteRates(t *testing.T) {
+	_, tr := quickScenario(t, "mixed-gpu")
+	sample := sampleRequests(simArrivals(tr), capacitySample)
+	for _, tc := range []struct {
+		gpu  string
+		want float64
+	}{{"a100", a100Rate}, {"l40s", l40sRate}} {
+		t.Run(tc.gpu, func(t *testing.T) {
+			got, err := sustainableRate(sim.Config{GPU: tc.gpu, ModelSize: "8b", TensorParallel: 1}, sample)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if math.Abs(got/tc.want-1) > 0.02 {
+				t.Fatalf("%.2f requests/s, the suite quotes %g", got, tc.want)
+			}
+		})
+	}
+}
+
+// On the mixed suite's quick traces, least-request, chat and the oracle drain
+// in every scenario, and round-robin where the descriptions say it does: all
+// but mixed-generations, whose A10Gs it overloads.
+func TestMixedSuiteDrains(t *testing.T) {
+	for _, s := range suite(t, "mixed", true) {
+		tr, err := workload.Generate(s.Workload)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range []string{"round-robin", "least-request", "chat", Oracle} {
+			t.Run(s.Name+"/"+p, func(t *testing.T) {
+				r := run(t, s, tr, p)
+				if want := p == "round-robin" && s.Name == "mixed-generations"; r.Drain == nil || r.Unstable != want {
+					t.Fatalf("unstable %v (%+v, P95 %.0f ms), want %v", r.Unstable, r.Drain, r.TTFTP95ms, want)
+				}
+			})
+		}
 	}
 }

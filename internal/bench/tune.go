@@ -27,7 +27,7 @@ var Objectives = map[string]func(report.Result) float64{
 
 // TuneConfig is one `kvgate tune` invocation.
 type TuneConfig struct {
-	Suite                string // tune over the suite's scenarios ("aws"), or
+	Suite                string // tune over the suite's scenarios (one of Suites), or
 	TraceFile, FleetFile string // over one trace on one fleet
 	Scenarios            []string
 	Quick                bool
