@@ -20,8 +20,8 @@ import (
 	"sync/atomic"
 )
 
-// dim is the most features a Model takes (an intercept and three inputs).
-const dim = 4
+// dim is the most features a Model takes (an intercept and four inputs).
+const dim = 5
 
 // Model is y ≈ θ·x fitted online: weighted least squares over the answers,
 // each weighing Forgetting times less per later answer, pulled toward a
@@ -106,12 +106,21 @@ func (m *Model) Observe(x []float64, y float64) {
 	} else {
 		m.scale = 0.7*m.scale + 0.3*e
 	}
+	// Forgetting only what the answer speaks of: an idle pod's answers
+	// (nothing queued ahead) say nothing new of its throughput under a
+	// queue, and do not wear away what a burst taught of it.
 	n := m.n
 	for i := range n {
 		for j := range n {
-			m.sxx[i][j] = Forgetting*m.sxx[i][j] + w*x[i]*x[j]
+			f := 1.0
+			if x[i] != 0 || x[j] != 0 {
+				f = Forgetting
+			}
+			m.sxx[i][j] = f*m.sxx[i][j] + w*x[i]*x[j]
 		}
-		m.sxy[i] = Forgetting*m.sxy[i] + w*x[i]*y
+		if x[i] != 0 {
+			m.sxy[i] = Forgetting*m.sxy[i] + w*x[i]*y
+		}
 	}
 	m.Samples++
 	m.solve()
@@ -119,7 +128,7 @@ func (m *Model) Observe(x []float64, y float64) {
 
 // solve sets θ to the non-negative minimiser of the forgotten squared errors
 // plus the ridge: of the solutions with some coefficients held at 0, the best
-// whose free coefficients are all non-negative (4 coefficients: 15 systems).
+// whose free coefficients are all non-negative (5 coefficients: 31 systems).
 func (m *Model) solve() {
 	n := m.n
 	best, bestCost := m.theta, math.Inf(1)
@@ -215,9 +224,14 @@ func solveSmall(a [dim][dim]float64, b [dim]float64, k int) ([dim]float64, bool)
 type Speed struct {
 	// Base is the time to first token with no work ahead, in seconds.
 	Base float64 `json:"baseSeconds"`
-	// PerKToken is the time per thousand prompt tokens of prefill work, in
-	// seconds: the inverse of the prefill rate.
+	// PerKToken is the time per thousand tokens of the request's own
+	// prefill, in seconds: a prompt's latency.
 	PerKToken float64 `json:"secondsPerKToken"`
+	// PerKTokenQueued is the time per thousand tokens of prefill queued
+	// ahead of the request: the inverse of the endpoint's prefill
+	// throughput, which batching makes far higher than one prompt's rate
+	// suggests, and more so on a larger GPU.
+	PerKTokenQueued float64 `json:"secondsPerKTokenQueued"`
 	// PerRunning is the time to first token each running request adds.
 	PerRunning float64 `json:"secondsPerRunning"`
 	// AdapterLoad is the time to first token a request adds when its LoRA
@@ -252,19 +266,20 @@ const minPerKToken = 1e-3
 // answered: about a mid-range GPU's prefill of an 8B model. Only its ratios
 // to other endpoints' speeds matter to a pick, and every endpoint starts
 // from it.
-var Default = Speed{Base: 0.01, PerKToken: 0.1, PerRunning: 0.0005, AdapterLoad: 0.05, StepBase: 0.02, StepPerRunning: 0.0002, MeanPrefillTokens: 512}
+var Default = Speed{Base: 0.01, PerKToken: 0.1, PerKTokenQueued: 0.1, PerRunning: 0.0005, AdapterLoad: 0.05, StepBase: 0.02, StepPerRunning: 0.0002, MeanPrefillTokens: 512}
 
-// TTFT predicts the time to first token of a request whose prefill work,
-// with what is queued ahead of it, is tokens, behind running requests, with
-// loads adapter loads (1 when its adapter is not loaded there, else 0).
-func (s Speed) TTFT(tokens, running, loads float64) float64 {
-	return max(s.Base, 0) + max(s.PerKToken, minPerKToken)*tokens/1000 + max(s.PerRunning, 0)*running + max(s.AdapterLoad, 0)*loads
+// TTFT predicts the time to first token of a request of own prefill tokens
+// with ahead tokens of prefill queued before it, behind running requests,
+// with loads adapter loads (1 when its adapter is not loaded there, else 0).
+func (s Speed) TTFT(own, ahead, running, loads float64) float64 {
+	return max(s.Base, 0) + max(s.PerKToken, minPerKToken)*own/1000 + max(s.PerKTokenQueued, minPerKToken)*ahead/1000 +
+		max(s.PerRunning, 0)*running + max(s.AdapterLoad, 0)*loads
 }
 
 // Features of the models: TTFT on [1, ktokens, running/100], the step on
 // [1, running/100], scaled so that coefficients are of like size.
-func ttftX(tokens, running, loads float64) []float64 {
-	return []float64{1, tokens / 1000, running / 100, loads}
+func ttftX(own, ahead, running, loads float64) []float64 {
+	return []float64{1, own / 1000, ahead / 1000, running / 100, loads}
 }
 func stepX(running float64) []float64 { return []float64{1, running / 100} }
 
@@ -282,19 +297,19 @@ type Tracker struct {
 // mostly its prefill work, which a pod answering only short prompts cannot
 // tell apart from a constant), the per-token cost readily.
 func ttftPrior(s Speed) *Model {
-	return New([]float64{s.Base, s.PerKToken, s.PerRunning * 100, s.AdapterLoad}, []float64{0.05, 2, 0.2, 0.2})
+	return New([]float64{s.Base, s.PerKToken, s.PerKTokenQueued, s.PerRunning * 100, s.AdapterLoad}, []float64{0.05, 2, 2, 0.2, 0.2})
 }
 
 func stepPrior(s Speed) *Model {
 	return New([]float64{s.StepBase, s.StepPerRunning * 100}, []float64{0.02, 0.05})
 }
 
-// ObserveTTFT fits one answer: its time to first token, seconds, when its
-// prefill work with what was queued ahead was tokens, behind running
-// requests, of which its own prefill was ownTokens. prior starts a model
-// that has none (the pool's median speed).
-func (t *Tracker) ObserveTTFT(tokens, running, loads, ownTokens, seconds float64, prior Speed) {
-	if seconds < 0 || tokens < 0 || math.IsNaN(seconds) {
+// ObserveTTFT fits one answer: its time to first token, seconds, for own
+// prefill tokens with ahead queued before it, behind running requests, with
+// loads adapter loads. prior starts a model that has none (the pool's median
+// speed).
+func (t *Tracker) ObserveTTFT(own, ahead, running, loads, seconds float64, prior Speed) {
+	if seconds < 0 || own < 0 || ahead < 0 || math.IsNaN(seconds) {
 		return
 	}
 	t.mu.Lock()
@@ -303,9 +318,9 @@ func (t *Tracker) ObserveTTFT(tokens, running, loads, ownTokens, seconds float64
 		t.ttft = ttftPrior(prior)
 		t.meanPrefill = prior.MeanPrefillTokens
 	}
-	t.ttft.Observe(ttftX(tokens, running, loads), seconds)
-	if ownTokens > 0 {
-		t.meanPrefill = 0.95*t.meanPrefill + 0.05*ownTokens
+	t.ttft.Observe(ttftX(own, ahead, running, loads), seconds)
+	if own > 0 {
+		t.meanPrefill = 0.95*t.meanPrefill + 0.05*own
 	}
 	t.publish(prior)
 }
@@ -333,7 +348,7 @@ func (t *Tracker) publish(prior Speed) {
 	}
 	if t.ttft != nil {
 		c := t.ttft.Coefficients()
-		s.Base, s.PerKToken, s.PerRunning, s.AdapterLoad, s.Samples = c[0], c[1], c[2]/100, c[3], t.ttft.Samples
+		s.Base, s.PerKToken, s.PerKTokenQueued, s.PerRunning, s.AdapterLoad, s.Samples = c[0], c[1], c[2], c[3]/100, c[4], t.ttft.Samples
 		s.MeanPrefillTokens = t.meanPrefill
 	}
 	if t.step != nil {
@@ -353,7 +368,7 @@ func (t *Tracker) Speed(prior Speed) Speed {
 	}
 	s := *own
 	if s.Samples < MinSamples {
-		s.Base, s.PerKToken, s.PerRunning, s.AdapterLoad = prior.Base, prior.PerKToken, prior.PerRunning, prior.AdapterLoad
+		s.Base, s.PerKToken, s.PerKTokenQueued, s.PerRunning, s.AdapterLoad = prior.Base, prior.PerKToken, prior.PerKTokenQueued, prior.PerRunning, prior.AdapterLoad
 		s.MeanPrefillTokens, s.Borrowed = prior.MeanPrefillTokens, true
 	}
 	if s.Steps < MinSamples {
@@ -384,7 +399,8 @@ func Median(speeds []Speed) Speed {
 	}
 	return Speed{
 		Base: med(func(s Speed) float64 { return s.Base }), PerKToken: med(func(s Speed) float64 { return s.PerKToken }),
-		PerRunning: med(func(s Speed) float64 { return s.PerRunning }), AdapterLoad: med(func(s Speed) float64 { return s.AdapterLoad }),
+		PerKTokenQueued: med(func(s Speed) float64 { return s.PerKTokenQueued }),
+		PerRunning:      med(func(s Speed) float64 { return s.PerRunning }), AdapterLoad: med(func(s Speed) float64 { return s.AdapterLoad }),
 		StepBase:          med(func(s Speed) float64 { return s.StepBase }),
 		StepPerRunning:    med(func(s Speed) float64 { return s.StepPerRunning }),
 		MeanPrefillTokens: med(func(s Speed) float64 { return s.MeanPrefillTokens }),

@@ -87,7 +87,7 @@ func TestModelIgnoresNonsense(t *testing.T) {
 // TestTrackerBorrowsUntilLearned: an endpoint with fewer than MinSamples
 // answers reads as its pool's median; then as itself.
 func TestTrackerBorrowsUntilLearned(t *testing.T) {
-	prior := Speed{Base: 0.02, PerKToken: 0.3, PerRunning: 0.001, StepBase: 0.03, StepPerRunning: 0.0003, MeanPrefillTokens: 700, Samples: 3}
+	prior := Speed{Base: 0.02, PerKToken: 0.3, PerKTokenQueued: 0.3, PerRunning: 0.001, StepBase: 0.03, StepPerRunning: 0.0003, MeanPrefillTokens: 700, Samples: 3}
 	var tr Tracker
 	if s := tr.Speed(prior); !s.Borrowed || s.PerKToken != 0.3 || s.Samples != 0 {
 		t.Fatalf("a tracker that learned nothing reads %+v", s)
@@ -97,13 +97,13 @@ func TestTrackerBorrowsUntilLearned(t *testing.T) {
 			t.Fatalf("after %d answers it reads %+v, want the prior's", i, s)
 		}
 		// 512 tokens in 0.5 s: about a second per thousand tokens.
-		tr.ObserveTTFT(512, 0, 0, 512, 0.5, prior)
+		tr.ObserveTTFT(512, 0, 0, 0, 0.5, prior)
 	}
 	s := tr.Speed(prior)
 	if s.Borrowed || s.Samples != MinSamples || s.PerKToken < 0.5 {
 		t.Fatalf("after %d answers of a slow pod it reads %+v", MinSamples, s)
 	}
-	if got := s.TTFT(512, 0, 0); math.Abs(got-0.5) > 0.15 {
+	if got := s.TTFT(512, 0, 0, 0); math.Abs(got-0.5) > 0.15 {
 		t.Fatalf("predicts %.3f s for the 512 tokens that took 0.5 s", got)
 	}
 }
@@ -121,8 +121,8 @@ func TestMedian(t *testing.T) {
 // TestTTFTGrowsWithWork: whatever the fit, queueing more on an endpoint never
 // makes it look faster.
 func TestTTFTGrowsWithWork(t *testing.T) {
-	s := Speed{Base: 0.3, PerKToken: -0.2, PerRunning: -1}
-	if a, b := s.TTFT(1000, 4, 0), s.TTFT(2000, 4, 0); !(b > a) || a < 0 {
+	s := Speed{Base: 0.3, PerKToken: -0.2, PerKTokenQueued: -0.2, PerRunning: -1}
+	if a, b := s.TTFT(500, 1000, 4, 0), s.TTFT(500, 2000, 4, 0); !(b > a) || a < 0 {
 		t.Fatalf("TTFT(1000) %.4f, TTFT(2000) %.4f", a, b)
 	}
 }

@@ -82,7 +82,7 @@ type Route struct {
 	// was sent there, the prefill work ahead of it with its own, the batch
 	// it joined, and when its first byte came.
 	sentAt, firstAt time.Time
-	work, running   float64
+	ahead, running  float64
 	loads           float64 // 1: the adapter was not loaded there
 	own             int     // the prompt tokens not expected to be cached
 }
@@ -272,7 +272,7 @@ func (g *Router) Route(ctx context.Context, req Request) (*Route, *proxy.Refusal
 	if i := slices.IndexFunc(d.cands, func(e schedule.Endpoint) bool { return e.Address == d.first.addr }); i >= 0 {
 		c := &d.cands[i]
 		r.own = int(float64(r.promptTokens) * (1 - min(max(c.PrefixMatch, 0), 1)))
-		r.work = schedule.WorkAhead(c) + float64(r.own)
+		r.ahead = schedule.WorkAhead(c)
 		r.running = c.Running
 		r.loads = schedule.AdapterLoads(schedule.Request{Adapter: adapterOf(p, req.Model)}, c)
 	}
@@ -322,7 +322,7 @@ func (r *Route) move(addr string, limit int) bool {
 	// Its speed is learned against what was ahead of it there.
 	s := r.g.fleet.Snapshot([]string{addr})[0]
 	r.own = r.promptTokens // what it holds of the prompt there is not known
-	r.work, r.running, r.sentAt = float64(s.PrefillWork+r.own), s.Running, r.g.now()
+	r.ahead, r.running, r.sentAt = float64(s.PrefillWork), s.Running, r.g.now()
 	r.loads = schedule.AdapterLoads(schedule.Request{Adapter: adapterOf(r.p, r.model)}, &schedule.Endpoint{Signals: schedule.Signals{Metrics: s.Metrics}})
 	if r.p.sessions != nil {
 		r.p.sessions.put(r.session, addr, r.sentAt)
@@ -386,7 +386,7 @@ func (r *Route) FirstByte(streamed bool) {
 	// A whole answer's first byte says nothing of its first token.
 	if streamed {
 		r.firstAt = now
-		r.served.speed.ObserveTTFT(r.work, r.running, r.loads, float64(r.own), now.Sub(r.sentAt).Seconds(), r.p.poolSpeed())
+		r.served.speed.ObserveTTFT(float64(r.own), r.ahead, r.running, r.loads, now.Sub(r.sentAt).Seconds(), r.p.poolSpeed())
 		r.p.refreshPrior(now)
 	}
 }

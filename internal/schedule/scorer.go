@@ -243,18 +243,37 @@ func (PredictedLatency) Score(req Request, eps []Endpoint, out []float64) {
 		best = min(best, out[i])
 	}
 	for i, v := range out {
-		if v <= 0 {
-			out[i] = 1
-		} else {
-			out[i] = best / v
-		}
+		out[i] = toleranceScore(v, best)
 	}
+}
+
+// PredictionTolerance is how far above the best prediction a candidate loses
+// almost nothing (at most toleranceCost): a learned speed is an estimate, and
+// on a pool of like pods the differences between predictions are mostly its
+// noise. Past it, the score falls as best/prediction.
+const PredictionTolerance = 0.25
+
+// toleranceCost is what a candidate at the tolerance's edge loses: enough to
+// rank predictions within it when nothing else differs.
+const toleranceCost = 0.04
+
+// toleranceScore scores a prediction v against the best one: 1 at the best,
+// 1−toleranceCost at (1+PredictionTolerance)×best, then falling in proportion
+// to best/v.
+func toleranceScore(v, best float64) float64 {
+	if v <= 0 || best <= 0 {
+		return 1
+	}
+	if r := v/best - 1; r <= PredictionTolerance {
+		return 1 - toleranceCost*r/PredictionTolerance
+	}
+	return (1 - toleranceCost) * (1 + PredictionTolerance) * best / v
 }
 
 // PredictTTFT is the time to first token, seconds, the request can expect at
 // e by e's learned speed.
 func PredictTTFT(req Request, e *Endpoint) float64 {
-	return e.Speed.TTFT(WorkAhead(e)+req.PromptTokens*(1-min(max(e.PrefixMatch, 0), 1)), e.Running, AdapterLoads(req, e))
+	return e.Speed.TTFT(req.PromptTokens*(1-min(max(e.PrefixMatch, 0), 1)), WorkAhead(e), e.Running, AdapterLoads(req, e))
 }
 
 // AdapterLoads is 1 when the request's adapter would have to be loaded at e

@@ -33,7 +33,7 @@ type Profile struct {
 // and batch weights were chosen.
 var profiles = map[string]Profile{
 	"gie-default": {Weights: GIEDefault},
-	"chat": {Weights: Weights{"queue": 1, "kvCache": 6, "prefix": 3, "prefillQueue": 2, "errorRate": 6, "predictedLatency": 2},
+	"chat": {Weights: Weights{"queue": 1, "kvCache": 6, "prefix": 3, "prefillQueue": 2, "errorRate": 6, "predictedLatency": 3},
 		QueueSpread: 16},
 	"batch": {Weights: Weights{"queue": 1, "kvCache": 3, "prefix": 3, "errorRate": 4}, QueueSpread: 8},
 }

@@ -1,6 +1,7 @@
 package simserver
 
 import (
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -141,7 +142,7 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	snap := m.s.eng.Snapshot()
 	cfg := m.s.eng.Config()
 	m.s.mu.Unlock()
-	e := emitter{ch: ch, base: m.baseLabels()}
+	e := emitter{ch: ch, base: m.baseLabels(), omit: m.s.opts.OmitMetrics}
 	st := snap.Stats
 	switch m.dialect {
 	case DialectVLLM:
@@ -293,6 +294,7 @@ func (m *metrics) emitLoRAInfo(e emitter, snap sim.Snapshot) {
 type emitter struct {
 	ch   chan<- prometheus.Metric
 	base prometheus.Labels
+	omit []string // families not exported
 }
 
 func (e emitter) gauge(name string, v float64, kv ...string) {
@@ -315,5 +317,8 @@ func (e emitter) withBase(t prometheus.ValueType, name string, v float64, kv ...
 }
 
 func (e emitter) raw(t prometheus.ValueType, name string, v float64, labels prometheus.Labels) {
+	if slices.Contains(e.omit, name) {
+		return
+	}
 	e.ch <- prometheus.MustNewConstMetric(prometheus.NewDesc(name, name, nil, labels), t, v)
 }

@@ -33,7 +33,10 @@ type Options struct {
 	ServedName  string
 	Engine      sim.Config
 	Dialect     Dialect
-	LegacyNames bool     // vLLM: gpu_cache_usage_perc instead of kv_cache_usage_perc; llama.cpp: the KV gauges of builds before mid-2025
+	LegacyNames bool // vLLM: gpu_cache_usage_perc instead of kv_cache_usage_perc; llama.cpp: the KV gauges of builds before mid-2025
+	// OmitMetrics are metric families the exporter leaves out, as a server
+	// that does not publish them would (a build or fork without a KV gauge).
+	OmitMetrics []string
 	LoRAModules []string // adapters servable from the start
 	// MaxBodyBytes bounds a request body; 0 means 32 MiB.
 	MaxBodyBytes int64
