@@ -79,9 +79,9 @@ func TestPodWithoutKVMetrics(t *testing.T) {
 }
 
 // TestSessionAffinity: a session's requests return to the pod that served it
-// while that pod is healthy and unsaturated, move when it saturates, and stay
-// where they moved; the key comes from the configured header, or the body's
-// user field.
+// while that pod is healthy and unsaturated, move when it saturates or fails,
+// and stay where they moved; the key comes from the configured header, or the
+// body's user field.
 func TestSessionAffinity(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
@@ -100,9 +100,11 @@ func TestSessionAffinity(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			eng := sim.Config{GPU: "h100", ModelSize: "8b", MaxNumSeqs: 1}
 			var addrs []string
+			servers := map[string]*simserver.Server{}
 			for range 3 {
-				_, addr := startSim(t, llama, simserver.Options{Engine: eng})
+				srv, addr := startSim(t, llama, simserver.Options{Engine: eng})
 				addrs = append(addrs, addr)
+				servers[addr] = srv
 			}
 			sc := sched("p", llama, "vllm", addrs...)
 			sc.SessionAffinity = &tc.affinity
@@ -133,6 +135,24 @@ func TestSessionAffinity(t *testing.T) {
 			for range 4 {
 				if got := tc.send(t, base, "s-1"); got != moved {
 					t.Fatalf("session s-1 moved to %s, then went to %s", moved, got)
+				}
+			}
+			// s-2's pod fails every request: the gateway retries elsewhere,
+			// the session moves there, and stays when the pod recovers.
+			broken := home["s-2"]
+			if err := servers[broken].SetFaults(simserver.Faults{ErrorRate: 1}); err != nil {
+				t.Fatal(err)
+			}
+			moved = tc.send(t, base, "s-2")
+			if moved == broken {
+				t.Fatalf("session s-2 was served by its failing pod %s", broken)
+			}
+			if err := servers[broken].SetFaults(simserver.Faults{}); err != nil {
+				t.Fatal(err)
+			}
+			for range 4 {
+				if got := tc.send(t, base, "s-2"); got != moved {
+					t.Fatalf("session s-2 moved to %s off its failing pod, then went to %s", moved, got)
 				}
 			}
 		})
