@@ -9,8 +9,8 @@ import (
 // sessionMap remembers, per session key, the endpoint that served the session
 // last, for sessionAffinity. Keys are kept hashed (a client's session ids are
 // not held), entries expire ttl after their last use, and the map holds at
-// most maxSessions: past that, a new session evicts expired ones first, then
-// an arbitrary one.
+// most maxSessions: past that, a new session evicts expired ones, else an
+// arbitrary one, looking at a bounded few.
 type sessionMap struct {
 	seed maphash.Seed
 	mu   sync.Mutex
@@ -56,19 +56,36 @@ func (s *sessionMap) put(key, addr string, now time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if _, ok := s.m[h]; !ok && len(s.m) >= maxSessions {
-		for k, e := range s.m {
-			if now.After(e.expires) {
-				delete(s.m, k)
-			}
-		}
-		for k := range s.m {
-			if len(s.m) < maxSessions {
-				break
-			}
-			delete(s.m, k)
-		}
+		s.evict(now)
 	}
 	s.m[h] = sessionEntry{addr: addr, expires: now.Add(s.ttl)}
+}
+
+// evictScan bounds the entries a full map looks at to make room: a client
+// sending new session keys as fast as it can costs each request this much,
+// not a scan of the whole map.
+const evictScan = 32
+
+// evict makes room for one entry: the expired ones among up to evictScan
+// (Go's map iteration starts at a random place), else the first one seen.
+func (s *sessionMap) evict(now time.Time) {
+	var first uint64
+	seen, freed := 0, false
+	for k, e := range s.m {
+		if seen == 0 {
+			first = k
+		}
+		if now.After(e.expires) {
+			delete(s.m, k)
+			freed = true
+		}
+		if seen++; seen == evictScan {
+			break
+		}
+	}
+	if !freed {
+		delete(s.m, first)
+	}
 }
 
 // setTTL applies a reloaded configuration's ttl from the next use on.
