@@ -255,6 +255,7 @@ func (m *Map) read(x exposition) (Metrics, error) {
 		}
 	}
 	out.KVUsage = math.Min(math.Max(out.KVUsage, 0), 1)
+	out.Waiting, out.Running = count(out.Waiting), count(out.Running)
 	return out, nil
 }
 
@@ -276,12 +277,12 @@ func (s *source) series(x exposition, f func(sample)) bool {
 	return false
 }
 
-// sum adds the matching series: several engines behind one server add up. NaN
-// values are skipped.
+// sum adds the matching series: several engines behind one server add up.
+// NaN and infinite values are skipped.
 func (s *source) sum(x exposition) (float64, bool) {
 	total, found := 0.0, false
 	s.series(x, func(smp sample) {
-		if !math.IsNaN(smp.value) {
+		if finite(smp.value) {
 			total, found = total+smp.value, true
 		}
 	})
@@ -292,19 +293,28 @@ func (s *source) sum(x exposition) (float64, bool) {
 func (s *source) max(x exposition) (float64, bool) {
 	best, found := 0.0, false
 	s.series(x, func(smp sample) {
-		if !math.IsNaN(smp.value) && (!found || smp.value > best) {
+		if finite(smp.value) && (!found || smp.value > best) {
 			best, found = smp.value, true
 		}
 	})
 	return best * s.scale, found
 }
 
+func finite(v float64) bool { return !math.IsNaN(v) && !math.IsInf(v, 0) }
+
+// maxCount bounds a count a server reports (requests, blocks): past it, the
+// number is the server's nonsense, and the picker's arithmetic on it would be.
+const maxCount = 1 << 24
+
+// count clamps a reported count to [0, maxCount].
+func count(v float64) float64 { return math.Min(math.Max(v, 0), maxCount) }
+
 // integer reads a count: the label of the first matching series, or the
 // largest matching value; 0 when absent or not a number.
 func (s *source) integer(x exposition) int {
 	if s.label == "" {
 		v, _ := s.max(x)
-		return int(math.Round(v))
+		return int(math.Round(count(v)))
 	}
 	v, done := 0.0, false
 	s.series(x, func(smp sample) {
@@ -314,10 +324,10 @@ func (s *source) integer(x exposition) int {
 		}
 	})
 	v *= s.scale
-	if math.IsNaN(v) || math.IsInf(v, 0) {
+	if !finite(v) {
 		return 0
 	}
-	return int(math.Round(v))
+	return int(math.Round(count(v)))
 }
 
 // read takes the LoRA state from the matching series of largest value.

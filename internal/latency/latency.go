@@ -57,7 +57,7 @@ const clip = 4
 // whose error is noise when the coefficient is s off.
 const noise = 0.05
 
-// New starts a model of len(prior) features (at most 3) at the prior
+// New starts a model of len(prior) features (at most dim) at the prior
 // coefficients, each held to the prior with the given spread: how far from
 // it one answer of typical error may pull it.
 func New(prior, spread []float64) *Model {
@@ -88,11 +88,11 @@ func (m *Model) Predict(x []float64) float64 {
 
 // Observe fits one observation y of features x.
 func (m *Model) Observe(x []float64, y float64) {
-	if math.IsNaN(y) || math.IsInf(y, 0) {
+	if !sane(y) {
 		return
 	}
 	for i := range m.n {
-		if math.IsNaN(x[i]) || math.IsInf(x[i], 0) {
+		if !sane(x[i]) {
 			return
 		}
 	}
@@ -101,30 +101,43 @@ func (m *Model) Observe(x []float64, y float64) {
 	if m.Samples >= 3 && m.scale > 0 && e > clip*m.scale {
 		w = clip * m.scale / e
 	}
+	// The typical error follows the answers' errors, each counted at most
+	// twice the typical: a stall hits every request in flight at once, and
+	// a run of them must not make the next ones look typical; a real change
+	// of speed, which lasts, still raises it within a few dozen answers.
 	if m.Samples == 0 {
 		m.scale = e
 	} else {
-		m.scale = 0.7*m.scale + 0.3*e
+		m.scale = 0.9*m.scale + 0.1*min(e, 2*m.scale)
 	}
-	// Forgetting only what the answer speaks of: an idle pod's answers
-	// (nothing queued ahead) say nothing new of its throughput under a
-	// queue, and do not wear away what a burst taught of it.
+	// Forgetting, with what is forgotten of a term the answer does not speak
+	// of (nothing queued ahead: an idle pod says nothing new of its
+	// throughput under a queue) given back as a pull toward the current
+	// estimate: an idle spell does not wear away what a burst taught, and
+	// the statistics stay those of a least-squares fit.
 	n := m.n
 	for i := range n {
 		for j := range n {
-			f := 1.0
-			if x[i] != 0 || x[j] != 0 {
-				f = Forgetting
-			}
-			m.sxx[i][j] = f*m.sxx[i][j] + w*x[i]*x[j]
+			m.sxx[i][j] = Forgetting*m.sxx[i][j] + w*x[i]*x[j]
 		}
-		if x[i] != 0 {
-			m.sxy[i] = Forgetting*m.sxy[i] + w*x[i]*y
+		m.sxy[i] = Forgetting*m.sxy[i] + w*x[i]*y
+	}
+	for i := range n {
+		if x[i] == 0 {
+			kept := (1 - Forgetting) * m.sxx[i][i] / Forgetting
+			m.sxx[i][i] += kept
+			m.sxy[i] += kept * m.theta[i]
 		}
 	}
 	m.Samples++
 	m.solve()
 }
+
+// maxInput bounds an observation's values: a gauge or a time beyond it is a
+// server's nonsense, and its square would overflow the statistics.
+const maxInput = 1e7
+
+func sane(v float64) bool { return !math.IsNaN(v) && math.Abs(v) <= maxInput }
 
 // solve sets θ to the non-negative minimiser of the forgotten squared errors
 // plus the ridge: of the solutions with some coefficients held at 0, the best
@@ -343,6 +356,7 @@ func (t *Tracker) ObserveStep(running, seconds float64, prior Speed) {
 // publish stores the models' coefficients for Speed; t.mu is held.
 func (t *Tracker) publish(prior Speed) {
 	s := prior
+	s.Samples, s.Steps = 0, 0
 	if old := t.fit.Load(); old != nil {
 		s = *old
 	}

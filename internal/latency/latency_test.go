@@ -3,6 +3,7 @@ package latency
 import (
 	"math"
 	"math/rand/v2"
+	"strings"
 	"testing"
 )
 
@@ -18,6 +19,7 @@ func TestModelLearnsLine(t *testing.T) {
 		{"fast pod", []float64{0.01, 0.05, 0.02}, 0.002, false},
 		{"slow pod", []float64{0.05, 0.8, 0.1}, 0.02, false},
 		{"slow pod with stalls", []float64{0.05, 0.8, 0.1}, 0.02, true},
+		{"slow pod with stalls that hit several answers at once", []float64{0.05, 0.8, 0.1}, 0.02, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(1, 2))
@@ -25,8 +27,9 @@ func TestModelLearnsLine(t *testing.T) {
 			for i := range 400 {
 				x := []float64{1, rng.Float64() * 4, rng.Float64() * 2}
 				y := tc.truth[0] + tc.truth[1]*x[1] + tc.truth[2]*x[2] + rng.NormFloat64()*tc.noise
-				if tc.stalls && i%25 == 7 {
-					y += 30 // one answer in 25 stuck behind something else
+				clustered := strings.Contains(tc.name, "at once")
+				if tc.stalls && (i%25 == 7 || clustered && i%25 < 7 && i%25 > 3) {
+					y += 30 // answers stuck behind something else
 				}
 				m.Observe(x, y)
 			}
@@ -70,6 +73,11 @@ func TestModelIgnoresNonsense(t *testing.T) {
 	m.Observe([]float64{1, 1, 0}, math.Inf(1))
 	if m.Samples != 0 {
 		t.Fatalf("fitted %d nonsense answers", m.Samples)
+	}
+	m.Observe([]float64{1, 1e200, 0}, 1)  // a server's nonsense gauge
+	m.Observe([]float64{1, 1, 0}, -1e300) // and time
+	if m.Samples != 0 {
+		t.Fatalf("fitted %d absurd answers", m.Samples)
 	}
 	for range 10000 {
 		m.Observe([]float64{1, 0.5, 0}, 0.06)

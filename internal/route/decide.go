@@ -141,7 +141,7 @@ func (g *Router) choose(ctx context.Context, p *scheduler, req schedule.Request,
 		if cands := g.waiting.usable(p, all, a.priority); len(cands) > 0 {
 			if a.slo > 0 && !sloChecked {
 				sloChecked = true
-				if !p.meets(req, cands, a.slo) {
+				if !p.meets(req, cands, a.slo, g.now()) {
 					if a.priority < 0 {
 						g.m.SLOMisses.WithLabelValues(p.name, "shed").Inc()
 						g.m.Shed.WithLabelValues(p.name, "slo").Inc()
@@ -190,14 +190,25 @@ func (g *Router) choose(ctx context.Context, p *scheduler, req schedule.Request,
 	}
 }
 
-// meets says whether some candidate is predicted to give the request its
-// first token within slo. Before any endpoint of the pool has answered, the
-// prediction is only the default speed: the request is let through.
-func (p *scheduler) meets(req schedule.Request, cands []schedule.Endpoint, slo time.Duration) bool {
-	if s := p.prior.Load(); s == nil || s.Samples == 0 {
+// sloFresh is how recent the pool's last lesson about its speed must be for a
+// prediction to shed a request: with none since, the pool may have changed
+// (and shedding everything would keep it from showing it), so requests are
+// let through.
+const sloFresh = 10 * time.Second
+
+// meets says whether some candidate the picker would use (healthy and fresh,
+// when any is) is predicted to give the request its first token within slo.
+// Before an endpoint of the pool has learned its speed, or when the last
+// answer that taught one is older than sloFresh, the request is let through.
+func (p *scheduler) meets(req schedule.Request, cands []schedule.Endpoint, slo time.Duration, now time.Time) bool {
+	if s := p.prior.Load(); s == nil || s.Samples == 0 || now.UnixNano()-p.observedAt.Load() > int64(sloFresh) {
 		return true
 	}
+	usable := slices.ContainsFunc(cands, func(e schedule.Endpoint) bool { return e.Healthy && !e.Stale })
 	for i := range cands {
+		if usable && (!cands[i].Healthy || cands[i].Stale) {
+			continue
+		}
 		if schedule.PredictTTFT(req, &cands[i]) <= slo.Seconds() {
 			return true
 		}

@@ -218,6 +218,17 @@ func (g *Router) Route(ctx context.Context, req Request) (*Route, *proxy.Refusal
 	r := &Route{g: g, p: p, model: req.Model, start: req.Start, served: d.first, limit: limit,
 		promptTokens: int(req.BodyBytes / 4), Endpoints: make([]string, 0, len(ranked)+1), RetryBuffer: rt.gw.RetryBuffer(),
 		FirstByteTimeout: rt.gw.FirstByte(), StreamIdleTimeout: rt.gw.StreamIdle(), ClientWriteTimeout: rt.gw.ClientWrite()}
+	// The dispatch is counted before anything else: until it is, concurrent
+	// picks see the endpoint as it was and herd onto it.
+	r.own = r.promptTokens
+	if i := slices.IndexFunc(d.cands, func(e schedule.Endpoint) bool { return e.Address == d.first.addr }); i >= 0 {
+		c := &d.cands[i]
+		r.own = int(float64(r.promptTokens) * (1 - min(max(c.PrefixMatch, 0), 1)))
+		r.ahead = schedule.WorkAhead(c)
+		r.running = c.Running
+		r.loads = schedule.AdapterLoads(schedule.Request{Adapter: adapterOf(p, req.Model)}, c)
+	}
+	r.ticket = g.fleet.Dispatched(d.first.addr, r.promptTokens, r.own)
 	if req.Explain {
 		r.Scores = explain(d.decision)
 		now := g.now()
@@ -268,20 +279,11 @@ func (g *Router) Route(ctx context.Context, req Request) (*Route, *proxy.Refusal
 			r.hashes = slices.Clone(d.hashes) // for a fallback the data plane may use
 		}
 	}
-	r.own = r.promptTokens
-	if i := slices.IndexFunc(d.cands, func(e schedule.Endpoint) bool { return e.Address == d.first.addr }); i >= 0 {
-		c := &d.cands[i]
-		r.own = int(float64(r.promptTokens) * (1 - min(max(c.PrefixMatch, 0), 1)))
-		r.ahead = schedule.WorkAhead(c)
-		r.running = c.Running
-		r.loads = schedule.AdapterLoads(schedule.Request{Adapter: adapterOf(p, req.Model)}, c)
-	}
 	r.sentAt = g.now()
 	r.session = session
 	if p.sessions != nil {
 		p.sessions.put(session, d.first.addr, r.sentAt)
 	}
-	r.ticket = g.fleet.Dispatched(d.first.addr, r.promptTokens, r.own)
 	return r, nil
 }
 
@@ -300,6 +302,10 @@ func adapterOf(p *scheduler, model string) string {
 func (r *Route) Serve(addr string) {
 	if r.move(addr, 0) {
 		r.g.m.Retries.WithLabelValues(r.p.name, "fallback").Inc()
+		// The data plane reports it when the answer began: when the request
+		// went there and what was ahead of it then are not known, so its
+		// answer teaches the endpoint's speed nothing.
+		r.sentAt = time.Time{}
 	}
 }
 
@@ -321,9 +327,11 @@ func (r *Route) move(addr string, limit int) bool {
 	r.served = ep
 	// Its speed is learned against what was ahead of it there.
 	s := r.g.fleet.Snapshot([]string{addr})[0]
+	there := schedule.Endpoint{Address: addr, Signals: schedule.Signals{Metrics: s.Metrics, PrefillWork: float64(s.PrefillWork),
+		Speed: ep.speed.Speed(r.p.poolSpeed())}}
 	r.own = r.promptTokens // what it holds of the prompt there is not known
-	r.ahead, r.running, r.sentAt = float64(s.PrefillWork), s.Running, r.g.now()
-	r.loads = schedule.AdapterLoads(schedule.Request{Adapter: adapterOf(r.p, r.model)}, &schedule.Endpoint{Signals: schedule.Signals{Metrics: s.Metrics}})
+	r.ahead, r.running, r.sentAt = schedule.WorkAhead(&there), s.Running, r.g.now()
+	r.loads = schedule.AdapterLoads(schedule.Request{Adapter: adapterOf(r.p, r.model)}, &there)
 	if r.p.sessions != nil {
 		r.p.sessions.put(r.session, addr, r.sentAt)
 	}
@@ -384,9 +392,10 @@ func (r *Route) FirstByte(streamed bool) {
 	r.g.fleet.FirstToken(r.ticket)
 	r.g.observeTTFT(r.p.name, now.Sub(r.start), streamed)
 	// A whole answer's first byte says nothing of its first token.
-	if streamed {
+	if streamed && !r.sentAt.IsZero() {
 		r.firstAt = now
 		r.served.speed.ObserveTTFT(float64(r.own), r.ahead, r.running, r.loads, now.Sub(r.sentAt).Seconds(), r.p.poolSpeed())
+		r.p.observedAt.Store(now.UnixNano())
 		r.p.refreshPrior(now)
 	}
 }

@@ -115,6 +115,9 @@ type scheduler struct {
 	// few answers of its own borrows; refreshed at most every priorEvery.
 	prior   atomic.Pointer[latency.Speed]
 	priorAt atomic.Int64 // unix nanoseconds of the last refresh
+	// observedAt is when an endpoint's answer last taught the pool's speeds
+	// (unix nanoseconds): predictions older than sloFresh do not shed.
+	observedAt atomic.Int64
 	// sessions remembers which endpoint served each session last, when
 	// the scheduler has sessionAffinity.
 	sessions *sessionMap
@@ -266,6 +269,13 @@ func (g *Router) Apply(cfg *v1alpha1.InferenceGatewayConfig) error {
 				return fmt.Errorf("scheduler %s: %w", sc.Name, err)
 			}
 			p = &scheduler{name: sc.Name, spec: sc, picker: picker, transport: newTransport(gw, sc.H2C())}
+		}
+		// What the pool learned of its speed outlives a reload, as the
+		// endpoints' own models do.
+		if old := prev[sc.Name]; old != nil {
+			p.prior.Store(old.prior.Load())
+			p.priorAt.Store(old.priorAt.Load())
+			p.observedAt.Store(old.observedAt.Load())
 		}
 		p.outliers.failures, p.outliers.base, p.outliers.maxShare = gw.Outliers()
 		if sc.SessionAffinity != nil {

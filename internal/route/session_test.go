@@ -26,6 +26,17 @@ func TestSessionMap(t *testing.T) {
 			}
 		})
 	}
+	t.Run("making room drops expired sessions before a live one", func(t *testing.T) {
+		s := newSessionMap(time.Minute)
+		for i := range evictScan - 1 {
+			s.put("old-"+strconv.Itoa(i), "x", t0) // expired by t0+2m
+		}
+		s.put("live", "y", t0.Add(90*time.Second))
+		s.evict(t0.Add(2 * time.Minute))
+		if len(s.m) != 1 || s.get("live", t0.Add(2*time.Minute)) != "y" {
+			t.Fatalf("after making room %d sessions are held, the live one %q", len(s.m), s.get("live", t0.Add(2*time.Minute)))
+		}
+	})
 	t.Run("bounded", func(t *testing.T) {
 		s := newSessionMap(time.Hour)
 		for i := range maxSessions + 1000 {

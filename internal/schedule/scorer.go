@@ -224,9 +224,10 @@ func (r ErrorRate) Score(_ Request, eps []Endpoint, out []float64) {
 // PredictedLatency scores the time to first token the request can expect at
 // each endpoint — its learned speed (Signals.Speed) applied to the prefill
 // work ahead of it and its own uncached prompt, behind the running batch — as
-// the best prediction over this one: twice the best's predicted wait scores
-// 0.5. The gateway's own dispatches raise the work ahead between two scrapes,
-// so a burst arriving at once spreads by speed, not evenly.
+// the best prediction over this one, with a tolerance (toleranceScore): twice
+// the best's predicted wait scores 0.6. The gateway's own dispatches raise the
+// work ahead between two scrapes, so a burst arriving at once spreads by
+// speed, not evenly.
 type PredictedLatency struct{}
 
 var _ Scorer = PredictedLatency{}
@@ -247,6 +248,11 @@ func (PredictedLatency) Score(req Request, eps []Endpoint, out []float64) {
 	}
 }
 
+// minPrediction floors a prediction, seconds: a fully cached prompt on an idle
+// pod predicts about nothing, and a ratio against 0 would score every other
+// candidate alike.
+const minPrediction = 1e-3
+
 // PredictionTolerance is how far above the best prediction a candidate loses
 // almost nothing (at most toleranceCost): a learned speed is an estimate, and
 // on a pool of like pods the differences between predictions are mostly its
@@ -261,6 +267,9 @@ const toleranceCost = 0.04
 // 1−toleranceCost at (1+PredictionTolerance)×best, then falling in proportion
 // to best/v.
 func toleranceScore(v, best float64) float64 {
+	if math.IsInf(v, 1) {
+		return 0
+	}
 	if v <= 0 || best <= 0 {
 		return 1
 	}
@@ -272,8 +281,13 @@ func toleranceScore(v, best float64) float64 {
 
 // PredictTTFT is the time to first token, seconds, the request can expect at
 // e by e's learned speed.
+// A prediction that is not a number (nonsense in the inputs) is the worst.
 func PredictTTFT(req Request, e *Endpoint) float64 {
-	return e.Speed.TTFT(req.PromptTokens*(1-min(max(e.PrefixMatch, 0), 1)), WorkAhead(e), e.Running, AdapterLoads(req, e))
+	p := e.Speed.TTFT(req.PromptTokens*(1-min(max(e.PrefixMatch, 0), 1)), WorkAhead(e), e.Running, AdapterLoads(req, e))
+	if math.IsNaN(p) {
+		return math.Inf(1)
+	}
+	return max(p, minPrediction)
 }
 
 // AdapterLoads is 1 when the request's adapter would have to be loaded at e

@@ -1,6 +1,7 @@
 package schedule
 
 import (
+	"math"
 	"slices"
 	"testing"
 
@@ -166,23 +167,24 @@ func TestWeightedPicker(t *testing.T) {
 func TestMissingSignalsSitOut(t *testing.T) {
 	noKV := engine.SignalKVUsage | engine.SignalBlocks
 	for _, tc := range []struct {
-		name string
-		eps  []Endpoint
-		want string // the pick
-		ran  []string
+		name  string
+		eps   []Endpoint
+		want  string // the pick
+		ran   []string
+		total float64 // the pick's score
 	}{
 		{"every candidate publishes KV: the emptier cache wins", []Endpoint{
 			ep("full", engine.Metrics{KVUsage: 0.7, Waiting: 1}), ep("empty", engine.Metrics{KVUsage: 0.1, Waiting: 1}),
-		}, "empty", []string{"queue", "kvCache"}},
+		}, "empty", []string{"queue", "kvCache"}, 1 + 0.9},
 		{"one without KV: kvCache sits out, the queue decides", []Endpoint{
 			ep("no-kv", engine.Metrics{Waiting: 3, Missing: noKV}), ep("kv", engine.Metrics{KVUsage: 0.7, Waiting: 0}),
-		}, "kv", []string{"queue"}},
-		{"one without KV is not saturated by a KV threshold either way", []Endpoint{
-			ep("no-kv", engine.Metrics{Waiting: 0, Missing: noKV}), ep("kv-full", engine.Metrics{KVUsage: 0.95, Waiting: 1}),
-		}, "no-kv", []string{"queue"}},
+		}, "kv", []string{"queue"}, 2},
+		{"one without KV: no KV threshold for any", []Endpoint{
+			ep("no-kv", engine.Metrics{Waiting: 1, Missing: noKV}), ep("kv-full", engine.Metrics{KVUsage: 0.95, Waiting: 0}),
+		}, "kv-full", []string{"queue"}, 2},
 		{"one without a queue: the queue sits out and the queue threshold too", []Endpoint{
 			ep("no-queue", engine.Metrics{KVUsage: 0.5, Missing: engine.SignalQueue}), ep("long-queue", engine.Metrics{KVUsage: 0.2, Waiting: 50}),
-		}, "long-queue", []string{"kvCache"}},
+		}, "long-queue", []string{"kvCache"}, 2 * 0.8},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := NewWeighted(Profile{Weights: Weights{"queue": 1, "kvCache": 1}}, Thresholds{}, 1)
@@ -199,8 +201,8 @@ func TestMissingSignalsSitOut(t *testing.T) {
 			}
 			// The weights that ran add up to the profile's: a decision's total
 			// keeps its scale.
-			if s := d.Ranked[0].Score; s > 2+1e-9 {
-				t.Fatalf("total %v above the weights' sum", s)
+			if s := d.Ranked[0].Score; math.Abs(s-tc.total) > 1e-9 {
+				t.Fatalf("total %v, want %v", s, tc.total)
 			}
 		})
 	}
