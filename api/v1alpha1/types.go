@@ -96,9 +96,10 @@ type ObjectiveSpec struct {
 	Priority int32 `json:"priority,omitempty"`
 
 	// TTFTSLO is the time to first token the objective's requests should get;
-	// it overrides the scheduler's. When no endpoint is predicted to meet it,
-	// a sheddable request (priority below 0) is refused at once with 429, any
-	// other goes to the best endpoint. 0s, or unset, sets none.
+	// it overrides the scheduler's (0s: none for them; unset: the
+	// scheduler's). When no endpoint is predicted to meet it, a sheddable
+	// request (priority below 0) is refused at once with 429, any other goes to
+	// the best endpoint.
 	// +optional
 	// +kubebuilder:validation:Type=string
 	// +kubebuilder:validation:Pattern=`^(0|(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+)$`
