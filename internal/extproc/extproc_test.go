@@ -509,3 +509,40 @@ func mustJSON(s string) string {
 	b, _ := json.Marshal(s)
 	return string(b)
 }
+
+// TestSessionAffinity: the Endpoint Picker keeps a session on its pod as
+// serve does, the key from a header Envoy forwards or the body's user field.
+func TestSessionAffinity(t *testing.T) {
+	addrs := startSims(t, 3, simserver.Options{Engine: sim.Config{GPU: "h100", ModelSize: "8b"}})
+	for _, tc := range []struct {
+		name     string
+		affinity v1alpha1.SessionAffinitySpec
+		req      func(session string, i int) request
+	}{
+		{"header", v1alpha1.SessionAffinitySpec{Header: "x-conversation"}, func(session string, i int) request {
+			return request{headers: map[string]string{"x-conversation": session}, body: chatBody(llama, fmt.Sprintf("turn %d", i))}
+		}},
+		{"user field", v1alpha1.SessionAffinitySpec{FromUser: true}, func(session string, i int) request {
+			return request{body: chatBody(llama, fmt.Sprintf("turn %d", i), `"user":"`+session+`"`), cuts: []int{40}}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sc := pool(addrs...)
+			sc.SessionAffinity = &tc.affinity
+			s := startServer(t, gatewayConfig(sc), Options{})
+			homes := map[string]bool{}
+			for _, session := range []string{"a", "b", "c", "d", "e", "f"} {
+				home := s.play(t, tc.req(session, 0)).destination(t)[0]
+				homes[home] = true
+				for i := 1; i < 4; i++ {
+					if got := s.play(t, tc.req(session, i)).destination(t)[0]; got != home {
+						t.Fatalf("session %s went to %s, then %s", session, home, got)
+					}
+				}
+			}
+			if len(homes) < 2 {
+				t.Errorf("six sessions all lived on %v: the key did not spread them", homes)
+			}
+		})
+	}
+}
