@@ -134,9 +134,10 @@ func Tune(ctx context.Context, w io.Writer, cfg TuneConfig) (schedule.Profile, e
 	startScore := bestScore
 	note(cfg.Profile, 0, 0, 0, bestScore, bestScore)
 	fmt.Fprintf(w, "  start  %s  → %s\n", describe(best), fmtScore(cfg.Objective, bestScore))
-	// The simulated fleet never fails, so errorRate scores every endpoint alike:
-	// searching it would only cost time.
-	dims := slices.DeleteFunc(schedule.WeightNames(), func(n string) bool { return n == "errorRate" })
+	// The simulated fleet never fails and the traces carry no session keys, so
+	// errorRate and sessionAffinity score every endpoint alike: searching them
+	// would only cost time.
+	dims := slices.DeleteFunc(schedule.WeightNames(), func(n string) bool { return n == "errorRate" || n == "sessionAffinity" })
 	if cfg.Spreads {
 		dims = append(dims, "queueSpread", "runningSpread", "prefillSpread")
 	}

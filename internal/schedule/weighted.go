@@ -118,8 +118,11 @@ type Weighted struct {
 	// failing, when the errorRate scorer runs, is the failure share above the
 	// best candidate's that keeps an endpoint from counting as unsaturated.
 	failing float64
-	rng     *lockedRand
-	scratch sync.Pool // *pickScratch
+	// predicts: the predictedLatency scorer runs, and the ranked candidates
+	// carry its prediction (x-kvgate-explain).
+	predicts bool
+	rng      *lockedRand
+	scratch  sync.Pool // *pickScratch
 }
 
 // pickScratch holds one decision's working memory.
@@ -154,6 +157,7 @@ func NewWeighted(pr Profile, t Thresholds, seed uint64) *Weighted {
 	if w["errorRate"] > 0 {
 		p.failing = ErrorRateSpread
 	}
+	p.predicts = w["predictedLatency"] > 0
 	return p
 }
 
@@ -222,7 +226,10 @@ func (p *Weighted) Pick(req Request, eps []Endpoint) Decision {
 	sc.top = top
 	out := make([]Candidate, len(top))
 	for r, i := range top {
-		out[r] = Candidate{Address: cands[i].Address, Score: sc.total[i], PredictedTTFT: PredictTTFT(req, &cands[i])}
+		out[r] = Candidate{Address: cands[i].Address, Score: sc.total[i]}
+		if p.predicts {
+			out[r].PredictedTTFT = PredictTTFT(req, &cands[i])
+		}
 		for k := range p.scorers {
 			if sc.ran[k] {
 				out[r].Scores.put(p.slots[k], sc.vals[k][i])
