@@ -144,7 +144,10 @@ type Accounting struct {
 	LastErr    error
 	pending    []dispatch // dispatched after the last scrape began
 	completed  int        // completions of requests dispatched before the last scrape
-	nextID     uint64
+	// started counts first tokens, since the last scrape, of requests dispatched
+	// before it: no longer queued, whatever the scrape said.
+	started int
+	nextID  uint64
 	// prefilling holds the prompt tokens of dispatched requests whose first token
 	// has not come back: work queued ahead of a new request, which the gateway
 	// knows before any scrape does.
@@ -173,7 +176,7 @@ func (a *Accounting) Observed(m engine.Metrics, d engine.Dialect, started time.T
 		}
 	}
 	a.pending = kept
-	a.completed = 0
+	a.completed, a.started = 0, 0
 }
 
 // Failed records a failed scrape.
@@ -210,11 +213,20 @@ func (a *Accounting) Dispatch(at time.Time, promptTokens, work, blockSize int) u
 // FirstToken records that the request of a dispatch id produced its first token:
 // its prompt is no longer work ahead of others.
 func (a *Accounting) FirstToken(id uint64) {
-	if p, ok := a.prefilling[id]; ok {
-		delete(a.prefilling, id)
-		a.prefillingTotal -= p.tokens
-		a.prefillingWork -= p.work
+	p, ok := a.prefilling[id]
+	if !ok {
+		return
 	}
+	delete(a.prefilling, id)
+	a.prefillingTotal -= p.tokens
+	a.prefillingWork -= p.work
+	for i := range a.pending {
+		if a.pending[i].id == id {
+			a.pending[i].started = true
+			return
+		}
+	}
+	a.started++
 }
 
 // Complete records that the request of a dispatch id finished.
@@ -238,14 +250,22 @@ func (a *Accounting) Snapshot(addr string, now time.Time, staleAfter time.Durati
 	if a.LastErr != nil {
 		s.LastError = a.LastErr.Error()
 	}
-	blocks := 0
+	blocks, started := 0, 0
 	for _, p := range a.pending {
 		blocks += p.blocks
+		if p.started {
+			started++
+		}
 	}
-	// Dispatched but not yet seen by the server: queued as far as we know, holding
-	// their prompt's blocks. Finished since the last scrape: no longer running.
-	s.Waiting += float64(len(a.pending))
-	s.Running = max(0, s.Running-float64(a.completed))
+	// Dispatched but not yet seen by the server: queued until their first token,
+	// then running, holding their prompt's blocks. Of those the scrape counted, a
+	// first token since takes one out of the queue (so a queue read just before
+	// a burst drained does not hold for a whole scrape interval; one that was
+	// already prefilling is taken from the queue instead of running, the total
+	// still right), and a completion takes one out of the batch.
+	moved := min(s.Waiting, float64(a.started))
+	s.Waiting += float64(len(a.pending)-started) - moved
+	s.Running = max(0, s.Running+moved-float64(a.completed)) + float64(started)
 	if s.NumBlocks > 0 {
 		s.KVUsage = min(1, s.KVUsage+float64(blocks)/float64(s.NumBlocks))
 	}
@@ -258,9 +278,10 @@ func (a *Accounting) Snapshot(addr string, now time.Time, staleAfter time.Durati
 }
 
 type dispatch struct {
-	id     uint64
-	at     time.Time
-	blocks int
+	id      uint64
+	at      time.Time
+	blocks  int
+	started bool // its first token came back
 }
 
 // Ticket identifies one dispatch, for Completed.

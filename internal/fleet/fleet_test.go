@@ -133,6 +133,7 @@ func TestAccounting(t *testing.T) {
 	a.Observed(engine.Metrics{Waiting: 1, Running: 2, KVUsage: 0.5, NumBlocks: 1000, BlockSize: 16}, engine.VLLM, t0)
 	id1 := a.Dispatch(t0.Add(10*time.Millisecond), 1600, 1600, 16) // 100 blocks
 	id2 := a.Dispatch(t0.Add(20*time.Millisecond), 320, 320, 16)
+	var id3 uint64
 	for _, tc := range []struct {
 		name    string
 		step    func()
@@ -144,14 +145,20 @@ func TestAccounting(t *testing.T) {
 		stale   bool
 	}{
 		{"two dispatched", func() {}, 30 * time.Millisecond, 3, 2, 0.5 + 120.0/1000, 1920, false},
-		{"first token of one", func() { a.FirstToken(id1) }, 30 * time.Millisecond, 3, 2, 0.5 + 120.0/1000, 320, false},
+		{"first token of one: running", func() { a.FirstToken(id1) }, 30 * time.Millisecond, 2, 3, 0.5 + 120.0/1000, 320, false},
 		{"a scrape right after both still counts them", func() {
 			a.Observed(engine.Metrics{Waiting: 2, Running: 2, KVUsage: 0.5, NumBlocks: 1000}, engine.VLLM, t0.Add(50*time.Millisecond))
-		}, 55 * time.Millisecond, 4, 2, 0.5 + 120.0/1000, 320, false},
+		}, 55 * time.Millisecond, 3, 3, 0.5 + 120.0/1000, 320, false},
 		{"a scrape a step later trusts the server", func() {
 			a.Observed(engine.Metrics{Waiting: 0, Running: 4, KVUsage: 0.6, NumBlocks: 1000}, engine.VLLM, t0.Add(100*time.Millisecond))
 		}, 110 * time.Millisecond, 0, 4, 0.6, 320, false},
 		{"one completes", func() { a.Complete(id2) }, 110 * time.Millisecond, 0, 3, 0.6, 0, false},
+		{"a scrape counts a new one queued", func() {
+			id3 = a.Dispatch(t0.Add(120*time.Millisecond), 160, 160, 16)
+			a.Observed(engine.Metrics{Waiting: 1, Running: 3, KVUsage: 0.6, NumBlocks: 1000}, engine.VLLM, t0.Add(200*time.Millisecond))
+		}, 210 * time.Millisecond, 1, 3, 0.6, 160, false},
+		{"its first token takes it out of the queue", func() { a.FirstToken(id3) }, 210 * time.Millisecond, 0, 4, 0.6, 0, false},
+		{"its completion out of the batch", func() { a.Complete(id3) }, 210 * time.Millisecond, 0, 3, 0.6, 0, false},
 		{"stale after 2 s", func() {}, 3 * time.Second, 0, 3, 0.6, 0, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

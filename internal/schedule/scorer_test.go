@@ -147,6 +147,39 @@ func TestWeightedPicker(t *testing.T) {
 	if d := p.Pick(Request{}, failing()); len(d.Ranked) != 1 || d.Ranked[0].Address != "failing" {
 		t.Errorf("no errorRate scorer: ranked %+v, want the unsaturated endpoint alone", d.Ranked)
 	}
+	// With predictedLatency, a fast server over the queue depth stays a
+	// candidate while it is predicted to answer before every one under it
+	// (and leads); a slow one over the depth does not; without the scorer
+	// the depth alone decides.
+	queued := func(fastWaiting float64) []Endpoint {
+		fast := ep("fast", engine.Metrics{Waiting: fastWaiting})
+		fast.PrefillWork, fast.Speed = 2000*fastWaiting, latency.Speed{Base: 0.01, PerKToken: 0.1, PerKTokenQueued: 0.02, MeanPrefillTokens: 2000, Samples: 50}
+		slow := ep("slow", engine.Metrics{Waiting: 4})
+		slow.PrefillWork, slow.Speed = 8000, latency.Speed{Base: 0.01, PerKToken: 0.5, PerKTokenQueued: 0.2, MeanPrefillTokens: 2000, Samples: 50}
+		return []Endpoint{slow, fast}
+	}
+	predicting := NewWeighted(Profile{Weights: Weights{"queue": 1, "kvCache": 6, "predictedLatency": 3}}, Thresholds{}, 1)
+	for _, tc := range []struct {
+		name    string
+		p       *Weighted
+		waiting float64
+		ranked  []string
+	}{
+		{"predicted sooner: kept over the depth", predicting, 5, []string{"fast", "slow"}},
+		{"predicted later: dropped", predicting, 100, []string{"slow"}},
+		{"no prediction: the depth decides", NewWeighted(Profile{Weights: Weights{"queue": 1, "kvCache": 6}}, Thresholds{}, 1), 5, []string{"slow"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := tc.p.Pick(Request{PromptTokens: 2000}, queued(tc.waiting))
+			var got []string
+			for _, c := range d.Ranked {
+				got = append(got, c.Address)
+			}
+			if !slices.Equal(got, tc.ranked) {
+				t.Fatalf("ranked %v, want %v", got, tc.ranked)
+			}
+		})
+	}
 	// Explanations carry each scorer's score.
 	d := p.Pick(Request{}, []Endpoint{ep("a", engine.Metrics{KVUsage: 0.5})})
 	s := d.Ranked[0].Scores

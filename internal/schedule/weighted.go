@@ -274,8 +274,22 @@ func (p *Weighted) filter(req Request, eps []Endpoint) []Endpoint {
 	if !seen.Has(engine.SignalKVUsage) {
 		kvLimit = math.Inf(1)
 	}
+	roomy := func(e *Endpoint) bool { return e.KVUsage < kvLimit && e.ErrorRate < ceiling }
+	// The queue depth stands for the wait; when predictedLatency runs, the
+	// prediction is the better measure. An endpoint over the depth stays a
+	// candidate while it is predicted to answer sooner than every one under
+	// it: a fast server with five prompts queued starts a new one before a
+	// slow server with four, and a burst is not herded onto the slow one.
+	best := math.Inf(1)
+	if p.predicts {
+		for i := range eps {
+			if e := &eps[i]; roomy(e) && e.Waiting < queueLimit {
+				best = min(best, PredictTTFT(req, e))
+			}
+		}
+	}
 	eps = keep(eps, func(e *Endpoint) bool {
-		return e.Waiting < queueLimit && e.KVUsage < kvLimit && e.ErrorRate < ceiling
+		return roomy(e) && (e.Waiting < queueLimit || !math.IsInf(best, 1) && PredictTTFT(req, e) < best)
 	})
 	if req.Adapter != "" {
 		eps = keep(eps, func(e *Endpoint) bool {
