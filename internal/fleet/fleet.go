@@ -120,9 +120,10 @@ type endpoint struct {
 	cancel context.CancelFunc
 	done   chan struct{}
 
-	mu   sync.Mutex
-	want *engine.Map // configured; nil detects
-	acct Accounting
+	mu    sync.Mutex
+	want  *engine.Map // configured; nil detects
+	acct  Accounting
+	peers Load // the other replicas' (SetPeerLoad)
 }
 
 // PendingGrace is how long before a scrape a dispatch must have been sent for the
@@ -243,19 +244,56 @@ func (a *Accounting) Complete(id uint64) {
 	a.completed++
 }
 
+// Load is what one gateway replica adds to an endpoint's last scrape: its
+// dispatches since, and its prompts awaiting a first token. Replicas that
+// share state publish theirs (Accounting.Load) and fold their peers' in
+// (SnapshotWith), so that a burst spread over them does not herd.
+type Load struct {
+	// Queued and Started count the dispatches after the last scrape, before
+	// and after their first token; Blocks their prompts' KV blocks.
+	Queued, Started, Blocks int
+	// StartedBefore and Completed count first tokens and completions, since
+	// the last scrape, of requests dispatched before it.
+	StartedBefore, Completed int
+	// PrefillTokens and PrefillWork are the prompt tokens, and of them those
+	// not expected cached, of dispatches awaiting their first token.
+	PrefillTokens, PrefillWork int
+}
+
+// Add sums two loads.
+func (l Load) Add(o Load) Load {
+	return Load{Queued: l.Queued + o.Queued, Started: l.Started + o.Started, Blocks: l.Blocks + o.Blocks,
+		StartedBefore: l.StartedBefore + o.StartedBefore, Completed: l.Completed + o.Completed,
+		PrefillTokens: l.PrefillTokens + o.PrefillTokens, PrefillWork: l.PrefillWork + o.PrefillWork}
+}
+
+// Load is this accounting's own share of the endpoint's load.
+func (a *Accounting) Load() Load {
+	l := Load{StartedBefore: a.started, Completed: a.completed, PrefillTokens: a.prefillingTotal, PrefillWork: a.prefillingWork}
+	for _, p := range a.pending {
+		l.Blocks += p.blocks
+		if p.started {
+			l.Started++
+		} else {
+			l.Queued++
+		}
+	}
+	return l
+}
+
 // Snapshot folds the dispatches into the last scrape, as of now.
 func (a *Accounting) Snapshot(addr string, now time.Time, staleAfter time.Duration, unhealthyAfter int) Snapshot {
-	s := Snapshot{Address: addr, Metrics: a.Metrics, Dialect: a.Dialect, Scraped: !a.ScrapedAt.IsZero(), Failures: a.Failures, Unreachable: a.Failures > 0 && a.Unanswered == a.Failures, Pending: len(a.pending),
-		PrefillTokens: a.prefillingTotal, PrefillWork: a.prefillingWork, ScrapeErrors: a.Errors}
+	return a.SnapshotWith(addr, now, staleAfter, unhealthyAfter, Load{})
+}
+
+// SnapshotWith is Snapshot with other replicas' loads (peers) added to this
+// one's.
+func (a *Accounting) SnapshotWith(addr string, now time.Time, staleAfter time.Duration, unhealthyAfter int, peers Load) Snapshot {
+	l := a.Load().Add(peers)
+	s := Snapshot{Address: addr, Metrics: a.Metrics, Dialect: a.Dialect, Scraped: !a.ScrapedAt.IsZero(), Failures: a.Failures, Unreachable: a.Failures > 0 && a.Unanswered == a.Failures, Pending: l.Queued + l.Started,
+		PrefillTokens: l.PrefillTokens, PrefillWork: l.PrefillWork, ScrapeErrors: a.Errors}
 	if a.LastErr != nil {
 		s.LastError = a.LastErr.Error()
-	}
-	blocks, started := 0, 0
-	for _, p := range a.pending {
-		blocks += p.blocks
-		if p.started {
-			started++
-		}
 	}
 	// Dispatched but not yet seen by the server: queued until their first token,
 	// then running, holding their prompt's blocks. Of those the scrape counted, a
@@ -263,11 +301,11 @@ func (a *Accounting) Snapshot(addr string, now time.Time, staleAfter time.Durati
 	// a burst drained does not hold for a whole scrape interval; one that was
 	// already prefilling is taken from the queue instead of running, the total
 	// still right), and a completion takes one out of the batch.
-	moved := min(s.Waiting, float64(a.started))
-	s.Waiting += float64(len(a.pending)-started) - moved
-	s.Running = max(0, s.Running+moved-float64(a.completed)) + float64(started)
+	moved := min(s.Waiting, float64(l.StartedBefore))
+	s.Waiting += float64(l.Queued) - moved
+	s.Running = max(0, s.Running+moved-float64(l.Completed)) + float64(l.Started)
 	if s.NumBlocks > 0 {
-		s.KVUsage = min(1, s.KVUsage+float64(blocks)/float64(s.NumBlocks))
+		s.KVUsage = min(1, s.KVUsage+float64(l.Blocks)/float64(s.NumBlocks))
 	}
 	if s.Scraped {
 		s.Age = now.Sub(a.ScrapedAt)
@@ -478,5 +516,32 @@ func (f *Fleet) AppendSnapshots(dst []Snapshot, addrs []string) []Snapshot {
 func (e *endpoint) snapshot(now time.Time, cfg *Config) Snapshot {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return e.acct.Snapshot(e.addr, now, cfg.StaleAfter, cfg.UnhealthyAfter)
+	return e.acct.SnapshotWith(e.addr, now, cfg.StaleAfter, cfg.UnhealthyAfter, e.peers)
+}
+
+// SetPeerLoad sets what the other gateway replicas add to addr's load: their
+// Loads summed. An address the fleet does not hold is ignored.
+func (f *Fleet) SetPeerLoad(addr string, l Load) {
+	if e := f.get(addr); e != nil {
+		e.mu.Lock()
+		e.peers = l
+		e.mu.Unlock()
+	}
+}
+
+// Loads calls fn with this replica's own Load of every endpoint, for its
+// peers.
+func (f *Fleet) Loads(fn func(addr string, l Load)) {
+	f.mu.RLock()
+	eps := make([]*endpoint, 0, len(f.endpoints))
+	for _, e := range f.endpoints {
+		eps = append(eps, e)
+	}
+	f.mu.RUnlock()
+	for _, e := range eps {
+		e.mu.Lock()
+		l := e.acct.Load()
+		e.mu.Unlock()
+		fn(e.addr, l)
+	}
 }

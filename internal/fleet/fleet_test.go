@@ -243,3 +243,27 @@ func TestUnreachable(t *testing.T) {
 		t.Error("IsUnreachable")
 	}
 }
+
+// TestPeerLoad: another replica's load (its dispatches since the scrape, its
+// prompts awaiting a first token) adds to this one's view of the endpoint, and
+// Loads reports this replica's own.
+func TestPeerLoad(t *testing.T) {
+	now := time.Unix(1_700_000_000, 0)
+	f := New(Config{External: true, Now: func() time.Time { return now }})
+	defer f.Close()
+	f.Sync(context.Background(), []Target{{Addr: "a"}})
+	f.Observe("a", engine.Metrics{Waiting: 2, Running: 1, NumBlocks: 100, BlockSize: 16}, engine.VLLM, now)
+	f.Dispatched("a", 160, 160)
+	own := map[string]Load{}
+	f.Loads(func(addr string, l Load) { own[addr] = l })
+	if want := (Load{Queued: 1, Blocks: 10, PrefillTokens: 160, PrefillWork: 160}); own["a"] != want {
+		t.Fatalf("own load %+v, want %+v", own["a"], want)
+	}
+	f.SetPeerLoad("a", Load{Queued: 2, Started: 1, Blocks: 30, StartedBefore: 1, PrefillTokens: 320, PrefillWork: 100})
+	f.SetPeerLoad("gone", Load{Queued: 9}) // not in the fleet: ignored
+	s := f.Snapshot([]string{"a"})[0]
+	// waiting: 2 scraped - 1 started since + 1 own + 2 peers'; running 1 + 1 moved + 1 started.
+	if s.Waiting != 4 || s.Running != 3 || s.KVUsage != 0.4 || s.PrefillTokens != 480 || s.PrefillWork != 260 || s.Pending != 4 {
+		t.Fatalf("with a peer's load: %+v", s)
+	}
+}
