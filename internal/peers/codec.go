@@ -1,0 +1,221 @@
+package peers
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/fnv"
+
+	"github.com/kvgate/kvgate/internal/fleet"
+)
+
+// A message is one replica's batch of events, as one stream entry:
+//
+//	"KVG" version(1) cluster(8, FNV-1a of the identity) replica(string)
+//	sent(varint, unix ns) count(uvarint) records...
+//	decision: 'd' endpoint(string) capacity(uvarint) n(uvarint) hashes(8 bytes each)
+//	load:     'l' endpoint(string) 8 uvarints (fleet.Load's fields, then in flight)
+//
+// Strings are a uvarint length then bytes. A block's hashes go once per
+// decision, not one message per block.
+const (
+	magic   = "KVG"
+	version = 1
+
+	kindDecision = 'd'
+	kindLoad     = 'l'
+
+	// maxString bounds an endpoint address or replica id; maxHashes a
+	// decision's blocks; maxRecords a message's events.
+	maxString  = 256
+	maxHashes  = 1 << 14
+	maxRecords = 1 << 16
+)
+
+// Decision is a routing decision that feeds the prefix index: the prompt's
+// block hashes went to Endpoint, whose index holds at most Capacity blocks.
+type Decision struct {
+	Endpoint string
+	Capacity int
+	Hashes   []uint64
+}
+
+// Load is one replica's load on an endpoint past its last scrape, with its
+// requests in flight there.
+type Load struct {
+	fleet.Load
+	InFlight int
+}
+
+func (l Load) add(o Load) Load {
+	return Load{Load: l.Add(o.Load), InFlight: l.InFlight + o.InFlight}
+}
+
+// message is a decoded stream entry.
+type message struct {
+	cluster   uint64
+	replica   string
+	sent      int64
+	decisions []Decision
+	loads     map[string]Load
+}
+
+// identity is the hash messages carry of the cluster identity.
+func identity(cluster string) uint64 {
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(cluster))
+	return h.Sum64()
+}
+
+var (
+	errMalformed = errors.New("malformed message")
+	errForeign   = errors.New("message of another cluster")
+)
+
+// encoder builds one message.
+type encoder struct {
+	buf   []byte
+	count int
+	head  int // where the count goes
+}
+
+func (e *encoder) reset(cluster uint64, replica string, sent int64) {
+	e.buf = append(e.buf[:0], magic...)
+	e.buf = append(e.buf, version)
+	e.buf = binary.LittleEndian.AppendUint64(e.buf, cluster)
+	e.buf = appendString(e.buf, replica)
+	e.buf = binary.AppendVarint(e.buf, sent)
+	e.head, e.count = len(e.buf), 0
+}
+
+func (e *encoder) decision(d Decision) {
+	e.buf = append(e.buf, kindDecision)
+	e.buf = appendString(e.buf, d.Endpoint)
+	e.buf = binary.AppendUvarint(e.buf, uint64(max(d.Capacity, 0)))
+	n := min(len(d.Hashes), maxHashes)
+	e.buf = binary.AppendUvarint(e.buf, uint64(n))
+	for _, h := range d.Hashes[:n] {
+		e.buf = binary.LittleEndian.AppendUint64(e.buf, h)
+	}
+	e.count++
+}
+
+func (e *encoder) load(addr string, l Load) {
+	e.buf = append(e.buf, kindLoad)
+	e.buf = appendString(e.buf, addr)
+	for _, v := range [...]int{l.Queued, l.Started, l.Blocks, l.StartedBefore, l.Completed, l.PrefillTokens, l.PrefillWork, l.InFlight} {
+		e.buf = binary.AppendUvarint(e.buf, uint64(max(v, 0)))
+	}
+	e.count++
+}
+
+// bytes is the message, its record count in place.
+func (e *encoder) bytes() []byte {
+	out := make([]byte, 0, len(e.buf)+binary.MaxVarintLen64)
+	out = append(out, e.buf[:e.head]...)
+	out = binary.AppendUvarint(out, uint64(e.count))
+	return append(out, e.buf[e.head:]...)
+}
+
+func appendString(b []byte, s string) []byte {
+	if len(s) > maxString {
+		s = s[:maxString]
+	}
+	b = binary.AppendUvarint(b, uint64(len(s)))
+	return append(b, s...)
+}
+
+// decoder reads a message, failing on anything out of bounds: a peer's
+// message never crashes a replica.
+type decoder struct {
+	b   []byte
+	err error
+}
+
+func (d *decoder) uvarint(limit uint64) uint64 {
+	if d.err != nil {
+		return 0
+	}
+	v, n := binary.Uvarint(d.b)
+	if n <= 0 || v > limit {
+		d.err = errMalformed
+		return 0
+	}
+	d.b = d.b[n:]
+	return v
+}
+
+func (d *decoder) take(n int) []byte {
+	if d.err != nil {
+		return nil
+	}
+	if n < 0 || n > len(d.b) {
+		d.err = errMalformed
+		return nil
+	}
+	out := d.b[:n]
+	d.b = d.b[n:]
+	return out
+}
+
+func (d *decoder) string() string { return string(d.take(int(d.uvarint(maxString)))) }
+
+// maxCount bounds a load's counters: no fleet holds more (as engine's clamp).
+const maxCount = 1 << 30
+
+// decode parses a message of the cluster; a message of another is errForeign.
+func decode(b []byte, cluster uint64) (message, error) {
+	var m message
+	if len(b) < len(magic)+1+8 || string(b[:len(magic)]) != magic || b[len(magic)] != version {
+		return m, errMalformed
+	}
+	d := decoder{b: b[len(magic)+1:]}
+	m.cluster = binary.LittleEndian.Uint64(d.take(8))
+	if m.cluster != cluster {
+		return m, errForeign
+	}
+	m.replica = d.string()
+	sent, n := binary.Varint(d.b)
+	if n <= 0 {
+		return m, errMalformed
+	}
+	d.b, m.sent = d.b[n:], sent
+	count := d.uvarint(maxRecords)
+	for i := uint64(0); i < count && d.err == nil; i++ {
+		kind := d.take(1)
+		if d.err != nil {
+			break
+		}
+		switch kind[0] {
+		case kindDecision:
+			dec := Decision{Endpoint: d.string(), Capacity: int(d.uvarint(maxCount))}
+			n := int(d.uvarint(maxHashes))
+			raw := d.take(8 * n)
+			if d.err != nil {
+				break
+			}
+			dec.Hashes = make([]uint64, n)
+			for k := range dec.Hashes {
+				dec.Hashes[k] = binary.LittleEndian.Uint64(raw[8*k:])
+			}
+			m.decisions = append(m.decisions, dec)
+		case kindLoad:
+			addr := d.string()
+			var v [8]int
+			for k := range v {
+				v[k] = int(d.uvarint(maxCount))
+			}
+			if m.loads == nil {
+				m.loads = map[string]Load{}
+			}
+			m.loads[addr] = Load{Load: fleet.Load{Queued: v[0], Started: v[1], Blocks: v[2], StartedBefore: v[3], Completed: v[4],
+				PrefillTokens: v[5], PrefillWork: v[6]}, InFlight: v[7]}
+		default:
+			d.err = fmt.Errorf("%w: record kind %d", errMalformed, kind[0])
+		}
+	}
+	if d.err == nil && len(d.b) != 0 {
+		d.err = errMalformed
+	}
+	return m, d.err
+}

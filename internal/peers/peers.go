@@ -1,0 +1,625 @@
+// Package peers shares routing state among the replicas of one kvgate
+// deployment through Redis, so that R replicas route as well as one: each
+// replica publishes its routing decisions (for the prefix index) and its load
+// on every endpoint past the last scrape (for the dispatch accounting) as
+// batched entries of one Redis stream, and applies its peers'. Replicas find
+// each other by heartbeats in a sorted set. With Redis down or slow every
+// replica goes on with its own state; nothing on a request's path waits for
+// Redis.
+package peers
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/tls"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"os"
+	"slices"
+	"sort"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+)
+
+// Config is how a replica reaches its peers; zero fields take the defaults.
+type Config struct {
+	// Addr is Redis's host:port.
+	Addr               string
+	Username, Password string
+	TLS                *tls.Config
+	DB                 int
+	// Cluster is the identity the replicas share: the stream's and the
+	// members' keys are named by it, and a message carrying another is
+	// dropped (counted as foreign).
+	Cluster string
+	// Replica names this replica (default: the host name and a random
+	// suffix, unique per start).
+	Replica string
+	// Flush is the longest an event waits to be sent (default 2 ms): the
+	// batching that keeps Redis at a few hundred writes a second per replica.
+	Flush time.Duration
+	// Heartbeat (default 1 s) is how often a replica announces itself and
+	// sends all of its loads; a peer silent for Expiry (default 5 s) is gone
+	// and its loads no longer count.
+	Heartbeat, Expiry time.Duration
+	// Retain is how many entries the stream keeps (approximately; default
+	// 100,000): what a starting replica replays to warm its prefix index.
+	Retain int64
+	// MaxMessage bounds an entry read (default 1 MiB); larger ones are
+	// dropped, counted as oversized.
+	MaxMessage int
+	// Timeout bounds each Redis call (default 1 s).
+	Timeout    time.Duration
+	Logger     *slog.Logger
+	Registerer prometheus.Registerer
+}
+
+func (c Config) withDefaults() Config {
+	if c.Replica == "" {
+		host, _ := os.Hostname()
+		var b [3]byte
+		_, _ = rand.Read(b[:])
+		c.Replica = host + "-" + hex.EncodeToString(b[:])
+	}
+	if c.Flush <= 0 {
+		c.Flush = 2 * time.Millisecond
+	}
+	if c.Heartbeat <= 0 {
+		c.Heartbeat = time.Second
+	}
+	if c.Expiry <= 0 {
+		c.Expiry = 5 * c.Heartbeat
+	}
+	if c.Retain <= 0 {
+		c.Retain = 100_000
+	}
+	if c.MaxMessage <= 0 {
+		c.MaxMessage = 1 << 20
+	}
+	if c.Timeout <= 0 {
+		c.Timeout = time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return c
+}
+
+// State is the replica's routing state, as the router holds it.
+type State interface {
+	// EachLoad calls fn with this replica's own load on every endpoint.
+	EachLoad(fn func(addr string, l Load))
+	// SetPeerLoad sets what the live peers add to an endpoint's load.
+	SetPeerLoad(addr string, l Load)
+	// PeerDecision records a peer's decision in the prefix index.
+	PeerDecision(d Decision)
+}
+
+// maxPending bounds the decisions waiting to be sent while Redis is away:
+// past it the oldest go (counted), rather than memory growing.
+const maxPending = 8192
+
+// sendBatch is the size a batch is split at.
+const sendBatch = 256 << 10
+
+// Mesh is one replica's link to its peers. Decided and Touch are safe for
+// concurrent use and never block.
+type Mesh struct {
+	cfg     Config
+	cluster uint64
+	rdb     *redis.Client
+	state   State
+	m       metrics
+	stream  string
+	members string
+
+	mu      sync.Mutex
+	pending []Decision
+	dropped int
+
+	dirty atomic.Bool
+	up    atomic.Bool
+	wake  chan struct{}
+
+	peersMu sync.Mutex
+	peers   map[string]*peer
+	sums    map[string]Load // applied to the state, by endpoint
+
+	logMu  sync.Mutex
+	logged time.Time
+
+	cancel context.CancelFunc
+	done   sync.WaitGroup
+}
+
+// peer is what a replica knows of another.
+type peer struct {
+	seen     time.Time // last message or heartbeat
+	loads    map[string]Load
+	lag      time.Duration // of its last message, by the two clocks
+	messages uint64
+	bytes    uint64
+}
+
+// New connects a mesh; Start runs it.
+func New(cfg Config, state State) *Mesh {
+	cfg = cfg.withDefaults()
+	m := &Mesh{cfg: cfg, cluster: identity(cfg.Cluster), state: state, m: newMetrics(cfg.Registerer),
+		stream: "kvgate:{" + cfg.Cluster + "}:events", members: "kvgate:{" + cfg.Cluster + "}:replicas",
+		peers: map[string]*peer{}, sums: map[string]Load{}, wake: make(chan struct{}, 1)}
+	m.rdb = redis.NewClient(&redis.Options{Addr: cfg.Addr, Username: cfg.Username, Password: cfg.Password, DB: cfg.DB, TLSConfig: cfg.TLS,
+		DialTimeout: cfg.Timeout, ReadTimeout: cfg.Timeout, WriteTimeout: cfg.Timeout, MaxRetries: -1, PoolSize: 4})
+	return m
+}
+
+// Replica is this replica's name.
+func (m *Mesh) Replica() string { return m.cfg.Replica }
+
+// Start runs the mesh until Close: the sender, the reader (which first
+// replays the stream's retained decisions into the prefix index) and the
+// heartbeat.
+func (m *Mesh) Start(ctx context.Context) {
+	ctx, m.cancel = context.WithCancel(ctx)
+	m.done.Add(3)
+	go func() { defer m.done.Done(); m.sendLoop(ctx) }()
+	go func() { defer m.done.Done(); m.readLoop(ctx) }()
+	go func() { defer m.done.Done(); m.heartbeatLoop(ctx) }()
+}
+
+// Close stops the mesh and leaves the members' set, so that peers drop this
+// replica's loads at once.
+func (m *Mesh) Close() {
+	if m.cancel != nil {
+		m.cancel()
+		m.done.Wait()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), m.cfg.Timeout)
+	defer cancel()
+	_ = m.rdb.ZRem(ctx, m.members, m.cfg.Replica).Err()
+	_ = m.rdb.Close()
+}
+
+// Decided queues a routing decision for the peers.
+func (m *Mesh) Decided(d Decision) {
+	m.mu.Lock()
+	if len(m.pending) >= maxPending {
+		m.pending = m.pending[1:]
+		m.dropped++
+	}
+	m.pending = append(m.pending, Decision{Endpoint: d.Endpoint, Capacity: d.Capacity, Hashes: slices.Clone(d.Hashes)})
+	m.mu.Unlock()
+	m.Touch()
+}
+
+// Touch says this replica's loads changed: they go with the next batch.
+func (m *Mesh) Touch() {
+	if !m.dirty.Swap(true) {
+		select {
+		case m.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// warn logs an engine failure at most every 30 s.
+func (m *Mesh) warn(msg string, err error) {
+	m.logMu.Lock()
+	defer m.logMu.Unlock()
+	if time.Since(m.logged) < 30*time.Second {
+		return
+	}
+	m.logged = time.Now()
+	m.cfg.Logger.Warn(msg+"; routing on this replica's own state", "redis", m.cfg.Addr, "err", err)
+}
+
+func (m *Mesh) setUp(up bool) {
+	if m.up.Swap(up) != up {
+		if up {
+			m.cfg.Logger.Info("shared state: connected", "redis", m.cfg.Addr, "replica", m.cfg.Replica)
+			m.Touch()
+		}
+	}
+	m.m.up.Set(b2f(up))
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// sendLoop sends, at most every Flush, the queued decisions and the loads
+// that changed since they were last sent; all loads every heartbeat.
+func (m *Mesh) sendLoop(ctx context.Context) {
+	sent := map[string]Load{}
+	full := time.NewTicker(m.cfg.Heartbeat)
+	defer full.Stop()
+	var enc encoder
+	for {
+		all := false
+		select {
+		case <-ctx.Done():
+			return
+		case <-m.wake:
+		case <-full.C:
+			all = true
+		}
+		// Gather for a Flush, so a burst goes as one entry.
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(m.cfg.Flush):
+		}
+		m.dirty.Store(false)
+		m.mu.Lock()
+		decisions := m.pending
+		m.pending = nil
+		m.mu.Unlock()
+		loads := map[string]Load{}
+		m.state.EachLoad(func(addr string, l Load) {
+			if all || sent[addr] != l {
+				loads[addr] = l
+			}
+		})
+		for addr := range sent {
+			if _, ok := loads[addr]; !ok && all {
+				delete(sent, addr) // an endpoint that left
+			}
+		}
+		if len(decisions) == 0 && len(loads) == 0 {
+			continue
+		}
+		if err := m.send(ctx, &enc, decisions, loads); err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			m.setUp(false)
+			m.warn("shared state: sending to Redis failed", err)
+			m.m.messages.WithLabelValues("send_failed").Inc()
+			// The loads go again in full once Redis answers; decisions made
+			// meanwhile are kept up to maxPending.
+			clear(sent)
+			m.mu.Lock()
+			m.pending = append(decisions, m.pending...)
+			if over := len(m.pending) - maxPending; over > 0 {
+				m.pending = m.pending[over:]
+				m.dropped += over
+			}
+			m.mu.Unlock()
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+			m.Touch()
+			continue
+		}
+		maps.Copy(sent, loads)
+	}
+}
+
+// send writes decisions and loads as entries of at most sendBatch bytes.
+func (m *Mesh) send(ctx context.Context, enc *encoder, decisions []Decision, loads map[string]Load) error {
+	var entries [][]byte
+	start := func() { enc.reset(m.cluster, m.cfg.Replica, time.Now().UnixNano()) }
+	start()
+	flush := func() {
+		if enc.count > 0 {
+			entries = append(entries, enc.bytes())
+		}
+		start()
+	}
+	for _, d := range decisions {
+		enc.decision(d)
+		if len(enc.buf) >= sendBatch {
+			flush()
+		}
+	}
+	addrs := make([]string, 0, len(loads))
+	for a := range loads {
+		addrs = append(addrs, a)
+	}
+	sort.Strings(addrs)
+	for _, a := range addrs {
+		enc.load(a, loads[a])
+		if len(enc.buf) >= sendBatch {
+			flush()
+		}
+	}
+	flush()
+	ctx, cancel := context.WithTimeout(ctx, m.cfg.Timeout)
+	defer cancel()
+	pipe := m.rdb.Pipeline()
+	for _, e := range entries {
+		pipe.XAdd(ctx, &redis.XAddArgs{Stream: m.stream, MaxLen: m.cfg.Retain, Approx: true, Values: []any{"m", e}})
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return fmt.Errorf("adding to stream %s: %w", m.stream, err)
+	}
+	m.setUp(true)
+	m.m.messages.WithLabelValues("sent").Add(float64(len(entries)))
+	return nil
+}
+
+// readLoop applies the peers' entries in order. It first replays what the
+// stream retains, applying only its decisions (the loads in it are old), so a
+// starting replica's prefix index holds what the live ones routed.
+func (m *Mesh) readLoop(ctx context.Context) {
+	last, warmUntil := "0", ""
+	backoff := 100 * time.Millisecond
+	for ctx.Err() == nil {
+		if warmUntil == "" {
+			id, err := m.lastID(ctx)
+			if err != nil {
+				m.readFailed(ctx, err, &backoff)
+				continue
+			}
+			warmUntil = id
+		}
+		res, err := m.rdb.XRead(ctx, &redis.XReadArgs{Streams: []string{m.stream, last}, Count: 512, Block: m.cfg.Heartbeat}).Result()
+		if errors.Is(err, redis.Nil) {
+			continue
+		}
+		if err != nil {
+			m.readFailed(ctx, err, &backoff)
+			continue
+		}
+		backoff = 100 * time.Millisecond
+		m.setUp(true)
+		for _, s := range res {
+			for _, e := range s.Messages {
+				last = e.ID
+				m.apply(e, warmUntil != "-" && !after(e.ID, warmUntil))
+			}
+		}
+		if warmUntil != "-" && !after(warmUntil, last) {
+			warmUntil = "-" // replayed: from here on everything applies
+		}
+	}
+}
+
+func (m *Mesh) readFailed(ctx context.Context, err error, backoff *time.Duration) {
+	if ctx.Err() != nil {
+		return
+	}
+	m.setUp(false)
+	m.warn("shared state: reading from Redis failed", err)
+	select {
+	case <-ctx.Done():
+	case <-time.After(*backoff):
+	}
+	*backoff = min(2*(*backoff), 2*time.Second)
+}
+
+// lastID is the stream's newest entry ("-" when empty): the end of the replay.
+func (m *Mesh) lastID(ctx context.Context) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, m.cfg.Timeout)
+	defer cancel()
+	msgs, err := m.rdb.XRevRangeN(ctx, m.stream, "+", "-", 1).Result()
+	if err != nil {
+		return "", fmt.Errorf("reading stream %s: %w", m.stream, err)
+	}
+	if len(msgs) == 0 {
+		return "-", nil
+	}
+	return msgs[0].ID, nil
+}
+
+// after says whether stream id a comes after b.
+func after(a, b string) bool {
+	if b == "-" {
+		return true
+	}
+	am, as := splitID(a)
+	bm, bs := splitID(b)
+	return am > bm || am == bm && as > bs
+}
+
+func splitID(id string) (uint64, uint64) {
+	for i := range len(id) {
+		if id[i] == '-' {
+			ms, _ := strconv.ParseUint(id[:i], 10, 64)
+			seq, _ := strconv.ParseUint(id[i+1:], 10, 64)
+			return ms, seq
+		}
+	}
+	ms, _ := strconv.ParseUint(id, 10, 64)
+	return ms, 0
+}
+
+// apply applies one entry; replay applies only its decisions.
+func (m *Mesh) apply(e redis.XMessage, replay bool) {
+	raw, _ := e.Values["m"].(string)
+	if len(raw) > m.cfg.MaxMessage {
+		m.m.messages.WithLabelValues("oversized").Inc()
+		return
+	}
+	msg, err := decode([]byte(raw), m.cluster)
+	switch {
+	case errors.Is(err, errForeign):
+		m.m.messages.WithLabelValues("foreign").Inc()
+		return
+	case err != nil:
+		m.m.messages.WithLabelValues("malformed").Inc()
+		return
+	}
+	if msg.replica == m.cfg.Replica {
+		return
+	}
+	m.m.messages.WithLabelValues("received").Inc()
+	for _, d := range msg.decisions {
+		m.state.PeerDecision(d)
+	}
+	if replay {
+		return
+	}
+	now := time.Now()
+	lag := now.Sub(time.Unix(0, msg.sent))
+	m.m.propagation.Observe(max(lag, 0).Seconds())
+	m.peersMu.Lock()
+	defer m.peersMu.Unlock()
+	p := m.peers[msg.replica]
+	if p == nil {
+		p = &peer{loads: map[string]Load{}}
+		m.peers[msg.replica] = p
+	}
+	p.seen, p.lag = now, lag
+	p.messages++
+	p.bytes += uint64(len(raw))
+	for addr, l := range msg.loads {
+		p.loads[addr] = l
+	}
+	m.resum(msg.loads)
+}
+
+// resum recomputes, for the endpoints touched (nil: all), the live peers'
+// summed load and applies it. peersMu is held.
+func (m *Mesh) resum(touched map[string]Load) {
+	addrs := map[string]struct{}{}
+	if touched == nil {
+		for a := range m.sums {
+			addrs[a] = struct{}{}
+		}
+		for _, p := range m.peers {
+			for a := range p.loads {
+				addrs[a] = struct{}{}
+			}
+		}
+	} else {
+		for a := range touched {
+			addrs[a] = struct{}{}
+		}
+	}
+	for a := range addrs {
+		var sum Load
+		for _, p := range m.peers {
+			sum = sum.add(p.loads[a])
+		}
+		if sum == m.sums[a] {
+			continue
+		}
+		if sum == (Load{}) {
+			delete(m.sums, a)
+		} else {
+			m.sums[a] = sum
+		}
+		m.state.SetPeerLoad(a, sum)
+	}
+}
+
+// heartbeatScript registers a replica at Redis's clock, drops the members
+// silent past the expiry and lists the live ones: one round trip, one clock.
+var heartbeatScript = redis.NewScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZADD', KEYS[1], now, ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - tonumber(ARGV[2]))
+redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[2]) * 10)
+local live = redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')
+table.insert(live, tostring(now))
+return live
+`)
+
+// heartbeatLoop announces this replica and forgets peers that went silent.
+func (m *Mesh) heartbeatLoop(ctx context.Context) {
+	t := time.NewTicker(m.cfg.Heartbeat)
+	defer t.Stop()
+	for {
+		m.heartbeat(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (m *Mesh) heartbeat(ctx context.Context) {
+	cctx, cancel := context.WithTimeout(ctx, m.cfg.Timeout)
+	defer cancel()
+	res, err := heartbeatScript.Run(cctx, m.rdb, []string{m.members}, m.cfg.Replica, m.cfg.Expiry.Milliseconds()).StringSlice()
+	now := time.Now()
+	m.peersMu.Lock()
+	defer m.peersMu.Unlock()
+	if err != nil {
+		if ctx.Err() == nil {
+			m.setUp(false)
+			m.warn("shared state: heartbeat to Redis failed", err)
+		}
+	} else {
+		m.setUp(true)
+		for i := 0; i+1 < len(res)-1; i += 2 {
+			id := res[i]
+			if id == m.cfg.Replica {
+				continue
+			}
+			p := m.peers[id]
+			if p == nil {
+				p = &peer{loads: map[string]Load{}}
+				m.peers[id] = p
+			}
+			p.seen = now
+		}
+	}
+	// A peer silent past the expiry (or every peer, with Redis away that
+	// long) is gone: its loads no longer count.
+	gone := false
+	for id, p := range m.peers {
+		if now.Sub(p.seen) > m.cfg.Expiry {
+			delete(m.peers, id)
+			gone = true
+		}
+	}
+	if gone {
+		m.resum(nil)
+	}
+	m.m.peers.Set(float64(len(m.peers)))
+}
+
+// PeerView is a peer as /debug/replicas shows it.
+type PeerView struct {
+	Replica  string `json:"replica"`
+	SeenAgo  string `json:"seenAgo"`
+	Lag      string `json:"lag"`
+	Messages uint64 `json:"messages"`
+	Bytes    uint64 `json:"bytes"`
+	Loads    int    `json:"endpoints"`
+}
+
+// View is the mesh as /debug/replicas shows it.
+type View struct {
+	Replica  string             `json:"replica"`
+	Cluster  string             `json:"cluster"`
+	Redis    string             `json:"redis"`
+	Up       bool               `json:"connected"`
+	Pending  int                `json:"pendingDecisions"`
+	Dropped  int                `json:"droppedDecisions"`
+	Peers    []PeerView         `json:"peers"`
+	Counters map[string]float64 `json:"messages"`
+}
+
+// View reports the mesh's state.
+func (m *Mesh) View() View {
+	v := View{Replica: m.cfg.Replica, Cluster: m.cfg.Cluster, Redis: m.cfg.Addr, Up: m.up.Load(), Peers: []PeerView{}, Counters: m.m.counts()}
+	m.mu.Lock()
+	v.Pending, v.Dropped = len(m.pending), m.dropped
+	m.mu.Unlock()
+	now := time.Now()
+	m.peersMu.Lock()
+	for id, p := range m.peers {
+		v.Peers = append(v.Peers, PeerView{Replica: id, SeenAgo: now.Sub(p.seen).Round(time.Millisecond).String(), Lag: p.lag.Round(10 * time.Microsecond).String(),
+			Messages: p.messages, Bytes: p.bytes, Loads: len(p.loads)})
+	}
+	m.peersMu.Unlock()
+	sort.Slice(v.Peers, func(i, j int) bool { return v.Peers[i].Replica < v.Peers[j].Replica })
+	return v
+}

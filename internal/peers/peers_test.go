@@ -1,0 +1,201 @@
+package peers
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/kvgate/kvgate/internal/fleet"
+	"github.com/kvgate/kvgate/internal/redistest"
+	"github.com/kvgate/kvgate/internal/waittest"
+)
+
+// state is a replica's routing state as the tests hold it: its own loads,
+// and what its peers sent.
+type state struct {
+	mu        sync.Mutex
+	own       map[string]Load
+	peerLoads map[string]Load
+	decisions []Decision
+}
+
+func newState() *state { return &state{own: map[string]Load{}, peerLoads: map[string]Load{}} }
+
+func (s *state) EachLoad(fn func(string, Load)) {
+	s.mu.Lock()
+	own := make(map[string]Load, len(s.own))
+	for a, l := range s.own {
+		own[a] = l
+	}
+	s.mu.Unlock()
+	for a, l := range own {
+		fn(a, l)
+	}
+}
+
+func (s *state) SetPeerLoad(addr string, l Load) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.peerLoads[addr] = l
+}
+
+func (s *state) PeerDecision(d Decision) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.decisions = append(s.decisions, d)
+}
+
+func (s *state) setOwn(addr string, l Load) {
+	s.mu.Lock()
+	s.own[addr] = l
+	s.mu.Unlock()
+}
+
+func (s *state) peerLoad(addr string) Load {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.peerLoads[addr]
+}
+
+func (s *state) decided() []Decision {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.decisions)
+}
+
+// start runs a mesh of cluster "c" on r until the test ends.
+func start(t *testing.T, r *redistest.Server, name string, st State) *Mesh {
+	t.Helper()
+	m := New(Config{Addr: r.Addr(), Cluster: "c", Replica: name, Heartbeat: 100 * time.Millisecond, Timeout: 200 * time.Millisecond,
+		Registerer: prometheus.NewRegistry()}, st)
+	m.Start(context.Background())
+	t.Cleanup(m.Close)
+	return m
+}
+
+func hasDecision(ds []Decision, endpoint string, first uint64) bool {
+	return slices.ContainsFunc(ds, func(d Decision) bool {
+		return d.Endpoint == endpoint && len(d.Hashes) > 0 && d.Hashes[0] == first
+	})
+}
+
+// TestShare: a decision and a load of one replica reach the other; the loads
+// of several peers are summed; a replica that leaves takes its load along;
+// a replica that starts replays the retained decisions, not the old loads.
+func TestShare(t *testing.T) {
+	r := redistest.Start(t)
+	sa, sb, sc := newState(), newState(), newState()
+	a := start(t, r, "a", sa)
+	start(t, r, "b", sb)
+	a.Decided(Decision{Endpoint: "10.0.0.1:8000", Capacity: 500, Hashes: []uint64{7, 8, 9}})
+	sa.setOwn("10.0.0.1:8000", Load{Load: fleet.Load{Queued: 3, Blocks: 30, PrefillTokens: 600, PrefillWork: 500}, InFlight: 4})
+	a.Touch()
+	waittest.Until(t, 5*time.Second, "b to get a's decision and load", func() bool {
+		return hasDecision(sb.decided(), "10.0.0.1:8000", 7) && sb.peerLoad("10.0.0.1:8000").InFlight == 4
+	})
+	if d := sb.decided()[0]; d.Capacity != 500 || !slices.Equal(d.Hashes, []uint64{7, 8, 9}) {
+		t.Fatalf("decision %+v", d)
+	}
+	c := start(t, r, "c", sc)
+	sc.setOwn("10.0.0.1:8000", Load{InFlight: 2})
+	c.Touch()
+	waittest.Until(t, 5*time.Second, "b to sum a's and c's loads, c to replay a's decision and get a's load (sent in full every heartbeat)", func() bool {
+		l := sc.peerLoad("10.0.0.1:8000")
+		return sb.peerLoad("10.0.0.1:8000").InFlight == 6 && hasDecision(sc.decided(), "10.0.0.1:8000", 7) && l.InFlight == 4 && l.Queued == 3
+	})
+	a.Close()
+	waittest.Until(t, 5*time.Second, "a's load to leave b's view", func() bool { return sb.peerLoad("10.0.0.1:8000").InFlight == 2 })
+}
+
+// TestMessageSafety: entries that are garbage, too large or of another
+// cluster are counted and dropped; the replica goes on applying good ones.
+func TestMessageSafety(t *testing.T) {
+	r := redistest.Start(t)
+	sb := newState()
+	b := start(t, r, "b", sb)
+	rc := r.Client(t)
+	ctx := context.Background()
+	var enc encoder
+	enc.reset(identity("other"), "x", time.Now().UnixNano())
+	enc.decision(Decision{Endpoint: "e", Hashes: []uint64{1}})
+	foreign := enc.bytes()
+	enc.reset(identity("c"), "x", time.Now().UnixNano())
+	enc.decision(Decision{Endpoint: "e", Hashes: []uint64{2}})
+	good := enc.bytes()
+	for _, v := range []any{"garbage", string(good[:len(good)-3]), string(foreign), string(make([]byte, 2<<20)), string(good)} {
+		if err := rc.XAdd(ctx, &redis.XAddArgs{Stream: b.stream, Values: []any{"m", v}}).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waittest.Until(t, 5*time.Second, "the good entry to apply", func() bool { return hasDecision(sb.decided(), "e", 2) })
+	if hasDecision(sb.decided(), "e", 1) {
+		t.Fatal("another cluster's decision applied")
+	}
+	waittest.Until(t, 2*time.Second, "the bad entries counted", func() bool {
+		c := b.View().Counters
+		return c["malformed"] == 2 && c["foreign"] == 1 && c["oversized"] == 1 && c["received"] == 1
+	})
+}
+
+// TestRedisAway: with Redis killed, deciding never blocks and the mesh says
+// it is down; once Redis is back (empty), what was decided meanwhile and the
+// loads reach the peer.
+func TestRedisAway(t *testing.T) {
+	r := redistest.Start(t)
+	sa, sb := newState(), newState()
+	a := start(t, r, "a", sa)
+	b := start(t, r, "b", sb)
+	waittest.Until(t, 5*time.Second, "both up", func() bool { return a.View().Up && b.View().Up })
+	r.Kill()
+	began := time.Now()
+	for i := range 1000 {
+		a.Decided(Decision{Endpoint: "e", Hashes: []uint64{uint64(i + 1)}})
+	}
+	if d := time.Since(began); d > time.Second {
+		t.Fatalf("1,000 decisions with Redis away took %v", d)
+	}
+	waittest.Until(t, 5*time.Second, "a to see Redis down", func() bool { return !a.View().Up })
+	sa.setOwn("e", Load{InFlight: 3})
+	a.Touch()
+	r.Restart(t)
+	waittest.Until(t, 10*time.Second, "the decisions and load made while Redis was away to arrive", func() bool {
+		return hasDecision(sb.decided(), "e", 1000) && sb.peerLoad("e").InFlight == 3
+	})
+}
+
+// TestDecodeBounds: every truncation of a valid message fails cleanly.
+func TestDecodeBounds(t *testing.T) {
+	var enc encoder
+	enc.reset(identity("c"), "r", 42)
+	enc.decision(Decision{Endpoint: "e:1", Capacity: 9, Hashes: []uint64{1, 2, 3}})
+	enc.load("e:1", Load{Load: fleet.Load{Queued: 1, Started: 2, Blocks: 3, StartedBefore: 4, Completed: 5, PrefillTokens: 6, PrefillWork: 7}, InFlight: 8})
+	b := enc.bytes()
+	m, err := decode(b, identity("c"))
+	if err != nil || m.replica != "r" || m.sent != 42 || len(m.decisions) != 1 || m.loads["e:1"].InFlight != 8 || m.loads["e:1"].PrefillWork != 7 {
+		t.Fatalf("round trip: %+v %v", m, err)
+	}
+	for n := range len(b) {
+		if _, err := decode(b[:n], identity("c")); err == nil {
+			t.Fatalf("a message cut at %d of %d bytes decoded", n, len(b))
+		}
+	}
+	if _, err := decode(b, identity("d")); !errors.Is(err, errForeign) {
+		t.Fatalf("another cluster: %v", err)
+	}
+}
+
+// FuzzDecode: no input makes decode panic.
+func FuzzDecode(f *testing.F) {
+	var enc encoder
+	enc.reset(identity("c"), "r", 1)
+	enc.decision(Decision{Endpoint: "e", Hashes: []uint64{1}})
+	enc.load("e", Load{InFlight: 1})
+	f.Add(enc.bytes())
+	f.Fuzz(func(t *testing.T, b []byte) { _, _ = decode(b, identity("c")) })
+}
