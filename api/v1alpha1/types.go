@@ -532,6 +532,49 @@ type GatewaySpec struct {
 	// detection does).
 	// +optional
 	OutlierDetection *OutlierSpec `json:"outlierDetection,omitempty"`
+	// SharedState links the gateway's replicas through Redis, so that they
+	// route as one (docs/scaling.md): read at start.
+	// +optional
+	SharedState *SharedStateSpec `json:"sharedState,omitempty"`
+}
+
+// SharedStateSpec is the Redis the replicas of one gateway share routing
+// state through: their decisions (the prefix index), their loads on every
+// endpoint between scrapes and their in-flight counts. The credentials, when
+// Redis needs them, come from the environment variables
+// KVGATE_SHARED_STATE_USERNAME and KVGATE_SHARED_STATE_PASSWORD (in
+// Kubernetes, from a Secret).
+type SharedStateSpec struct {
+	// Redis is Redis's host:port.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	Redis string `json:"redis"`
+	// Cluster names the replicas that share state: the Redis keys are named
+	// by it and a message carrying another is ignored (default: the
+	// configuration's namespace/name).
+	// +kubebuilder:validation:MaxLength=128
+	// +optional
+	Cluster string `json:"cluster,omitempty"`
+	// DB is the Redis database number (default 0).
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=15
+	// +optional
+	DB *int32 `json:"db,omitempty"`
+	// TLS, when set, connects to Redis over TLS.
+	// +optional
+	TLS *SharedStateTLS `json:"tls,omitempty"`
+}
+
+// SharedStateTLS is how Redis's certificate is checked.
+type SharedStateTLS struct {
+	// CAFile is a PEM bundle of the CAs that sign Redis's certificate
+	// (default: the system's).
+	// +optional
+	CAFile string `json:"caFile,omitempty"`
+	// ServerName is the name Redis's certificate must carry (default: the
+	// host of redis).
+	// +optional
+	ServerName string `json:"serverName,omitempty"`
 }
 
 // OutlierSpec tunes passive outlier detection: an endpoint whose answers fail

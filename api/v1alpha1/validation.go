@@ -3,6 +3,7 @@ package v1alpha1
 import (
 	"fmt"
 	"maps"
+	"net"
 	"regexp"
 	"slices"
 	"strings"
@@ -410,6 +411,17 @@ func (v *fieldErrors) gateway(g GatewaySpec) {
 		}
 		if p := o.MaxEjectionPercent; p != nil && (*p < 0 || *p > 100) {
 			v.add("spec.gateway.outlierDetection.maxEjectionPercent", "must be between 0 and 100, got %d", *p)
+		}
+	}
+	if ss := g.SharedState; ss != nil {
+		if _, _, err := net.SplitHostPort(ss.Redis); err != nil || ss.Redis == "" {
+			v.add("spec.gateway.sharedState.redis", "must be host:port, got %q", ss.Redis)
+		}
+		if len(ss.Cluster) > 128 {
+			v.add("spec.gateway.sharedState.cluster", "must be at most 128 characters")
+		}
+		if ss.DB != nil && (*ss.DB < 0 || *ss.DB > 15) {
+			v.add("spec.gateway.sharedState.db", "must be between 0 and 15, got %d", *ss.DB)
 		}
 	}
 	if sp := g.Scrape; sp != nil {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -75,7 +76,15 @@ pods become endpoints as they come and go, and the resource's status reports wha
 	f.StringVar(&igwc, "igwc", "", "serve this InferenceGatewayConfig (NAMESPACE/NAME) from the cluster instead of --config")
 	f.StringVar(&kubeconfig, "kubeconfig", "", "with --igwc: kubeconfig file (default: in-cluster, then $KUBECONFIG)")
 	f.BoolVar(&leaderElect, "leader-elect", true, "with --igwc: only the elected replica writes status (all replicas serve)")
+	sharedStateFlags(f, &o.Gateway.SharedState)
 	return cmd
+}
+
+// sharedStateFlags registers the flags that link a replica to its peers.
+func sharedStateFlags(f *pflag.FlagSet, o *gateway.SharedStateOptions) {
+	f.StringVar(&o.Redis, "shared-state-redis", "", "share routing state with the other replicas through this Redis (host:port; overrides spec.gateway.sharedState.redis; credentials from $"+gateway.EnvSharedStateUsername+" and $"+gateway.EnvSharedStatePassword+")")
+	f.StringVar(&o.Cluster, "shared-state-cluster", "", "the identity the replicas that share state have in common (default: spec.gateway.sharedState.cluster, else the configuration's namespace/name)")
+	f.StringVar(&o.Replica, "replica-name", "", "this replica's name among its peers (default: $POD_NAME, else the host name with a random suffix)")
 }
 
 // kubeSource connects to the cluster and returns the gateway's configuration

@@ -25,7 +25,7 @@ func (g *Gateway) serveModels(w http.ResponseWriter, r *http.Request) {
 }
 
 // AdminHandler serves /metrics, /healthz, /readyz, /summary (the global router's
-// heartbeat), /debug/config, /debug/fleet and /debug/pprof.
+// heartbeat), /debug/config, /debug/fleet, /debug/replicas and /debug/pprof.
 func (g *Gateway) AdminHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(g.Metrics().Registry, promhttp.HandlerOpts{}))
@@ -63,6 +63,7 @@ func (g *Gateway) AdminHandler() http.Handler {
 	mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
 	mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
 	mux.HandleFunc("GET /debug/fleet", g.serveDebugFleet)
+	mux.HandleFunc("GET /debug/replicas", g.serveDebugReplicas)
 	return mux
 }
 

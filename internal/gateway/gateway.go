@@ -8,9 +8,12 @@ package gateway
 
 import (
 	"log/slog"
+	"sync"
 	"time"
 
+	"github.com/kvgate/kvgate/api/v1alpha1"
 	"github.com/kvgate/kvgate/internal/fleet"
+	"github.com/kvgate/kvgate/internal/peers"
 	"github.com/kvgate/kvgate/internal/route"
 	"github.com/kvgate/kvgate/internal/telemetry"
 )
@@ -31,6 +34,9 @@ type Options struct {
 	// DecisionLogEvery logs one decision in this many, with every candidate's
 	// scores, at debug level (default 100; 1 logs all).
 	DecisionLogEvery int
+	// SharedState links the replica to its peers (flags over the
+	// configuration's spec.gateway.sharedState).
+	SharedState SharedStateOptions
 }
 
 // Gateway is the HTTP front of a routing core: ServeHTTP for the OpenAI API,
@@ -42,6 +48,11 @@ type Gateway struct {
 	log  *slog.Logger
 	// watcher gives up on endpoints that freeze while requests wait on them.
 	watcher watcher
+	// mesh links the replica to its peers, from the first configuration
+	// with a shared state.
+	meshMu   sync.Mutex
+	mesh     *peers.Mesh
+	meshSpec *v1alpha1.SharedStateSpec
 }
 
 // New returns a gateway with no configuration; it answers 503 until Apply.

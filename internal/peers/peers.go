@@ -101,6 +101,9 @@ type State interface {
 	SetPeerLoad(addr string, l Load)
 	// PeerDecision records a peer's decision in the prefix index.
 	PeerDecision(d Decision)
+	// SetReplicas gives this replica's rank among the live replicas (their
+	// names sorted) and their number, itself included.
+	SetReplicas(rank, replicas int)
 }
 
 // maxPending bounds the decisions waiting to be sent while Redis is away:
@@ -555,13 +558,16 @@ func (m *Mesh) heartbeat(ctx context.Context) {
 			m.setUp(false)
 			m.warn("shared state: heartbeat to Redis failed", err)
 		}
-	} else {
+	}
+	listed := map[string]bool{}
+	if err == nil {
 		m.setUp(true)
 		for i := 0; i+1 < len(res)-1; i += 2 {
 			id := res[i]
 			if id == m.cfg.Replica {
 				continue
 			}
+			listed[id] = true
 			p := m.peers[id]
 			if p == nil {
 				p = &peer{loads: map[string]Load{}}
@@ -571,10 +577,11 @@ func (m *Mesh) heartbeat(ctx context.Context) {
 		}
 	}
 	// A peer silent past the expiry (or every peer, with Redis away that
-	// long) is gone: its loads no longer count.
+	// long) is gone, and so is one that left the members (Close) and has
+	// sent nothing for a heartbeat: its loads no longer count.
 	gone := false
 	for id, p := range m.peers {
-		if now.Sub(p.seen) > m.cfg.Expiry {
+		if now.Sub(p.seen) > m.cfg.Expiry || err == nil && !listed[id] && now.Sub(p.seen) > m.cfg.Heartbeat {
 			delete(m.peers, id)
 			gone = true
 		}
@@ -583,6 +590,12 @@ func (m *Mesh) heartbeat(ctx context.Context) {
 		m.resum(nil)
 	}
 	m.m.peers.Set(float64(len(m.peers)))
+	names := []string{m.cfg.Replica}
+	for id := range m.peers {
+		names = append(names, id)
+	}
+	sort.Strings(names)
+	m.state.SetReplicas(slices.Index(names, m.cfg.Replica), len(names))
 }
 
 // PeerView is a peer as /debug/replicas shows it.

@@ -23,6 +23,8 @@ type state struct {
 	own       map[string]Load
 	peerLoads map[string]Load
 	decisions []Decision
+	rank      int
+	replicas  int
 }
 
 func newState() *state { return &state{own: map[string]Load{}, peerLoads: map[string]Load{}} }
@@ -49,6 +51,18 @@ func (s *state) PeerDecision(d Decision) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.decisions = append(s.decisions, d)
+}
+
+func (s *state) SetReplicas(rank, replicas int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.rank, s.replicas = rank, replicas
+}
+
+func (s *state) place() (int, int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.rank, s.replicas
 }
 
 func (s *state) setOwn(addr string, l Load) {
@@ -109,8 +123,12 @@ func TestShare(t *testing.T) {
 		l := sc.peerLoad("10.0.0.1:8000")
 		return sb.peerLoad("10.0.0.1:8000").InFlight == 6 && hasDecision(sc.decided(), "10.0.0.1:8000", 7) && l.InFlight == 4 && l.Queued == 3
 	})
+	waittest.Until(t, 5*time.Second, "b to rank second of three", func() bool { r, n := sb.place(); return r == 1 && n == 3 })
 	a.Close()
-	waittest.Until(t, 5*time.Second, "a's load to leave b's view", func() bool { return sb.peerLoad("10.0.0.1:8000").InFlight == 2 })
+	waittest.Until(t, 5*time.Second, "a's load to leave b's view, b first of two", func() bool {
+		r, n := sb.place()
+		return sb.peerLoad("10.0.0.1:8000").InFlight == 2 && r == 0 && n == 2
+	})
 }
 
 // TestMessageSafety: entries that are garbage, too large or of another

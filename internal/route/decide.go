@@ -170,7 +170,7 @@ func (g *Router) choose(ctx context.Context, p *scheduler, req schedule.Request,
 		}
 		if expired {
 			g.m.Shed.WithLabelValues(p.name, "saturated").Inc()
-			return schedule.Decision{}, nil, nil, http.StatusTooManyRequests, fmt.Sprintf("every endpoint of model %q is at its limit of %d requests in flight; retry later", p.spec.ModelName, limit)
+			return schedule.Decision{}, nil, nil, http.StatusTooManyRequests, fmt.Sprintf("every endpoint of model %q is at its limit of requests in flight; retry later", p.spec.ModelName)
 		}
 		if timer == nil {
 			timer = time.NewTimer(a.wait)

@@ -184,7 +184,7 @@ func (g *Router) Route(ctx context.Context, req Request) (*Route, *proxy.Refusal
 	defer snapshotPool.Put(sc)
 	hb := hashPool.Get().(*[]uint64)
 	defer hashPool.Put(hb)
-	limit := rt.gw.InFlightLimit()
+	limit := g.quota(rt.gw.InFlightLimit()) // this replica's part of it
 	subset := req.Subset
 	if subset != nil && len(subset) == 0 {
 		g.m.Shed.WithLabelValues(p.name, "no_endpoint").Inc()
@@ -229,6 +229,7 @@ func (g *Router) Route(ctx context.Context, req Request) (*Route, *proxy.Refusal
 		r.loads = schedule.AdapterLoads(schedule.Request{Adapter: adapterOf(p, req.Model)}, c)
 	}
 	r.ticket = g.fleet.Dispatched(d.first.addr, r.promptTokens, r.own)
+	g.touch()
 	if req.Explain {
 		r.Scores = explain(d.decision)
 		now := g.now()
@@ -274,7 +275,7 @@ func (g *Router) Route(ctx context.Context, req Request) (*Route, *proxy.Refusal
 		} else {
 			capacity = p.prefix.capacity
 		}
-		g.prefix.Record(d.first.addr, d.hashes, capacity)
+		g.record(d.first.addr, d.hashes, capacity)
 		if len(r.Endpoints) > 1 {
 			r.hashes = slices.Clone(d.hashes) // for a fallback the data plane may use
 		}
@@ -336,12 +337,13 @@ func (r *Route) move(addr string, limit int) bool {
 		r.p.sessions.put(r.session, addr, r.sentAt)
 	}
 	r.ticket = r.g.fleet.Dispatched(addr, r.promptTokens, r.own)
+	r.g.touch()
 	if len(r.hashes) > 0 {
 		capacity := r.p.prefix.capacity
 		if s.Scraped {
 			capacity = r.p.prefix.capacityOf(s.Metrics)
 		}
-		r.g.prefix.Record(addr, r.hashes, capacity)
+		r.g.record(addr, r.hashes, capacity)
 	}
 	return true
 }
@@ -390,6 +392,7 @@ func (r *Route) FirstByte(streamed bool) {
 	r.firstByte = true
 	now := r.g.now()
 	r.g.fleet.FirstToken(r.ticket)
+	r.g.touch()
 	r.g.observeTTFT(r.p.name, now.Sub(r.start), streamed)
 	// A whole answer's first byte says nothing of its first token.
 	if streamed && !r.sentAt.IsZero() {
@@ -484,5 +487,6 @@ func (r *Route) Finish(o Outcome) {
 func (r *Route) release() {
 	r.served.release()
 	r.g.fleet.Completed(r.ticket)
+	r.g.touch()
 	r.g.freed.signal()
 }

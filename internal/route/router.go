@@ -80,6 +80,12 @@ type Router struct {
 	// recents holds each scheduler's recent request window (*recent), for
 	// the load summary.
 	recents sync.Map
+	// peers links the router to the other replicas (SetPeers); share is its
+	// place among them; peerInFlight their requests in flight, by address
+	// (under mu).
+	peers        atomic.Pointer[Peers]
+	share        atomic.Pointer[replicaShare]
+	peerInFlight map[string]int
 }
 
 // routes is one applied configuration, immutable once built.
@@ -205,7 +211,7 @@ func New(opts Options) *Router {
 		opts.DecisionLogEvery = 100
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	g := &Router{opts: opts, log: opts.Logger, m: opts.Metrics, endpoints: map[string]*endpoint{}, sessions: map[string]*sessionMap{},
+	g := &Router{opts: opts, log: opts.Logger, m: opts.Metrics, endpoints: map[string]*endpoint{}, sessions: map[string]*sessionMap{}, peerInFlight: map[string]int{},
 		fleet: fleet.New(opts.Fleet), prefix: prefix.New(), fleetCtx: ctx, stopFleet: cancel}
 	// A registry shared by several routers (tests) keeps the first one's collector.
 	_ = opts.Metrics.Registry.Register(newFleetCollector(g))

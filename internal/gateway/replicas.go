@@ -1,0 +1,165 @@
+package gateway
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"reflect"
+	"time"
+
+	"github.com/kvgate/kvgate/api/v1alpha1"
+	"github.com/kvgate/kvgate/internal/peers"
+)
+
+// SharedStateOptions are the flags' say on shared state; a Redis set here
+// overrides the configuration's spec.gateway.sharedState.
+type SharedStateOptions struct {
+	Redis   string
+	Cluster string
+	// Replica names this replica (default: the host name with a random
+	// suffix; in Kubernetes the pod's name).
+	Replica string
+	// Heartbeat overrides the peers' heartbeat (tests).
+	Heartbeat time.Duration
+}
+
+// Environment variables with the shared-state Redis's ACL credentials.
+const (
+	EnvSharedStateUsername = "KVGATE_SHARED_STATE_USERNAME"
+	EnvSharedStatePassword = "KVGATE_SHARED_STATE_PASSWORD"
+)
+
+// Apply installs a configuration (route.Router.Apply) and, on the first one
+// that names a shared state (or with the flag's), links this replica to its
+// peers. The link is read at start: a later change is logged, not applied.
+func (g *Gateway) Apply(cfg *v1alpha1.InferenceGatewayConfig) error {
+	if err := g.Router.Apply(cfg); err != nil {
+		return err
+	}
+	g.linkPeers(cfg)
+	return nil
+}
+
+// linkPeers starts the mesh for the first configuration with a shared state.
+func (g *Gateway) linkPeers(cfg *v1alpha1.InferenceGatewayConfig) {
+	spec := cfg.Spec.Gateway.SharedState
+	o := g.opts.SharedState
+	g.meshMu.Lock()
+	defer g.meshMu.Unlock()
+	if g.mesh != nil {
+		if !reflect.DeepEqual(spec, g.meshSpec) && o.Redis == "" {
+			g.log.Warn("spec.gateway.sharedState changed; it applies when the gateway restarts")
+			g.meshSpec = spec
+		}
+		return
+	}
+	if o.Redis == "" && spec == nil {
+		return
+	}
+	pc, err := peersConfig(cfg, spec, o)
+	if err != nil {
+		g.log.Error("shared state not started; routing on this replica's own state", "err", err)
+		return
+	}
+	pc.Logger, pc.Registerer = g.log, g.Metrics().Registry
+	g.mesh, g.meshSpec = peers.New(pc, g.Router), spec
+	g.SetPeers(g.mesh)
+	g.mesh.Start(context.Background())
+	g.log.Info("sharing routing state", "redis", pc.Addr, "cluster", pc.Cluster, "replica", pc.Replica)
+}
+
+// peersConfig is the mesh's configuration: the flags over the spec.
+func peersConfig(cfg *v1alpha1.InferenceGatewayConfig, spec *v1alpha1.SharedStateSpec, o SharedStateOptions) (peers.Config, error) {
+	pc := peers.Config{Addr: o.Redis, Cluster: o.Cluster, Replica: o.Replica, Heartbeat: o.Heartbeat,
+		Username: os.Getenv(EnvSharedStateUsername), Password: os.Getenv(EnvSharedStatePassword)}
+	if spec != nil {
+		if pc.Addr == "" {
+			pc.Addr = spec.Redis
+		}
+		if pc.Cluster == "" {
+			pc.Cluster = spec.Cluster
+		}
+		if spec.DB != nil {
+			pc.DB = int(*spec.DB)
+		}
+		if t := spec.TLS; t != nil {
+			tc, err := redisTLS(pc.Addr, t)
+			if err != nil {
+				return pc, err
+			}
+			pc.TLS = tc
+		}
+	}
+	if pc.Cluster == "" {
+		pc.Cluster = cfg.Namespace + "/" + cfg.Name
+	}
+	if pc.Replica == "" {
+		pc.Replica = os.Getenv("POD_NAME") // the chart sets it; else peers picks one
+	}
+	return pc, nil
+}
+
+func redisTLS(addr string, t *v1alpha1.SharedStateTLS) (*tls.Config, error) {
+	tc := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: t.ServerName}
+	if tc.ServerName == "" {
+		host, _, err := net.SplitHostPort(addr)
+		if err != nil {
+			return nil, fmt.Errorf("spec.gateway.sharedState.redis %q: %w", addr, err)
+		}
+		tc.ServerName = host
+	}
+	if t.CAFile != "" {
+		pem, err := os.ReadFile(t.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("spec.gateway.sharedState.tls.caFile: %w", err)
+		}
+		tc.RootCAs = x509.NewCertPool()
+		if !tc.RootCAs.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("spec.gateway.sharedState.tls.caFile %s: no PEM certificate", t.CAFile)
+		}
+	}
+	return tc, nil
+}
+
+// Close unlinks the replica from its peers and stops the routing core.
+func (g *Gateway) Close() {
+	g.meshMu.Lock()
+	m := g.mesh
+	g.meshMu.Unlock()
+	if m != nil {
+		g.SetPeers(nil)
+		m.Close()
+	}
+	g.Router.Close()
+}
+
+// ReplicasView is /debug/replicas: this replica's place among its peers.
+type ReplicasView struct {
+	Shared bool `json:"shared"`
+	Rank   int  `json:"rank"`
+	// Replicas counts the live replicas, this one included.
+	Replicas int         `json:"replicas"`
+	Mesh     *peers.View `json:"mesh,omitempty"`
+}
+
+// Replicas reports the replica's peers.
+func (g *Gateway) Replicas() ReplicasView {
+	g.meshMu.Lock()
+	m := g.mesh
+	g.meshMu.Unlock()
+	v := ReplicasView{}
+	v.Rank, v.Replicas = g.Share()
+	if m != nil {
+		mv := m.View()
+		v.Shared, v.Mesh = true, &mv
+	}
+	return v
+}
+
+func (g *Gateway) serveDebugReplicas(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, g.Replicas())
+}
