@@ -391,3 +391,11 @@ func (s *Server) Waiting() int {
 	defer s.mu.Unlock()
 	return s.eng.Snapshot().Waiting
 }
+
+// InSystem is how many requests the engine holds now, queued or running.
+func (s *Server) InSystem() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	snap := s.eng.Snapshot()
+	return snap.Waiting + snap.Running
+}

@@ -1,0 +1,234 @@
+package gateway
+
+import (
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/kvgate/kvgate/api/v1alpha1"
+	"github.com/kvgate/kvgate/internal/redistest"
+	"github.com/kvgate/kvgate/internal/sim"
+	"github.com/kvgate/kvgate/internal/simserver"
+	"github.com/kvgate/kvgate/internal/waittest"
+)
+
+// The tests below run several gateway replicas over one simulated fleet,
+// linked through a real Redis, as `kvgate serve --shared-state-redis` does.
+
+// replica is one gateway replica of a test.
+type replica struct {
+	g    *Gateway
+	base string
+}
+
+// startReplicas starts n gateways over cfg sharing state through r ("" for
+// none), and waits until each sees the others.
+func startReplicas(t *testing.T, r *redistest.Server, n int, cfg *v1alpha1.InferenceGatewayConfig) []replica {
+	t.Helper()
+	out := make([]replica, n)
+	for i := range out {
+		out[i] = startReplica(t, r, fmt.Sprintf("r%d", i), cfg)
+	}
+	if r != nil {
+		waittest.Until(t, 10*time.Second, "the replicas to find each other", func() bool {
+			for _, rp := range out {
+				if v := rp.g.Replicas(); v.Replicas != n || !v.Mesh.Up {
+					return false
+				}
+			}
+			return true
+		})
+	}
+	return out
+}
+
+func startReplica(t *testing.T, r *redistest.Server, name string, cfg *v1alpha1.InferenceGatewayConfig) replica {
+	t.Helper()
+	g, base := startGateway(t, cfg, func(o *Options) {
+		if r != nil {
+			o.SharedState = SharedStateOptions{Redis: r.Addr(), Cluster: "test", Replica: name, Heartbeat: 100 * time.Millisecond}
+		}
+	})
+	return replica{g, base}
+}
+
+// prefixed is a chat request whose 4 KB system prompt is the k-th of the
+// test's and whose question is its own.
+func prefixed(k, i int) string {
+	system := fmt.Sprintf("Tenant %d. ", k) + strings.Repeat("You are a careful assistant for contract review; cite clauses. ", 64)
+	return `{"model":"` + llama + `","messages":[{"role":"system","content":"` + system + `"},{"role":"user","content":"question ` + fmt.Sprint(i) + `"}],"max_tokens":4}`
+}
+
+// threeSims starts three like simulated servers.
+func threeSims(t *testing.T) []string {
+	t.Helper()
+	addrs := make([]string, 3)
+	for i := range addrs {
+		_, addrs[i] = startSim(t, llama, simserver.Options{Engine: sim.Config{GPU: "h100", ModelSize: "8b"}})
+	}
+	return addrs
+}
+
+// TestReplicasSharePrefixes: a system prompt first routed by one replica goes
+// to the same pod when its next request arrives at another; a replica started
+// afterwards routes it there on its first request (it replayed the decisions).
+// Without shared state the second replica knows nothing of it: eight prompts
+// would all land on their pods by chance one time in 3^8.
+func TestReplicasSharePrefixes(t *testing.T) {
+	r := redistest.Start(t)
+	cfg := gatewayConfig(scheduler("p", llama, threeSims(t)...))
+	rs := startReplicas(t, r, 2, cfg)
+	first := map[int]string{}
+	for k := range 8 {
+		first[k] = post(t, rs[0].base, prefixed(k, 0))
+	}
+	waittest.Until(t, 5*time.Second, "the decisions to reach the second replica", func() bool {
+		return rs[1].g.Replicas().Mesh.Counters["received"] > 0
+	})
+	time.Sleep(50 * time.Millisecond) // a few flushes for the last ones
+	for k := range 8 {
+		if got := post(t, rs[1].base, prefixed(k, 1)); got != first[k] {
+			t.Errorf("prompt %d: replica 0 sent it to %s, replica 1 to %s", k, first[k], got)
+		}
+	}
+	late := startReplica(t, r, "late", cfg)
+	waittest.Until(t, 5*time.Second, "the late replica to replay", func() bool {
+		n := 0
+		for _, e := range late.g.FleetView()[0].Endpoints {
+			n += e.PrefixBlocks
+		}
+		return n > 0
+	})
+	for k := range 8 {
+		if got := post(t, late.base, prefixed(k, 2)); got != first[k] {
+			t.Errorf("prompt %d at a replica started afterwards: went to %s, not %s", k, got, first[k])
+		}
+	}
+}
+
+// TestReplicasShareInFlightLimit: with maxInFlightPerEndpoint 4 and three
+// replicas, a burst spread over them never has more than 4 requests at a pod
+// (the limit is split among the live replicas: 2, 1, 1); every request ends in
+// 200, or 429 after the queue timeout.
+func TestReplicasShareInFlightLimit(t *testing.T) {
+	r := redistest.Start(t)
+	s, addr := startSim(t, llama, simserver.Options{Engine: sim.Config{GPU: "a10g", ModelSize: "8b"}})
+	cfg := gatewayConfig(scheduler("p", llama, addr))
+	limit := int32(4)
+	cfg.Spec.Gateway.MaxInFlightPerEndpoint = &limit
+	cfg.Spec.Gateway.QueueTimeout = &metav1.Duration{Duration: 10 * time.Second}
+	rs := startReplicas(t, r, 3, cfg)
+	var most atomic.Int64
+	stop := make(chan struct{})
+	var watch sync.WaitGroup
+	watch.Go(func() {
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(time.Millisecond):
+			}
+			if n := int64(s.InSystem()); n > most.Load() {
+				most.Store(n)
+			}
+		}
+	})
+	var wg sync.WaitGroup
+	var ok, refused atomic.Int64
+	body := `{"model":"` + llama + `","messages":[{"role":"user","content":"` + strings.Repeat("Summarise the filing. ", 100) + `"}],"max_tokens":24}`
+	for i := range 24 {
+		wg.Go(func() {
+			resp, err := http.Post(rs[i%3].base+"/v1/chat/completions", "application/json", strings.NewReader(body))
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			resp.Body.Close()
+			switch resp.StatusCode {
+			case http.StatusOK:
+				ok.Add(1)
+			case http.StatusTooManyRequests:
+				refused.Add(1)
+			default:
+				t.Errorf("status %d", resp.StatusCode)
+			}
+		})
+	}
+	wg.Wait()
+	close(stop)
+	watch.Wait()
+	t.Logf("at most %d at the pod; %d answered, %d refused", most.Load(), ok.Load(), refused.Load())
+	if most.Load() > int64(limit) {
+		t.Errorf("the pod held %d requests at once, over the limit of %d", most.Load(), limit)
+	}
+	if ok.Load() < 12 {
+		t.Errorf("only %d of 24 answered within the 10 s queue timeout", ok.Load())
+	}
+}
+
+// TestReplicasRedisDies: killing Redis mid-run fails no request on any
+// replica; once it is back, a prompt routed by one replica is known to the
+// other again.
+func TestReplicasRedisDies(t *testing.T) {
+	r := redistest.Start(t)
+	cfg := gatewayConfig(scheduler("p", llama, threeSims(t)...))
+	rs := startReplicas(t, r, 2, cfg)
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	var sent atomic.Int64
+	for c := range 4 {
+		wg.Go(func() {
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if post(t, rs[c%2].base, prefixed(100+c, i)) == "" {
+					return // post reported the failure
+				}
+				sent.Add(1)
+			}
+		})
+	}
+	time.Sleep(300 * time.Millisecond)
+	r.Kill()
+	waittest.Until(t, 5*time.Second, "the replicas to see Redis down", func() bool {
+		return !rs[0].g.Replicas().Mesh.Up && !rs[1].g.Replicas().Mesh.Up
+	})
+	time.Sleep(500 * time.Millisecond)
+	r.Restart(t)
+	waittest.Until(t, 10*time.Second, "the replicas to reconnect", func() bool {
+		return rs[0].g.Replicas().Mesh.Up && rs[1].g.Replicas().Mesh.Up
+	})
+	close(stop)
+	wg.Wait()
+	t.Logf("%d requests answered across Redis's death and return", sent.Load())
+	sharesPrompts(t, rs[0], rs[1], 200)
+}
+
+// sharesPrompts routes six new system prompts through one replica and checks
+// that the other sends each to the same pod.
+func sharesPrompts(t *testing.T, from, to replica, base int) {
+	t.Helper()
+	first := map[int]string{}
+	before := to.g.Replicas().Mesh.Counters["received"]
+	for k := base; k < base+6; k++ {
+		first[k] = post(t, from.base, prefixed(k, 0))
+	}
+	waittest.Until(t, 5*time.Second, "the decisions to reach the other replica", func() bool {
+		return to.g.Replicas().Mesh.Counters["received"] > before
+	})
+	time.Sleep(50 * time.Millisecond) // a few flushes for the last ones
+	for k := base; k < base+6; k++ {
+		if got := post(t, to.base, prefixed(k, 1)); got != first[k] {
+			t.Errorf("prompt %d: one replica sent it to %s, the other to %s", k, first[k], got)
+		}
+	}
+}
