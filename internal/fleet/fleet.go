@@ -83,7 +83,8 @@ type Snapshot struct {
 
 // Fleet scrapes a set of endpoints until they are removed.
 type Fleet struct {
-	cfg atomic.Pointer[Config]
+	cfg     atomic.Pointer[Config]
+	sharing atomic.Pointer[Sharing]
 
 	mu        sync.RWMutex
 	endpoints map[string]*endpoint
@@ -124,6 +125,9 @@ type endpoint struct {
 	want  *engine.Map // configured; nil detects
 	acct  Accounting
 	peers Load // the other replicas' (SetPeerLoad)
+	// heard is when a scrape's result last came, this replica's or a peer's
+	// (the local clock).
+	heard time.Time
 }
 
 // PendingGrace is how long before a scrape a dispatch must have been sent for the
@@ -386,12 +390,20 @@ func (f *Fleet) scrapeLoop(ctx context.Context, e *endpoint) {
 		case <-timer.C:
 		}
 		cfg := f.cfg.Load()
-		err := f.scrape(ctx, e, sc, cfg)
-		wait := cfg.Interval
-		if err != nil {
-			e.mu.Lock()
-			wait = backoff(cfg.Interval, cfg.StaleAfter, e.acct.Failures)
-			e.mu.Unlock()
+		e.mu.Lock()
+		wait := backoff(cfg.Interval, cfg.StaleAfter, e.acct.Failures)
+		heard := e.heard
+		e.mu.Unlock()
+		// Another replica scrapes it and publishes the result: this one
+		// scrapes only when that has been silent past two of its waits.
+		if sh := f.sharing.Load(); sh == nil || sh.Owns(e.addr) || time.Since(heard) > 2*wait+TakeoverSlack {
+			if err := f.scrape(ctx, e, sc, cfg, sh); err != nil {
+				e.mu.Lock()
+				wait = backoff(cfg.Interval, cfg.StaleAfter, e.acct.Failures)
+				e.mu.Unlock()
+			} else {
+				wait = cfg.Interval
+			}
 		}
 		// ±10% jitter keeps a gateway's scrapers from firing in lockstep.
 		wait += time.Duration((rng.Float64() - 0.5) * 0.2 * float64(wait))
@@ -399,9 +411,57 @@ func (f *Fleet) scrapeLoop(ctx context.Context, e *endpoint) {
 	}
 }
 
-// backoff is the wait before the next scrape after failures in a row: the
-// interval doubled for each failure after the first, up to half the staleness
-// bound, so that an endpoint back from a restart is read within that.
+// TakeoverSlack is added to two scrape waits before a replica scrapes an
+// endpoint its peer is assigned but has published nothing for.
+const TakeoverSlack = 100 * time.Millisecond
+
+// Sharing assigns the scraping of endpoints among gateway replicas: each is
+// scraped by the replica Owns names, which publishes the result for the
+// others to ObserveResult; one whose owner goes silent is scraped locally.
+type Sharing struct {
+	Owns    func(addr string) bool
+	Publish func(addr string, r Result)
+}
+
+// SetSharing shares the scraping with other replicas (nil: every endpoint is
+// scraped here).
+func (f *Fleet) SetSharing(s *Sharing) { f.sharing.Store(s) }
+
+// Result is one scrape's outcome as a replica publishes it.
+type Result struct {
+	Started time.Time
+	Metrics engine.Metrics
+	Dialect engine.Dialect
+	// Err is the failure ("" on success); Unreachable says it got no answer.
+	Err         string
+	Unreachable bool
+}
+
+// peerFailure is a failed scrape another replica published.
+type peerFailure string
+
+func (p peerFailure) Error() string { return string(p) }
+
+// ObserveResult applies a scrape result another replica published; an
+// address the fleet does not hold is ignored.
+func (f *Fleet) ObserveResult(addr string, r Result) {
+	e := f.get(addr)
+	if e == nil {
+		return
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.heard = time.Now()
+	switch {
+	case r.Err == "":
+		e.acct.Observed(r.Metrics, r.Dialect, r.Started)
+	case r.Unreachable:
+		e.acct.Failed(unreachable{peerFailure(r.Err)})
+	default:
+		e.acct.Failed(peerFailure(r.Err))
+	}
+}
+
 func backoff(interval, staleAfter time.Duration, failures int) time.Duration {
 	wait := interval
 	for i := 1; i < failures && wait < staleAfter/2; i++ {
@@ -410,20 +470,28 @@ func backoff(interval, staleAfter time.Duration, failures int) time.Duration {
 	return min(wait, max(interval, staleAfter/2))
 }
 
-func (f *Fleet) scrape(ctx context.Context, e *endpoint, sc *scrapeConn, cfg *Config) error {
+func (f *Fleet) scrape(ctx context.Context, e *endpoint, sc *scrapeConn, cfg *Config, sh *Sharing) error {
 	started := cfg.Now()
 	m, d, err := fetch(e, sc, cfg.Timeout)
 	e.mu.Lock()
-	defer e.mu.Unlock()
-	if err != nil {
-		if ctx.Err() != nil {
-			return err // the fleet is stopping
-		}
-		e.acct.Failed(err)
-		return err
+	if err != nil && ctx.Err() != nil {
+		e.mu.Unlock()
+		return err // the fleet is stopping
 	}
-	e.acct.Observed(m, d, started)
-	return nil
+	e.heard = time.Now()
+	r := Result{Started: started}
+	if err != nil {
+		e.acct.Failed(err)
+		r.Err, r.Unreachable = err.Error(), IsUnreachable(err)
+	} else {
+		e.acct.Observed(m, d, started)
+		r.Metrics, r.Dialect = m, d
+	}
+	e.mu.Unlock()
+	if sh != nil && sh.Publish != nil {
+		sh.Publish(e.addr, r)
+	}
+	return err
 }
 
 var exposition = sync.Pool{New: func() any { return new(bytes.Buffer) }}

@@ -267,3 +267,57 @@ func TestPeerLoad(t *testing.T) {
 		t.Fatalf("with a peer's load: %+v", s)
 	}
 }
+
+// TestSharedScraping: an endpoint another replica scrapes is not scraped here
+// while its results keep coming; its results (a failure included) stand for
+// this replica's own; once they stop, this replica scrapes it itself within
+// two scrape waits and the slack. The endpoint a replica owns is scraped and
+// each result published.
+func TestSharedScraping(t *testing.T) {
+	s := startSim(t, sim.Config{GPU: "h100", ModelSize: "8b"})
+	f := New(Config{Interval: 20 * time.Millisecond})
+	defer f.Close()
+	var mu sync.Mutex
+	published := 0
+	f.SetSharing(&Sharing{Owns: func(string) bool { return false }, Publish: func(string, Result) { mu.Lock(); published++; mu.Unlock() }})
+	f.Sync(context.Background(), []Target{{Addr: s.Addr()}})
+	snap := func() Snapshot { return f.Snapshot([]string{s.Addr()})[0] }
+	stop := make(chan struct{})
+	var feed sync.WaitGroup
+	feed.Go(func() { // the peer that owns it
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+			f.ObserveResult(s.Addr(), Result{Started: time.Now(), Metrics: engine.Metrics{Waiting: float64(i%5 + 1), NumBlocks: 777}, Dialect: engine.VLLM})
+		}
+	})
+	waittest.Until(t, 5*time.Second, "the peer's scrapes", func() bool { return snap().NumBlocks == 777 })
+	time.Sleep(300 * time.Millisecond)
+	if n := s.Scrapes(); n > 1 { // the first tick may come before any result
+		t.Fatalf("scraped %d times while a peer published", n)
+	}
+	close(stop)
+	feed.Wait()
+	silent := time.Now()
+	waittest.Until(t, 5*time.Second, "the takeover", func() bool { return snap().NumBlocks != 777 && snap().Scraped })
+	if d := time.Since(silent); d > 2*20*time.Millisecond+TakeoverSlack+500*time.Millisecond {
+		t.Errorf("took over after %v", d)
+	}
+	mu.Lock()
+	if published == 0 {
+		t.Error("its own scrapes were not published")
+	}
+	mu.Unlock()
+	// A failure a peer saw counts as this replica's own would.
+	ext := New(Config{External: true})
+	defer ext.Close()
+	ext.Sync(context.Background(), []Target{{Addr: "e"}})
+	ext.ObserveResult("e", Result{Started: time.Now(), Metrics: engine.Metrics{NumBlocks: 1}})
+	ext.ObserveResult("e", Result{Started: time.Now(), Err: "connection refused", Unreachable: true})
+	if g := ext.Snapshot([]string{"e"})[0]; g.Failures != 1 || !g.Unreachable || g.LastError != "connection refused" || !g.Scraped {
+		t.Fatalf("a peer's failed scrape: %+v", g)
+	}
+}

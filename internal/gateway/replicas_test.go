@@ -232,3 +232,73 @@ func sharesPrompts(t *testing.T, from, to replica, base int) {
 		}
 	}
 }
+
+// TestReplicasShareScraping: three replicas scrape each model server about as
+// often as one replica does (each endpoint has one scraper, which publishes
+// the result), not three times; when one replica is closed mid-run the others
+// answer every request and its endpoints keep being scraped.
+func TestReplicasShareScraping(t *testing.T) {
+	r := redistest.Start(t)
+	servers := make([]*simserver.Server, 3)
+	addrs := make([]string, 3)
+	for i := range servers {
+		servers[i], addrs[i] = startSim(t, llama, simserver.Options{Engine: sim.Config{GPU: "h100", ModelSize: "8b"}})
+	}
+	cfg := gatewayConfig(scheduler("p", llama, addrs...))
+	rate := func(window time.Duration) []float64 {
+		before := make([]int64, len(servers))
+		for i, s := range servers {
+			before[i] = s.Scrapes()
+		}
+		time.Sleep(window)
+		out := make([]float64, len(servers))
+		for i, s := range servers {
+			out[i] = float64(s.Scrapes()-before[i]) / window.Seconds()
+		}
+		return out
+	}
+	rs := startReplicas(t, r, 3, cfg)
+	time.Sleep(300 * time.Millisecond) // past the first scrapes, which every replica makes
+	shared := rate(2 * time.Second)
+	t.Logf("scrapes per second at each server, 3 replicas sharing: %.1f", shared)
+	for i, v := range shared {
+		// One replica scrapes every 50 ms (±10%): about 20 a second.
+		if v > 30 {
+			t.Errorf("server %d scraped %.1f times a second by three replicas sharing (one replica: about 20)", i, v)
+		}
+	}
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	var answered atomic.Int64
+	for c := range 4 {
+		wg.Go(func() {
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if post(t, rs[1+c%2].base, prefixed(300+c, i)) == "" {
+					return
+				}
+				answered.Add(1)
+			}
+		})
+	}
+	time.Sleep(200 * time.Millisecond)
+	rs[0].g.Close()
+	after := rate(time.Second)
+	close(stop)
+	wg.Wait()
+	t.Logf("after one replica left: %.1f scrapes a second; %d requests answered by the others", after, answered.Load())
+	for i, v := range after {
+		if v < 10 {
+			t.Errorf("server %d scraped %.1f times a second after a replica left", i, v)
+		}
+	}
+	for _, e := range rs[1].g.FleetView()[0].Endpoints {
+		if !e.Healthy || e.Stale {
+			t.Errorf("endpoint %s unhealthy or stale after a replica left: %+v", e.Address, e)
+		}
+	}
+}

@@ -2,10 +2,13 @@ package peers
 
 import (
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"time"
 
+	"github.com/kvgate/kvgate/internal/engine"
 	"github.com/kvgate/kvgate/internal/fleet"
 )
 
@@ -15,6 +18,8 @@ import (
 //	sent(varint, unix ns) count(uvarint) records...
 //	decision: 'd' endpoint(string) capacity(uvarint) n(uvarint) hashes(8 bytes each)
 //	load:     'l' endpoint(string) 8 uvarints (fleet.Load's fields, then in flight)
+//	scrape:   's' endpoint(string) started(varint, unix ns) flags(1: failed, 2: unreachable)
+//	          error(string) dialect(string) metrics(uvarint length, JSON of engine.Metrics)
 //
 // Strings are a uvarint length then bytes. A block's hashes go once per
 // decision, not one message per block.
@@ -24,6 +29,10 @@ const (
 
 	kindDecision = 'd'
 	kindLoad     = 'l'
+	kindScrape   = 's'
+
+	// maxMetrics bounds a scrape's metrics.
+	maxMetrics = 64 << 10
 
 	// maxString bounds an endpoint address or replica id; maxHashes a
 	// decision's blocks; maxRecords a message's events.
@@ -58,6 +67,7 @@ type message struct {
 	sent      int64
 	decisions []Decision
 	loads     map[string]Load
+	scrapes   map[string]fleet.Result
 }
 
 // identity is the hash messages carry of the cluster identity.
@@ -106,6 +116,29 @@ func (e *encoder) load(addr string, l Load) {
 	for _, v := range [...]int{l.Queued, l.Started, l.Blocks, l.StartedBefore, l.Completed, l.PrefillTokens, l.PrefillWork, l.InFlight} {
 		e.buf = binary.AppendUvarint(e.buf, uint64(max(v, 0)))
 	}
+	e.count++
+}
+
+func (e *encoder) scrape(addr string, r fleet.Result) {
+	e.buf = append(e.buf, kindScrape)
+	e.buf = appendString(e.buf, addr)
+	e.buf = binary.AppendVarint(e.buf, r.Started.UnixNano())
+	var flags byte
+	if r.Err != "" {
+		flags |= 1
+	}
+	if r.Unreachable {
+		flags |= 2
+	}
+	e.buf = append(e.buf, flags)
+	e.buf = appendString(e.buf, r.Err)
+	e.buf = appendString(e.buf, string(r.Dialect))
+	js, err := json.Marshal(r.Metrics)
+	if err != nil || len(js) > maxMetrics {
+		js = []byte("{}")
+	}
+	e.buf = binary.AppendUvarint(e.buf, uint64(len(js)))
+	e.buf = append(e.buf, js...)
 	e.count++
 }
 
@@ -210,6 +243,35 @@ func decode(b []byte, cluster uint64) (message, error) {
 			}
 			m.loads[addr] = Load{Load: fleet.Load{Queued: v[0], Started: v[1], Blocks: v[2], StartedBefore: v[3], Completed: v[4],
 				PrefillTokens: v[5], PrefillWork: v[6]}, InFlight: v[7]}
+		case kindScrape:
+			addr := d.string()
+			started, n := binary.Varint(d.b)
+			if n <= 0 {
+				d.err = errMalformed
+				break
+			}
+			d.b = d.b[n:]
+			flags := d.take(1)
+			r := fleet.Result{Started: time.Unix(0, started), Err: d.string(), Dialect: engine.Dialect(d.string())}
+			js := d.take(int(d.uvarint(maxMetrics)))
+			if d.err != nil {
+				break
+			}
+			if err := json.Unmarshal(js, &r.Metrics); err != nil {
+				d.err = fmt.Errorf("%w: metrics: %w", errMalformed, err)
+				break
+			}
+			if flags[0]&1 != 0 && r.Err == "" {
+				r.Err = "scrape failed"
+			}
+			if flags[0]&1 == 0 {
+				r.Err = ""
+			}
+			r.Unreachable = flags[0]&2 != 0
+			if m.scrapes == nil {
+				m.scrapes = map[string]fleet.Result{}
+			}
+			m.scrapes[addr] = r
 		default:
 			d.err = fmt.Errorf("%w: record kind %d", errMalformed, kind[0])
 		}

@@ -25,8 +25,11 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/cespare/xxhash/v2"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/kvgate/kvgate/internal/fleet"
 )
 
 // Config is how a replica reaches its peers; zero fields take the defaults.
@@ -104,6 +107,8 @@ type State interface {
 	// SetReplicas gives this replica's rank among the live replicas (their
 	// names sorted) and their number, itself included.
 	SetReplicas(rank, replicas int)
+	// PeerScrape applies a scrape another replica published.
+	PeerScrape(addr string, r fleet.Result)
 }
 
 // maxPending bounds the decisions waiting to be sent while Redis is away:
@@ -127,6 +132,10 @@ type Mesh struct {
 	mu      sync.Mutex
 	pending []Decision
 	dropped int
+	scrapes map[string]fleet.Result // to publish, the latest per endpoint
+
+	// live names the live replicas, this one included, sorted (Owns).
+	live atomic.Pointer[[]string]
 
 	dirty atomic.Bool
 	up    atomic.Bool
@@ -264,8 +273,8 @@ func (m *Mesh) sendLoop(ctx context.Context) {
 		}
 		m.dirty.Store(false)
 		m.mu.Lock()
-		decisions := m.pending
-		m.pending = nil
+		decisions, scrapes := m.pending, m.scrapes
+		m.pending, m.scrapes = nil, nil
 		m.mu.Unlock()
 		loads := map[string]Load{}
 		m.state.EachLoad(func(addr string, l Load) {
@@ -278,10 +287,10 @@ func (m *Mesh) sendLoop(ctx context.Context) {
 				delete(sent, addr) // an endpoint that left
 			}
 		}
-		if len(decisions) == 0 && len(loads) == 0 {
+		if len(decisions) == 0 && len(loads) == 0 && len(scrapes) == 0 {
 			continue
 		}
-		if err := m.send(ctx, &enc, decisions, loads); err != nil {
+		if err := m.send(ctx, &enc, decisions, loads, scrapes); err != nil {
 			if ctx.Err() != nil {
 				return
 			}
@@ -311,7 +320,7 @@ func (m *Mesh) sendLoop(ctx context.Context) {
 }
 
 // send writes decisions and loads as entries of at most sendBatch bytes.
-func (m *Mesh) send(ctx context.Context, enc *encoder, decisions []Decision, loads map[string]Load) error {
+func (m *Mesh) send(ctx context.Context, enc *encoder, decisions []Decision, loads map[string]Load, scrapes map[string]fleet.Result) error {
 	var entries [][]byte
 	start := func() { enc.reset(m.cluster, m.cfg.Replica, time.Now().UnixNano()) }
 	start()
@@ -334,6 +343,12 @@ func (m *Mesh) send(ctx context.Context, enc *encoder, decisions []Decision, loa
 	sort.Strings(addrs)
 	for _, a := range addrs {
 		enc.load(a, loads[a])
+		if len(enc.buf) >= sendBatch {
+			flush()
+		}
+	}
+	for a, r := range scrapes {
+		enc.scrape(a, r)
 		if len(enc.buf) >= sendBatch {
 			flush()
 		}
@@ -465,6 +480,9 @@ func (m *Mesh) apply(e redis.XMessage, replay bool) {
 	if replay {
 		return
 	}
+	for addr, r := range msg.scrapes {
+		m.state.PeerScrape(addr, r)
+	}
 	now := time.Now()
 	lag := now.Sub(time.Unix(0, msg.sent))
 	m.m.propagation.Observe(max(lag, 0).Seconds())
@@ -595,7 +613,36 @@ func (m *Mesh) heartbeat(ctx context.Context) {
 		names = append(names, id)
 	}
 	sort.Strings(names)
+	m.live.Store(&names)
 	m.state.SetReplicas(slices.Index(names, m.cfg.Replica), len(names))
+}
+
+// Owns says whether this replica is the one to scrape addr: the live replica
+// with the highest hash of its name and addr (rendezvous hashing), so that
+// a replica leaving moves only its own endpoints. Alone, it owns them all.
+func (m *Mesh) Owns(addr string) bool {
+	names := m.live.Load()
+	if names == nil || len(*names) <= 1 {
+		return true
+	}
+	best, owner := uint64(0), ""
+	for _, n := range *names {
+		if h := xxhash.Sum64String(n + "\x00" + addr); owner == "" || h > best {
+			best, owner = h, n
+		}
+	}
+	return owner == m.cfg.Replica
+}
+
+// Scraped queues a scrape's result for the peers.
+func (m *Mesh) Scraped(addr string, r fleet.Result) {
+	m.mu.Lock()
+	if m.scrapes == nil {
+		m.scrapes = map[string]fleet.Result{}
+	}
+	m.scrapes[addr] = r
+	m.mu.Unlock()
+	m.Touch()
 }
 
 // PeerView is a peer as /debug/replicas shows it.

@@ -3,6 +3,7 @@ package peers
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"testing"
@@ -11,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/kvgate/kvgate/internal/engine"
 	"github.com/kvgate/kvgate/internal/fleet"
 	"github.com/kvgate/kvgate/internal/redistest"
 	"github.com/kvgate/kvgate/internal/waittest"
@@ -25,6 +27,7 @@ type state struct {
 	decisions []Decision
 	rank      int
 	replicas  int
+	scrapes   map[string]fleet.Result
 }
 
 func newState() *state { return &state{own: map[string]Load{}, peerLoads: map[string]Load{}} }
@@ -57,6 +60,22 @@ func (s *state) SetReplicas(rank, replicas int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.rank, s.replicas = rank, replicas
+}
+
+func (s *state) PeerScrape(addr string, r fleet.Result) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.scrapes == nil {
+		s.scrapes = map[string]fleet.Result{}
+	}
+	s.scrapes[addr] = r
+}
+
+func (s *state) scrape(addr string) (fleet.Result, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r, ok := s.scrapes[addr]
+	return r, ok
 }
 
 func (s *state) place() (int, int) {
@@ -193,9 +212,10 @@ func TestDecodeBounds(t *testing.T) {
 	enc.reset(identity("c"), "r", 42)
 	enc.decision(Decision{Endpoint: "e:1", Capacity: 9, Hashes: []uint64{1, 2, 3}})
 	enc.load("e:1", Load{Load: fleet.Load{Queued: 1, Started: 2, Blocks: 3, StartedBefore: 4, Completed: 5, PrefillTokens: 6, PrefillWork: 7}, InFlight: 8})
+	enc.scrape("e:1", fleet.Result{Started: time.Unix(5, 0), Metrics: engine.Metrics{Running: 3}, Dialect: engine.SGLang})
 	b := enc.bytes()
 	m, err := decode(b, identity("c"))
-	if err != nil || m.replica != "r" || m.sent != 42 || len(m.decisions) != 1 || m.loads["e:1"].InFlight != 8 || m.loads["e:1"].PrefillWork != 7 {
+	if err != nil || m.replica != "r" || m.sent != 42 || len(m.decisions) != 1 || m.loads["e:1"].InFlight != 8 || m.loads["e:1"].PrefillWork != 7 || m.scrapes["e:1"].Metrics.Running != 3 || m.scrapes["e:1"].Dialect != engine.SGLang {
 		t.Fatalf("round trip: %+v %v", m, err)
 	}
 	for n := range len(b) {
@@ -216,4 +236,72 @@ func FuzzDecode(f *testing.F) {
 	enc.load("e", Load{InFlight: 1})
 	f.Add(enc.bytes())
 	f.Fuzz(func(t *testing.T, b []byte) { _, _ = decode(b, identity("c")) })
+}
+
+// TestScrapeAssignment: among three live replicas each endpoint has exactly
+// one scraper; when one leaves, only its endpoints move. A scrape's result,
+// failure and unreachability included, reaches the peers.
+func TestScrapeAssignment(t *testing.T) {
+	r := redistest.Start(t)
+	ms := []*Mesh{}
+	sts := []*state{}
+	for _, n := range []string{"a", "b", "c"} {
+		st := newState()
+		sts = append(sts, st)
+		ms = append(ms, start(t, r, n, st))
+	}
+	waittest.Until(t, 5*time.Second, "three live replicas", func() bool {
+		for _, st := range sts {
+			if _, n := st.place(); n != 3 {
+				return false
+			}
+		}
+		return true
+	})
+	owner := func(addr string, among []*Mesh) int {
+		found := -1
+		for i, m := range among {
+			if m.Owns(addr) {
+				if found >= 0 {
+					t.Fatalf("%s owned by two replicas", addr)
+				}
+				found = i
+			}
+		}
+		if found < 0 {
+			t.Fatalf("%s owned by none", addr)
+		}
+		return found
+	}
+	before := map[string]int{}
+	count := [3]int{}
+	for i := range 60 {
+		a := fmt.Sprintf("10.0.0.%d:8000", i)
+		before[a] = owner(a, ms)
+		count[before[a]]++
+	}
+	if count[0] == 0 || count[1] == 0 || count[2] == 0 {
+		t.Fatalf("assignment %v: a replica scrapes nothing", count)
+	}
+	ms[0].Scraped("10.0.0.1:8000", fleet.Result{Started: time.Unix(1, 0), Metrics: engine.Metrics{Waiting: 7, NumBlocks: 900}, Dialect: engine.VLLM})
+	ms[0].Scraped("10.0.0.2:8000", fleet.Result{Started: time.Unix(2, 0), Err: "dial refused", Unreachable: true})
+	waittest.Until(t, 5*time.Second, "b to get a's scrapes", func() bool {
+		ok, bad := sts[1].scrape("10.0.0.1:8000")
+		_, ok2 := sts[1].scrape("10.0.0.2:8000")
+		return bad && ok2 && ok.Metrics.Waiting == 7
+	})
+	if r, _ := sts[1].scrape("10.0.0.1:8000"); r.Err != "" || r.Dialect != engine.VLLM || r.Metrics.NumBlocks != 900 || !r.Started.Equal(time.Unix(1, 0)) {
+		t.Fatalf("scrape %+v", r)
+	}
+	if r, _ := sts[1].scrape("10.0.0.2:8000"); r.Err != "dial refused" || !r.Unreachable {
+		t.Fatalf("failed scrape %+v", r)
+	}
+	ms[2].Close()
+	waittest.Until(t, 5*time.Second, "two live replicas", func() bool { _, n := sts[0].place(); _, m := sts[1].place(); return n == 2 && m == 2 })
+	for a, was := range before {
+		now := owner(a, ms[:2])
+		if was != 2 && now != was {
+			t.Errorf("%s moved from replica %d to %d when replica 2 left", a, was, now)
+		}
+	}
 }

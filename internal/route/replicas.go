@@ -11,6 +11,10 @@ import (
 type Peers interface {
 	Decided(d peers.Decision)
 	Touch()
+	// Owns says whether this replica scrapes an endpoint; Scraped publishes
+	// a scrape's result for the others.
+	Owns(addr string) bool
+	Scraped(addr string, r fleet.Result)
 }
 
 // replicaShare is this replica's place among the live ones: its rank in
@@ -23,11 +27,17 @@ var _ peers.State = (*Router)(nil)
 // serving.
 func (g *Router) SetPeers(p Peers) {
 	if p == nil {
+		g.fleet.SetSharing(nil)
 		g.peers.Store(nil)
 		return
 	}
 	g.peers.Store(&p)
+	g.fleet.SetSharing(&fleet.Sharing{Owns: p.Owns, Publish: p.Scraped})
 }
+
+// PeerScrape implements peers.State: a peer's scrape of an endpoint stands
+// for this replica's own.
+func (g *Router) PeerScrape(addr string, r fleet.Result) { g.fleet.ObserveResult(addr, r) }
 
 func (g *Router) mesh() Peers {
 	if p := g.peers.Load(); p != nil {

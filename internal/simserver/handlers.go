@@ -31,6 +31,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("/health", s.handleHealth)
 	metrics := promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{})
 	mux.HandleFunc("/metrics", func(w http.ResponseWriter, r *http.Request) {
+		s.scrapes.Add(1)
 		if code := s.Faults().MetricsErrorStatus; code != 0 {
 			http.Error(w, "metrics exporter failing (fault injected)", code)
 			return

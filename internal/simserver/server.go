@@ -64,7 +64,13 @@ type Server struct {
 	httpSrv  *http.Server
 	conns    map[net.Conn]struct{}
 	closed   bool // the driver has stopped: no more requests are taken
+	// scrapes counts the /metrics requests served: the load scrapers put on
+	// a model server.
+	scrapes atomic.Int64
 }
+
+// Scrapes is how many times /metrics was read.
+func (s *Server) Scrapes() int64 { return s.scrapes.Load() }
 
 // stream is a request's view of its sequence, published by the driver once wall
 // time reaches the step that produced each token.
