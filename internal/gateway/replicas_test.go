@@ -1,7 +1,9 @@
 package gateway
 
 import (
+	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"sync"
@@ -300,5 +302,94 @@ func TestReplicasShareScraping(t *testing.T) {
 		if !e.Healthy || e.Stale {
 			t.Errorf("endpoint %s unhealthy or stale after a replica left: %+v", e.Address, e)
 		}
+	}
+}
+
+// TestReplicasBurstDoesNotHerd: three pods, two with 20 requests queued at
+// the last scrape and one idle, take a burst of 60 requests spread over three
+// replicas inside one scrape interval, with the gie-default profile (whose
+// scores follow the scraped queue and KV cache, and the gateway's own
+// dispatches on top). One replica fills the idle pod up to the others' queue,
+// about 20, then spreads the rest; three replicas that share nothing each do
+// so with their own 20, sending the idle pod nearly all 60. Sharing the
+// dispatches keeps it near one replica's figure. (The default chat profile
+// also scores each pod's queued prefill, which spreads a burst within a
+// replica before the queues level.)
+func TestReplicasBurstDoesNotHerd(t *testing.T) {
+	for _, tc := range []struct {
+		name            string
+		replicas        int
+		shared          bool
+		atLeast, atMost int
+	}{{"one replica", 1, false, 25, 40}, {"shared", 3, true, 25, 45}, {"not shared", 3, false, 50, 60}} {
+		t.Run(tc.name, func(t *testing.T) {
+			var r *redistest.Server
+			if tc.shared {
+				r = redistest.Start(t)
+			}
+			addrs := make([]string, 3)
+			servers := make([]*simserver.Server, 3)
+			for i := range addrs {
+				servers[i], addrs[i] = startSim(t, llama, simserver.Options{Engine: sim.Config{GPU: "h100", ModelSize: "8b", MaxNumSeqs: 2}})
+			}
+			long := `{"model":"` + llama + `","messages":[{"role":"user","content":"Write on."}],"max_tokens":4000,"ignore_eos":true}`
+			for _, a := range addrs[1:] {
+				load(t, a, 22, long)
+			}
+			waittest.Until(t, 10*time.Second, "the busy pods to queue", func() bool {
+				return servers[1].Waiting() == 20 && servers[2].Waiting() == 20
+			})
+			cfg := gatewayConfig(scheduler("p", llama, addrs...))
+			slowScrapes(cfg)
+			cfg.Spec.Schedulers[0].Profile = "gie-default"
+			depth := int32(1000) // the queues decide by score, not by the saturation filter
+			cfg.Spec.Schedulers[0].Saturation = &v1alpha1.SaturationSpec{QueueDepth: &depth}
+			rs := startReplicas(t, r, tc.replicas, cfg)
+			waittest.Until(t, 10*time.Second, "every replica's first scrape", func() bool {
+				for _, rp := range rs {
+					for _, e := range rp.g.FleetView()[0].Endpoints {
+						if !e.Scraped {
+							return false
+						}
+					}
+				}
+				return true
+			})
+			// The picks are read off the replicas' in-flight counts: a queued
+			// request's answer would take minutes to start.
+			ctx, cancel := context.WithCancel(context.Background())
+			var wg sync.WaitGroup
+			defer func() { cancel(); wg.Wait() }()
+			// The burst arrives over 50 ms: inside one scrape interval at the
+			// default rate, longer than the propagation (about 3 ms).
+			for i := range 60 {
+				time.Sleep(50 * time.Millisecond / 60)
+				wg.Go(func() {
+					body := `{"model":"` + llama + `","messages":[{"role":"user","content":"Case ` + fmt.Sprint(i) + `."}],"max_tokens":4000,"ignore_eos":true,"stream":true}`
+					req, _ := http.NewRequestWithContext(ctx, http.MethodPost, rs[i%len(rs)].base+"/v1/chat/completions", strings.NewReader(body))
+					if resp, err := http.DefaultClient.Do(req); err == nil {
+						_, _ = io.Copy(io.Discard, resp.Body)
+						resp.Body.Close()
+					}
+				})
+			}
+			served := map[string]int{}
+			waittest.Until(t, 20*time.Second, "all 60 picked", func() bool {
+				clear(served)
+				n := 0
+				for _, rp := range rs {
+					for _, e := range rp.g.FleetView()[0].Endpoints {
+						served[e.Address] += int(e.InFlight)
+						n += int(e.InFlight)
+					}
+				}
+				return n == 60
+			})
+			idle := served[addrs[0]]
+			t.Logf("the idle pod took %d of 60 (busy pods %d and %d)", idle, served[addrs[1]], served[addrs[2]])
+			if idle < tc.atLeast || idle > tc.atMost {
+				t.Errorf("the idle pod took %d of 60, want %d to %d", idle, tc.atLeast, tc.atMost)
+			}
+		})
 	}
 }

@@ -46,8 +46,9 @@ type Config struct {
 	// Replica names this replica (default: the host name and a random
 	// suffix, unique per start).
 	Replica string
-	// Flush is the longest an event waits to be sent (default 2 ms): the
-	// batching that keeps Redis at a few hundred writes a second per replica.
+	// Flush is the least time between two sends (default 2 ms): an event
+	// after a quiet spell goes at once, the events of a busy one gather, so
+	// a replica writes Redis at most 500 times a second.
 	Flush time.Duration
 	// Heartbeat (default 1 s) is how often a replica announces itself and
 	// sends all of its loads; a peer silent for Expiry (default 5 s) is gone
@@ -256,6 +257,7 @@ func (m *Mesh) sendLoop(ctx context.Context) {
 	full := time.NewTicker(m.cfg.Heartbeat)
 	defer full.Stop()
 	var enc encoder
+	var last time.Time
 	for {
 		all := false
 		select {
@@ -265,12 +267,17 @@ func (m *Mesh) sendLoop(ctx context.Context) {
 		case <-full.C:
 			all = true
 		}
-		// Gather for a Flush, so a burst goes as one entry.
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(m.cfg.Flush):
+		// The first event after a quiet spell goes at once; events in a busy
+		// spell gather for up to Flush after the last send, so a burst goes as
+		// a few entries (at most one per Flush) rather than one per request.
+		if wait := m.cfg.Flush - time.Since(last); wait > 0 {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(wait):
+			}
 		}
+		last = time.Now()
 		m.dirty.Store(false)
 		m.mu.Lock()
 		decisions, scrapes := m.pending, m.scrapes
