@@ -46,9 +46,13 @@ type testServer struct {
 	addr   string
 }
 
-func startServer(t testing.TB, cfg *v1alpha1.InferenceGatewayConfig, opts Options) *testServer {
+func startServer(t testing.TB, cfg *v1alpha1.InferenceGatewayConfig, opts Options, gwOpts ...func(*gateway.Options)) *testServer {
 	t.Helper()
-	gw := gateway.New(gateway.Options{Logger: quiet})
+	o := gateway.Options{Logger: quiet}
+	for _, f := range gwOpts {
+		f(&o)
+	}
+	gw := gateway.New(o)
 	t.Cleanup(gw.Close)
 	if cfg != nil {
 		if err := gw.Apply(cfg); err != nil {
