@@ -67,6 +67,41 @@ func kinds(objs []*unstructured.Unstructured) []string {
 	return ks
 }
 
+// named converts the object of kind and name in objs into into, failing the
+// test when there is none.
+func named(t *testing.T, objs []*unstructured.Unstructured, kind, name string, into any) {
+	t.Helper()
+	for _, o := range objs {
+		if o.GetKind() == kind && o.GetName() == name {
+			if err := runtime.DefaultUnstructuredConverter.FromUnstructured(o.Object, into); err != nil {
+				t.Fatalf("%s %s: %v", kind, name, err)
+			}
+			return
+		}
+	}
+	t.Fatalf("no %s %s (kinds: %v)", kind, name, kinds(objs))
+}
+
+// sharedState reads the gateway container's shared-state flag and the
+// Secret its Redis password comes from ("" for none).
+func sharedState(t *testing.T, objs []*unstructured.Unstructured) (redis, secret string) {
+	t.Helper()
+	var d appsv1.Deployment
+	named(t, objs, "Deployment", "kvgate", &d)
+	c := d.Spec.Template.Spec.Containers[0]
+	for _, a := range c.Args {
+		if v, ok := strings.CutPrefix(a, "--shared-state-redis="); ok {
+			redis = v
+		}
+	}
+	for _, e := range c.Env {
+		if e.Name == "KVGATE_SHARED_STATE_PASSWORD" && e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil {
+			secret = e.ValueFrom.SecretKeyRef.Name
+		}
+	}
+	return redis, secret
+}
+
 // one returns the one object of kind in objs, failing the test unless there is
 // exactly one; into, when not nil, receives it converted to a typed object.
 func one(t *testing.T, objs []*unstructured.Unstructured, kind string, into any) *unstructured.Unstructured {
@@ -159,13 +194,51 @@ func TestHelmChart(t *testing.T) {
 			}
 		},
 	}, {
-		name: "one replica, no PodDisruptionBudget", flags: []string{"--set", "replicas=1"},
-		want: base, absent: []string{"PodDisruptionBudget"},
+		name: "one replica, no PodDisruptionBudget and no shared state", flags: []string{"--set", "replicas=1"},
+		want: base, absent: []string{"PodDisruptionBudget", "Secret"},
 		check: func(t *testing.T, objs []*unstructured.Unstructured) {
 			var d appsv1.Deployment
 			one(t, objs, "Deployment", &d)
 			if d.Spec.Replicas == nil || *d.Spec.Replicas != 1 {
 				t.Errorf("deployment replicas %v, want 1", d.Spec.Replicas)
+			}
+			if redis, _ := sharedState(t, objs); redis != "" {
+				t.Errorf("one replica shares state through %s", redis)
+			}
+		},
+	}, {
+		name: "two replicas share state through a bundled Redis", want: append(base, "Secret"),
+		check: func(t *testing.T, objs []*unstructured.Unstructured) {
+			if redis, secret := sharedState(t, objs); redis != "kvgate-redis:6379" || secret != "kvgate-redis" {
+				t.Errorf("shared state through %q with the password of Secret %q, want kvgate-redis:6379 and kvgate-redis", redis, secret)
+			}
+			var r appsv1.Deployment
+			named(t, objs, "Deployment", "kvgate-redis", &r)
+			var svc corev1.Service
+			named(t, objs, "Service", "kvgate-redis", &svc)
+			if svc.Spec.Type != corev1.ServiceTypeClusterIP || svc.Spec.Selector["app.kubernetes.io/name"] != r.Spec.Template.Labels["app.kubernetes.io/name"] {
+				t.Errorf("the Redis Service %+v does not select its Deployment", svc.Spec)
+			}
+		},
+	}, {
+		name: "an external Redis", flags: []string{"--set", "sharedState.redis=redis.infra:6380", "--set", "sharedState.existingSecret=redis-creds"},
+		want: base, absent: []string{"Secret"},
+		check: func(t *testing.T, objs []*unstructured.Unstructured) {
+			if redis, secret := sharedState(t, objs); redis != "redis.infra:6380" || secret != "redis-creds" {
+				t.Errorf("shared state through %q with Secret %q", redis, secret)
+			}
+			for _, o := range objs {
+				if o.GetName() == "kvgate-redis" {
+					t.Errorf("an external Redis, and the chart renders %s kvgate-redis", o.GetKind())
+				}
+			}
+		},
+	}, {
+		name: "two replicas, sharing off", flags: []string{"--set", "sharedState.enabled=false"},
+		want: base, absent: []string{"Secret"},
+		check: func(t *testing.T, objs []*unstructured.Unstructured) {
+			if redis, _ := sharedState(t, objs); redis != "" {
+				t.Errorf("sharing off, and the replicas share state through %s", redis)
 			}
 		},
 	}, {

@@ -6,3 +6,19 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/name: kvgate
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
+
+{{- /* Shared state is on: forced, or "auto" above one replica. */ -}}
+{{- define "kvgate.shared" -}}
+{{- $e := toString .Values.sharedState.enabled -}}
+{{- if or (eq $e "true") (and (eq $e "auto") (gt (int .Values.replicas) 1)) }}true{{ end -}}
+{{- end -}}
+{{- /* The chart runs Redis: shared state on and no external one named. */ -}}
+{{- define "kvgate.bundledRedis" -}}
+{{- if and (include "kvgate.shared" .) (not .Values.sharedState.redis) }}true{{ end -}}
+{{- end -}}
+{{- define "kvgate.redisAddr" -}}
+{{- if .Values.sharedState.redis }}{{ .Values.sharedState.redis }}{{ else }}{{ .Release.Name }}-redis:6379{{ end -}}
+{{- end -}}
+{{- define "kvgate.redisSecret" -}}
+{{- if .Values.sharedState.existingSecret }}{{ .Values.sharedState.existingSecret }}{{ else if include "kvgate.bundledRedis" . }}{{ .Release.Name }}-redis{{ end -}}
+{{- end -}}
