@@ -393,3 +393,38 @@ func TestReplicasBurstDoesNotHerd(t *testing.T) {
 		})
 	}
 }
+
+// TestReplicasShareEjections: a pod that fails fast, ejected by the replica
+// that saw its failures, is ejected by its peer too, which then sends it
+// nothing though it never saw it fail.
+func TestReplicasShareEjections(t *testing.T) {
+	r := redistest.Start(t)
+	bad, badAddr := startSim(t, llama, simserver.Options{Engine: sim.Config{GPU: "h100", ModelSize: "8b"}})
+	_, good := startSim(t, llama, simserver.Options{Engine: sim.Config{GPU: "h100", ModelSize: "8b"}})
+	cfg := gatewayConfig(scheduler("p", llama, badAddr, good))
+	cfg.Spec.Schedulers[0].Profile = "gie-default" // no errorRate scorer to steer off the failing pod first
+	three := int32(3)
+	cfg.Spec.Gateway.OutlierDetection = &v1alpha1.OutlierSpec{ConsecutiveFailures: &three}
+	rs := startReplicas(t, r, 2, cfg)
+	if err := bad.SetFaults(simserver.Faults{ErrorRate: 1, ErrorStatus: http.StatusInternalServerError}); err != nil {
+		t.Fatal(err)
+	}
+	ejected := func(g *Gateway) bool {
+		for _, e := range g.FleetView()[0].Endpoints {
+			if e.Address == badAddr {
+				return e.EjectedForMs > 0
+			}
+		}
+		return false
+	}
+	waittest.Until(t, 10*time.Second, "the first replica to eject the failing pod", func() bool {
+		post(t, rs[0].base, streamed(int(time.Now().UnixNano()%1e6))) // retried to the good pod
+		return ejected(rs[0].g)
+	})
+	waittest.Until(t, 5*time.Second, "its peer to eject it too", func() bool { return ejected(rs[1].g) })
+	for i := range 10 {
+		if got := post(t, rs[1].base, streamed(i)); got != good {
+			t.Fatalf("the peer sent a request to %s, not the healthy pod", got)
+		}
+	}
+}

@@ -20,6 +20,7 @@ import (
 //	load:     'l' endpoint(string) 8 uvarints (fleet.Load's fields, then in flight)
 //	scrape:   's' endpoint(string) started(varint, unix ns) flags(1: failed, 2: unreachable)
 //	          error(string) dialect(string) metrics(uvarint length, JSON of engine.Metrics)
+//	ejection: 'x' endpoint(string) until(varint, unix ns)
 //
 // Strings are a uvarint length then bytes. A block's hashes go once per
 // decision, not one message per block.
@@ -30,6 +31,7 @@ const (
 	kindDecision = 'd'
 	kindLoad     = 'l'
 	kindScrape   = 's'
+	kindEjection = 'x'
 
 	// maxMetrics bounds a scrape's metrics.
 	maxMetrics = 64 << 10
@@ -68,6 +70,7 @@ type message struct {
 	decisions []Decision
 	loads     map[string]Load
 	scrapes   map[string]fleet.Result
+	ejections map[string]time.Time
 }
 
 // identity is the hash messages carry of the cluster identity.
@@ -139,6 +142,13 @@ func (e *encoder) scrape(addr string, r fleet.Result) {
 	}
 	e.buf = binary.AppendUvarint(e.buf, uint64(len(js)))
 	e.buf = append(e.buf, js...)
+	e.count++
+}
+
+func (e *encoder) ejection(addr string, until time.Time) {
+	e.buf = append(e.buf, kindEjection)
+	e.buf = appendString(e.buf, addr)
+	e.buf = binary.AppendVarint(e.buf, until.UnixNano())
 	e.count++
 }
 
@@ -272,6 +282,18 @@ func decode(b []byte, cluster uint64) (message, error) {
 				m.scrapes = map[string]fleet.Result{}
 			}
 			m.scrapes[addr] = r
+		case kindEjection:
+			addr := d.string()
+			until, n := binary.Varint(d.b)
+			if d.err != nil || n <= 0 {
+				d.err = errMalformed
+				break
+			}
+			d.b = d.b[n:]
+			if m.ejections == nil {
+				m.ejections = map[string]time.Time{}
+			}
+			m.ejections[addr] = time.Unix(0, until)
 		default:
 			d.err = fmt.Errorf("%w: record kind %d", errMalformed, kind[0])
 		}

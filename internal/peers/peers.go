@@ -110,6 +110,9 @@ type State interface {
 	SetReplicas(rank, replicas int)
 	// PeerScrape applies a scrape another replica published.
 	PeerScrape(addr string, r fleet.Result)
+	// PeerEjection applies an outlier ejection another replica made, until
+	// the time it ends.
+	PeerEjection(addr string, until time.Time)
 }
 
 // maxPending bounds the decisions waiting to be sent while Redis is away:
@@ -134,6 +137,7 @@ type Mesh struct {
 	pending []Decision
 	dropped int
 	scrapes map[string]fleet.Result // to publish, the latest per endpoint
+	ejects  map[string]time.Time    // to publish
 
 	// live names the live replicas, this one included, sorted (Owns).
 	live atomic.Pointer[[]string]
@@ -280,8 +284,8 @@ func (m *Mesh) sendLoop(ctx context.Context) {
 		last = time.Now()
 		m.dirty.Store(false)
 		m.mu.Lock()
-		decisions, scrapes := m.pending, m.scrapes
-		m.pending, m.scrapes = nil, nil
+		decisions, scrapes, ejects := m.pending, m.scrapes, m.ejects
+		m.pending, m.scrapes, m.ejects = nil, nil, nil
 		m.mu.Unlock()
 		loads := map[string]Load{}
 		m.state.EachLoad(func(addr string, l Load) {
@@ -294,10 +298,10 @@ func (m *Mesh) sendLoop(ctx context.Context) {
 				delete(sent, addr) // an endpoint that left
 			}
 		}
-		if len(decisions) == 0 && len(loads) == 0 && len(scrapes) == 0 {
+		if len(decisions) == 0 && len(loads) == 0 && len(scrapes) == 0 && len(ejects) == 0 {
 			continue
 		}
-		if err := m.send(ctx, &enc, decisions, loads, scrapes); err != nil {
+		if err := m.send(ctx, &enc, batch{decisions, loads, scrapes, ejects}); err != nil {
 			if ctx.Err() != nil {
 				return
 			}
@@ -308,6 +312,12 @@ func (m *Mesh) sendLoop(ctx context.Context) {
 			// meanwhile are kept up to maxPending.
 			clear(sent)
 			m.mu.Lock()
+			for a, u := range ejects { // an ejection still matters when Redis is back
+				if m.ejects == nil {
+					m.ejects = map[string]time.Time{}
+				}
+				m.ejects[a] = u
+			}
 			m.pending = append(decisions, m.pending...)
 			if over := len(m.pending) - maxPending; over > 0 {
 				m.pending = m.pending[over:]
@@ -326,8 +336,17 @@ func (m *Mesh) sendLoop(ctx context.Context) {
 	}
 }
 
-// send writes decisions and loads as entries of at most sendBatch bytes.
-func (m *Mesh) send(ctx context.Context, enc *encoder, decisions []Decision, loads map[string]Load, scrapes map[string]fleet.Result) error {
+// batch is what one send carries.
+type batch struct {
+	decisions []Decision
+	loads     map[string]Load
+	scrapes   map[string]fleet.Result
+	ejects    map[string]time.Time
+}
+
+// send writes a batch as entries of at most sendBatch bytes.
+func (m *Mesh) send(ctx context.Context, enc *encoder, b batch) error {
+	decisions, loads, scrapes := b.decisions, b.loads, b.scrapes
 	var entries [][]byte
 	start := func() { enc.reset(m.cluster, m.cfg.Replica, time.Now().UnixNano()) }
 	start()
@@ -359,6 +378,9 @@ func (m *Mesh) send(ctx context.Context, enc *encoder, decisions []Decision, loa
 		if len(enc.buf) >= sendBatch {
 			flush()
 		}
+	}
+	for a, u := range b.ejects {
+		enc.ejection(a, u)
 	}
 	flush()
 	ctx, cancel := context.WithTimeout(ctx, m.cfg.Timeout)
@@ -483,6 +505,12 @@ func (m *Mesh) apply(e redis.XMessage, replay bool) {
 	m.m.messages.WithLabelValues("received").Inc()
 	for _, d := range msg.decisions {
 		m.state.PeerDecision(d)
+	}
+	// An ejection still running matters to a replica that just started too.
+	for addr, until := range msg.ejections {
+		if until.After(time.Now()) {
+			m.state.PeerEjection(addr, until)
+		}
 	}
 	if replay {
 		return
@@ -639,6 +667,17 @@ func (m *Mesh) Owns(addr string) bool {
 		}
 	}
 	return owner == m.cfg.Replica
+}
+
+// Ejected queues an outlier ejection for the peers.
+func (m *Mesh) Ejected(addr string, until time.Time) {
+	m.mu.Lock()
+	if m.ejects == nil {
+		m.ejects = map[string]time.Time{}
+	}
+	m.ejects[addr] = until
+	m.mu.Unlock()
+	m.Touch()
 }
 
 // Scraped queues a scrape's result for the peers.

@@ -28,6 +28,7 @@ type state struct {
 	rank      int
 	replicas  int
 	scrapes   map[string]fleet.Result
+	ejections map[string]time.Time
 }
 
 func newState() *state { return &state{own: map[string]Load{}, peerLoads: map[string]Load{}} }
@@ -76,6 +77,21 @@ func (s *state) scrape(addr string) (fleet.Result, bool) {
 	defer s.mu.Unlock()
 	r, ok := s.scrapes[addr]
 	return r, ok
+}
+
+func (s *state) PeerEjection(addr string, until time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ejections == nil {
+		s.ejections = map[string]time.Time{}
+	}
+	s.ejections[addr] = until
+}
+
+func (s *state) ejection(addr string) time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.ejections[addr]
 }
 
 func (s *state) place() (int, int) {
@@ -135,6 +151,10 @@ func TestShare(t *testing.T) {
 	if d := sb.decided()[0]; d.Capacity != 500 || !slices.Equal(d.Hashes, []uint64{7, 8, 9}) {
 		t.Fatalf("decision %+v", d)
 	}
+	until := time.Now().Add(time.Minute)
+	a.Ejected("10.0.0.2:8000", until)
+	a.Ejected("10.0.0.3:8000", time.Now().Add(-time.Second)) // already over: not applied
+	waittest.Until(t, 5*time.Second, "b to get a's ejection", func() bool { return sb.ejection("10.0.0.2:8000").Equal(until) })
 	c := start(t, r, "c", sc)
 	sc.setOwn("10.0.0.1:8000", Load{InFlight: 2})
 	c.Touch()
@@ -143,6 +163,9 @@ func TestShare(t *testing.T) {
 		return sb.peerLoad("10.0.0.1:8000").InFlight == 6 && hasDecision(sc.decided(), "10.0.0.1:8000", 7) && l.InFlight == 4 && l.Queued == 3
 	})
 	waittest.Until(t, 5*time.Second, "b to rank second of three", func() bool { r, n := sb.place(); return r == 1 && n == 3 })
+	if !sc.ejection("10.0.0.2:8000").Equal(until) || !sb.ejection("10.0.0.3:8000").IsZero() {
+		t.Errorf("ejections: c replayed %v, b holds an ended one %v", sc.ejection("10.0.0.2:8000"), sb.ejection("10.0.0.3:8000"))
+	}
 	a.Close()
 	waittest.Until(t, 5*time.Second, "a's load to leave b's view, b first of two", func() bool {
 		r, n := sb.place()
@@ -213,9 +236,10 @@ func TestDecodeBounds(t *testing.T) {
 	enc.decision(Decision{Endpoint: "e:1", Capacity: 9, Hashes: []uint64{1, 2, 3}})
 	enc.load("e:1", Load{Load: fleet.Load{Queued: 1, Started: 2, Blocks: 3, StartedBefore: 4, Completed: 5, PrefillTokens: 6, PrefillWork: 7}, InFlight: 8})
 	enc.scrape("e:1", fleet.Result{Started: time.Unix(5, 0), Metrics: engine.Metrics{Running: 3}, Dialect: engine.SGLang})
+	enc.ejection("e:1", time.Unix(9, 0))
 	b := enc.bytes()
 	m, err := decode(b, identity("c"))
-	if err != nil || m.replica != "r" || m.sent != 42 || len(m.decisions) != 1 || m.loads["e:1"].InFlight != 8 || m.loads["e:1"].PrefillWork != 7 || m.scrapes["e:1"].Metrics.Running != 3 || m.scrapes["e:1"].Dialect != engine.SGLang {
+	if err != nil || m.replica != "r" || m.sent != 42 || len(m.decisions) != 1 || m.loads["e:1"].InFlight != 8 || m.loads["e:1"].PrefillWork != 7 || m.scrapes["e:1"].Metrics.Running != 3 || m.scrapes["e:1"].Dialect != engine.SGLang || !m.ejections["e:1"].Equal(time.Unix(9, 0)) {
 		t.Fatalf("round trip: %+v %v", m, err)
 	}
 	for n := range len(b) {

@@ -124,6 +124,9 @@ func (g *Router) answered(p *scheduler, e *endpoint, failed bool) {
 	count := e.out.count
 	e.out.mu.Unlock()
 	e.out.failures.Store(0)
+	if pm := g.mesh(); pm != nil {
+		pm.Ejected(e.addr, now.Add(d))
+	}
 	g.m.Ejections.WithLabelValues(p.name, e.addr).Inc()
 	g.log.Warn("endpoint ejected: its answers keep failing", "scheduler", p.name, "endpoint", e.addr, "failures", n, "for", d, "ejections", count)
 }

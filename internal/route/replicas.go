@@ -1,6 +1,8 @@
 package route
 
 import (
+	"time"
+
 	"github.com/kvgate/kvgate/internal/fleet"
 	"github.com/kvgate/kvgate/internal/peers"
 )
@@ -15,6 +17,8 @@ type Peers interface {
 	// a scrape's result for the others.
 	Owns(addr string) bool
 	Scraped(addr string, r fleet.Result)
+	// Ejected tells the others of an outlier ejection.
+	Ejected(addr string, until time.Time)
 }
 
 // replicaShare is this replica's place among the live ones: its rank in
@@ -33,6 +37,35 @@ func (g *Router) SetPeers(p Peers) {
 	}
 	g.peers.Store(&p)
 	g.fleet.SetSharing(&fleet.Sharing{Owns: p.Owns, Publish: p.Scraped})
+}
+
+// PeerEjection implements peers.State: a peer ejected the pod at addr until
+// then; every scheduler here that routes to it ejects it as long, unless that
+// would eject more than its policy's share of its endpoints (it fails open,
+// as for its own ejections).
+func (g *Router) PeerEjection(addr string, until time.Time) {
+	rt := g.routes.Load()
+	if rt == nil {
+		return
+	}
+	now := g.now()
+	for _, p := range rt.schedulers {
+		e := p.endpoint(addr)
+		if e == nil || e.ejected(now) && e.out.until.Load() >= until.UnixNano() {
+			continue
+		}
+		ejected := 0
+		for _, o := range p.endpoints {
+			if o.ejected(now) {
+				ejected++
+			}
+		}
+		if !e.ejected(now) && float64(ejected+1) > p.outliers.maxShare*float64(len(p.endpoints)) {
+			continue
+		}
+		e.out.until.Store(until.UnixNano())
+		g.log.Info("endpoint ejected by a peer replica", "scheduler", p.name, "endpoint", addr, "until", until)
+	}
 }
 
 // PeerScrape implements peers.State: a peer's scrape of an endpoint stands
