@@ -142,8 +142,11 @@ type ReplicasView struct {
 	Shared bool `json:"shared"`
 	Rank   int  `json:"rank"`
 	// Replicas counts the live replicas, this one included.
-	Replicas int         `json:"replicas"`
-	Mesh     *peers.View `json:"mesh,omitempty"`
+	Replicas int `json:"replicas"`
+	// InFlightPart is this replica's part of maxInFlightPerEndpoint, which it
+	// may always use; past it, it borrows what its peers leave free.
+	InFlightPart int         `json:"inFlightPart,omitempty"`
+	Mesh         *peers.View `json:"mesh,omitempty"`
 }
 
 // Replicas reports the replica's peers.
@@ -151,7 +154,7 @@ func (g *Gateway) Replicas() ReplicasView {
 	g.meshMu.Lock()
 	m := g.mesh
 	g.meshMu.Unlock()
-	v := ReplicasView{}
+	v := ReplicasView{InFlightPart: g.InFlightPart()}
 	v.Rank, v.Replicas = g.Share()
 	if m != nil {
 		mv := m.View()

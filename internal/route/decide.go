@@ -35,7 +35,7 @@ type decideArgs struct {
 	// subset, when not nil, restricts the pick to these addresses (the Endpoint
 	// Picker protocol's subset hint).
 	subset []string
-	limit  int
+	limit  slots
 	wait   time.Duration
 	start  time.Time
 	// priority orders waiting requests (spec.objectives); below 0 a request
@@ -170,15 +170,22 @@ func (g *Router) choose(ctx context.Context, p *scheduler, req schedule.Request,
 		}
 		if expired {
 			g.m.Shed.WithLabelValues(p.name, "saturated").Inc()
-			return schedule.Decision{}, nil, nil, http.StatusTooManyRequests, fmt.Sprintf("every endpoint of model %q is at its limit of requests in flight; retry later", p.spec.ModelName)
+			return schedule.Decision{}, nil, nil, http.StatusTooManyRequests, limit.refusal(p.spec.ModelName)
 		}
 		if timer == nil {
 			timer = time.NewTimer(a.wait)
 			defer timer.Stop()
 		}
 		register()
+		// An endpoint that may borrow a slot once its window ends wakes no
+		// one when it does: look again then.
+		var soon <-chan time.Time
+		if sc.soon {
+			soon = time.After(borrowWindow)
+		}
 		select {
 		case <-woken:
+		case <-soon:
 		case <-timer.C:
 			expired = true // one last look before refusing
 		case <-ctx.Done():

@@ -1,6 +1,7 @@
 package route
 
 import (
+	"fmt"
 	"time"
 
 	"github.com/kvgate/kvgate/internal/fleet"
@@ -111,10 +112,10 @@ func (g *Router) EachLoad(fn func(addr string, l peers.Load)) {
 func (g *Router) SetPeerLoad(addr string, l peers.Load) {
 	g.fleet.SetPeerLoad(addr, l.Load)
 	g.mu.Lock()
-	if l.InFlight == 0 {
-		delete(g.peerInFlight, addr)
-	} else {
-		g.peerInFlight[addr] = l.InFlight
+	for _, e := range g.endpoints {
+		if e.addr == addr {
+			e.peers.Store(int64(l.InFlight))
+		}
 	}
 	g.mu.Unlock()
 }
@@ -134,19 +135,73 @@ func (g *Router) SetReplicas(rank, replicas int) {
 	g.share.Store(&replicaShare{rank: rank, replicas: max(replicas, 1)})
 }
 
-// quota is this replica's part of a per-endpoint in-flight limit: the limit
-// split among the live replicas, the remainder to the first ranks, at least
-// one each (0: no limit).
-func (g *Router) quota(limit int) int {
+// slots is a per-endpoint in-flight limit as this replica applies it: its
+// part of the limit, always its own, and the limit itself, whose slots the
+// other replicas' last reports leave free it may borrow.
+type slots struct{ part, limit int }
+
+// room says whether an endpoint with n of this replica's requests in flight,
+// and peers of the others', may take one more (a zero limit: always), and
+// whether it would be a borrow (past this replica's part).
+func (s slots) room(n, peers int) (ok, borrow bool) {
+	switch {
+	case s.limit <= 0 || n < s.part:
+		return true, false
+	case n+peers < s.limit:
+		return true, true
+	}
+	return false, false
+}
+
+// borrowWindow is how long after taking a slot of an endpoint a replica waits
+// before it borrows one there: longer than a load report takes to reach the
+// peers (p99 3.4 ms on loopback), so that a borrow is made on a view that
+// holds the borrower's own last requests and the others' up to then. A burst
+// arriving at every replica at once takes the parts and borrows nothing until
+// the replicas have heard of each other.
+const borrowWindow = 10 * time.Millisecond
+
+// admits says whether e may take one more request under limit now, and, when
+// not, whether it may in a borrow window.
+func (e *endpoint) admits(limit slots, now time.Time) (ok, soon bool) {
+	ok, borrow := limit.room(int(e.inFlight.Load()), int(e.peers.Load()))
+	if ok && borrow && now.UnixNano()-e.admittedAt.Load() < int64(borrowWindow) {
+		return false, true
+	}
+	return ok, false
+}
+
+// refusal is the 429's message when no endpoint had room.
+func (s slots) refusal(model string) string {
+	if s.part < s.limit {
+		return fmt.Sprintf("every endpoint of model %q is at its limit of %d requests in flight over the gateway's replicas (this replica's part: %d); retry later", model, s.limit, s.part)
+	}
+	return fmt.Sprintf("every endpoint of model %q is at its limit of %d requests in flight; retry later", model, s.limit)
+}
+
+// slots splits a per-endpoint in-flight limit among the live replicas: each
+// one's part is limit / replicas, one more for the first limit % replicas by
+// rank, at least one (0: no limit). Alone, its part is the whole limit.
+func (g *Router) slots(limit int) slots {
 	s := g.share.Load()
 	if limit <= 0 || s == nil || s.replicas <= 1 {
-		return limit
+		return slots{part: limit, limit: limit}
 	}
 	q := limit / s.replicas
 	if s.rank < limit%s.replicas {
 		q++
 	}
-	return max(q, 1)
+	return slots{part: max(q, 1), limit: limit}
+}
+
+// InFlightPart is this replica's part of the configuration's
+// maxInFlightPerEndpoint (0: no limit).
+func (g *Router) InFlightPart() int {
+	rt := g.routes.Load()
+	if rt == nil {
+		return 0
+	}
+	return g.slots(rt.gw.InFlightLimit()).part
 }
 
 // Share reports this replica's rank and the live replicas' number (1 alone).

@@ -76,7 +76,7 @@ type Route struct {
 	hashes       []uint64
 	firstByte    bool
 	finished     bool
-	limit        int
+	limit        slots
 	session      string
 	// What the served endpoint's speed is learned from: when the request
 	// was sent there, the prefill work ahead of it with its own, the batch
@@ -184,7 +184,7 @@ func (g *Router) Route(ctx context.Context, req Request) (*Route, *proxy.Refusal
 	defer snapshotPool.Put(sc)
 	hb := hashPool.Get().(*[]uint64)
 	defer hashPool.Put(hb)
-	limit := g.quota(rt.gw.InFlightLimit()) // this replica's part of it
+	limit := g.slots(rt.gw.InFlightLimit())
 	subset := req.Subset
 	if subset != nil && len(subset) == 0 {
 		g.m.Shed.WithLabelValues(p.name, "no_endpoint").Inc()
@@ -301,7 +301,7 @@ func adapterOf(p *scheduler, model string) string {
 // plane already sent it there, so the slot is taken whatever the limit. An
 // address outside the scheduler is ignored.
 func (r *Route) Serve(addr string) {
-	if r.move(addr, 0) {
+	if r.move(addr, slots{}) {
 		r.g.m.Retries.WithLabelValues(r.p.name, "fallback").Inc()
 		// The data plane reports it when the answer began: when the request
 		// went there and what was ahead of it then are not known, so its
@@ -314,9 +314,9 @@ func (r *Route) Serve(addr string) {
 // endpoint has a free slot; it reports whether it did.
 func (r *Route) Retry(addr string) bool { return r.move(addr, r.limit) }
 
-// move releases the served endpoint and reserves addr's slot, below limit (0:
+// move releases the served endpoint and reserves addr's slot, if limit has room (zero:
 // any), with its fleet ticket and prefix record.
-func (r *Route) move(addr string, limit int) bool {
+func (r *Route) move(addr string, limit slots) bool {
 	if r.finished || addr == "" || addr == r.served.addr {
 		return false
 	}

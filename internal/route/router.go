@@ -81,11 +81,9 @@ type Router struct {
 	// the load summary.
 	recents sync.Map
 	// peers links the router to the other replicas (SetPeers); share is its
-	// place among them; peerInFlight their requests in flight, by address
-	// (under mu).
-	peers        atomic.Pointer[Peers]
-	share        atomic.Pointer[replicaShare]
-	peerInFlight map[string]int
+	// place among them.
+	peers atomic.Pointer[Peers]
+	share atomic.Pointer[replicaShare]
 }
 
 // routes is one applied configuration, immutable once built.
@@ -179,18 +177,34 @@ type endpoint struct {
 	out      outlier
 	// speed learns how fast the endpoint answers (predictedLatency).
 	speed latency.Tracker
+	// peers counts the requests other replicas have in flight at its address,
+	// as they last reported; admittedAt is when this replica last took a
+	// slot there (Unix nanoseconds), for borrowWindow.
+	peers      atomic.Int64
+	admittedAt atomic.Int64
 }
 
-// tryAcquire takes an in-flight slot if the endpoint is below limit (0: no limit).
-// The check and the increment are one atomic step, so concurrent requests cannot
-// overshoot the limit.
-func (e *endpoint) tryAcquire(limit int) bool {
+// tryAcquire takes an in-flight slot if the limit has room for one more (zero: no
+// limit). The check and the increment are one atomic step, so concurrent
+// requests of this replica cannot overshoot it.
+func (e *endpoint) tryAcquire(limit slots) bool {
 	for {
 		n := e.inFlight.Load()
-		if limit > 0 && n >= int64(limit) {
+		ok, borrow := limit.room(int(n), int(e.peers.Load()))
+		if !ok {
 			return false
 		}
+		now := time.Now().UnixNano()
+		if borrow {
+			// A borrow waits a window after this replica's last slot there;
+			// the window's start is claimed first, so one borrow goes.
+			at := e.admittedAt.Load()
+			if now-at < int64(borrowWindow) || !e.admittedAt.CompareAndSwap(at, now) {
+				return false
+			}
+		}
 		if e.inFlight.CompareAndSwap(n, n+1) {
+			e.admittedAt.Store(now)
 			e.gauge.Set(float64(n + 1))
 			return true
 		}
@@ -211,7 +225,7 @@ func New(opts Options) *Router {
 		opts.DecisionLogEvery = 100
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	g := &Router{opts: opts, log: opts.Logger, m: opts.Metrics, endpoints: map[string]*endpoint{}, sessions: map[string]*sessionMap{}, peerInFlight: map[string]int{},
+	g := &Router{opts: opts, log: opts.Logger, m: opts.Metrics, endpoints: map[string]*endpoint{}, sessions: map[string]*sessionMap{},
 		fleet: fleet.New(opts.Fleet), prefix: prefix.New(), fleetCtx: ctx, stopFleet: cancel}
 	// A registry shared by several routers (tests) keeps the first one's collector.
 	_ = opts.Metrics.Registry.Register(newFleetCollector(g))
@@ -455,8 +469,10 @@ type snapshotScratch struct {
 	snaps   []fleet.Snapshot
 	matched []int
 	// down counts the endpoints left out because the fleet knows them down,
-	// full those left out at their in-flight limit (and not down).
+	// full those left out at their in-flight limit (and not down); soon says
+	// one of those may borrow a slot within a borrow window.
 	down, full int
+	soon       bool
 }
 
 var snapshotPool = sync.Pool{New: func() any { return new(snapshotScratch) }}
@@ -471,7 +487,7 @@ var snapshotPool = sync.Pool{New: func() any { return new(snapshotScratch) }}
 // for a timeout. One whose /metrics answers an error may still serve, and
 // stays; so does one never scraped (just started, or publishing no metrics),
 // read as unhealthy: picked only when nothing else is left.
-func (p *scheduler) snapshot(fl *fleet.Fleet, idx *prefix.Index, hashes []uint64, limit int, subset []string, session string, now time.Time, sc *snapshotScratch) []schedule.Endpoint {
+func (p *scheduler) snapshot(fl *fleet.Fleet, idx *prefix.Index, hashes []uint64, limit slots, subset []string, session string, now time.Time, sc *snapshotScratch) []schedule.Endpoint {
 	addrs, refs := sc.addrs[:0], sc.refs[:0]
 	prior := p.poolSpeed()
 	for _, e := range p.endpoints {
@@ -484,7 +500,7 @@ func (p *scheduler) snapshot(fl *fleet.Fleet, idx *prefix.Index, hashes []uint64
 	// Aligned with addrs: one lookup per endpoint on the request path.
 	sc.snaps = fl.AppendSnapshots(sc.snaps[:0], addrs)
 	out, kept := sc.eps[:0], 0
-	sc.down, sc.full = 0, 0
+	sc.down, sc.full, sc.soon = 0, 0, false
 	for i := range sc.snaps {
 		s, e := &sc.snaps[i], refs[i]
 		if down(s) {
@@ -492,8 +508,9 @@ func (p *scheduler) snapshot(fl *fleet.Fleet, idx *prefix.Index, hashes []uint64
 			continue
 		}
 		n := int(e.inFlight.Load())
-		if limit > 0 && n >= limit {
+		if ok, soon := e.admits(limit, now); !ok {
 			sc.full++
+			sc.soon = sc.soon || soon
 			continue
 		}
 		// An ejected endpoint reads as unhealthy: picked only when nothing

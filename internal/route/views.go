@@ -24,6 +24,8 @@ type SchedulerView struct {
 type EndpointView struct {
 	Address  string `json:"address"`
 	InFlight int64  `json:"inFlight"`
+	// PeerInFlight is what the other replicas last reported in flight there.
+	PeerInFlight int64 `json:"peerInFlight,omitempty"`
 	// From the endpoint's scraped metrics, with this gateway's dispatches since the
 	// last scrape folded into waiting and KV usage.
 	Scraped bool    `json:"scraped"`
@@ -61,7 +63,7 @@ func (g *Router) FleetView() []SchedulerView {
 		for _, p := range rt.schedulers {
 			v := SchedulerView{Scheduler: p.name, Model: p.spec.ModelName, Adapters: slices.Clone(p.spec.LoRAAdapters), Picker: p.spec.PickerName(), Endpoints: []EndpointView{}}
 			for _, e := range p.endpoints {
-				ev := EndpointView{Address: e.addr, InFlight: e.inFlight.Load()}
+				ev := EndpointView{Address: e.addr, InFlight: e.inFlight.Load(), PeerInFlight: e.peers.Load()}
 				if snaps := g.fleet.Snapshot([]string{e.addr}); len(snaps) == 1 {
 					sn := snaps[0]
 					ev.Scraped, ev.Healthy, ev.Stale, ev.AgeMs = sn.Scraped, sn.Healthy, sn.Stale, float64(sn.Age.Microseconds())/1000
