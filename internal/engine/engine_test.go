@@ -433,3 +433,12 @@ func TestMapsDocumented(t *testing.T) {
 		}
 	}
 }
+
+// TestBounded: metrics from elsewhere are brought into a parse's ranges.
+func TestBounded(t *testing.T) {
+	m := Metrics{Waiting: math.NaN(), Running: -3, KVUsage: 7, BlockSize: -1, NumBlocks: 1 << 40, MaxLoRA: 5,
+		RunningAdapters: make([]string, 5000)}.Bounded()
+	if m.Waiting != 0 || m.Running != 0 || m.KVUsage != 1 || m.BlockSize != 0 || m.NumBlocks != 1<<24 || m.MaxLoRA != 5 || len(m.RunningAdapters) != 1024 {
+		t.Fatalf("%+v", m)
+	}
+}

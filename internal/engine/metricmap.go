@@ -382,3 +382,34 @@ func splitNames(s string) []string {
 	}
 	return out
 }
+
+// maxAdapters bounds the adapter lists a server's metrics may name.
+const maxAdapters = 1024
+
+// Bounded is m with every value in the range a parse would give it: counts in
+// [0, 2^24], KV usage in [0, 1], non-numbers 0, adapter lists capped. Metrics
+// that did not come from a parse here (another replica's scrape) are read
+// through it.
+func (m Metrics) Bounded() Metrics {
+	num := func(v float64) float64 {
+		if !finite(v) {
+			return 0
+		}
+		return count(v)
+	}
+	m.Waiting, m.Running = num(m.Waiting), num(m.Running)
+	if !finite(m.KVUsage) {
+		m.KVUsage = 0
+	}
+	m.KVUsage = math.Min(math.Max(m.KVUsage, 0), 1)
+	m.BlockSize = int(count(float64(m.BlockSize)))
+	m.NumBlocks = int(count(float64(m.NumBlocks)))
+	m.MaxLoRA = int(count(float64(m.MaxLoRA)))
+	if len(m.RunningAdapters) > maxAdapters {
+		m.RunningAdapters = m.RunningAdapters[:maxAdapters]
+	}
+	if len(m.WaitingAdapters) > maxAdapters {
+		m.WaitingAdapters = m.WaitingAdapters[:maxAdapters]
+	}
+	return m
+}

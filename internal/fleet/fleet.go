@@ -454,7 +454,7 @@ func (f *Fleet) ObserveResult(addr string, r Result) {
 	e.heard = time.Now()
 	switch {
 	case r.Err == "":
-		e.acct.Observed(r.Metrics, r.Dialect, r.Started)
+		e.acct.Observed(r.Metrics.Bounded(), r.Dialect, r.Started)
 	case r.Unreachable:
 		e.acct.Failed(unreachable{peerFailure(r.Err)})
 	default:

@@ -15,18 +15,19 @@ import (
 // A message is one replica's batch of events, as one stream entry:
 //
 //	"KVG" version(1) cluster(8, FNV-1a of the identity) replica(string)
-//	sent(varint, unix ns) count(uvarint) records...
+//	instance(8, random per start) sent(varint, unix ns) flags(1: the loads
+//	are all the sender's) count(uvarint) records...
 //	decision: 'd' endpoint(string) capacity(uvarint) n(uvarint) hashes(8 bytes each)
 //	load:     'l' endpoint(string) 8 uvarints (fleet.Load's fields, then in flight)
-//	scrape:   's' endpoint(string) started(varint, unix ns) flags(1: failed, 2: unreachable)
+//	scrape:   's' endpoint(string) started(varint, unix ns, the sender's clock) flags(1: failed, 2: unreachable)
 //	          error(string) dialect(string) metrics(uvarint length, JSON of engine.Metrics)
-//	ejection: 'x' endpoint(string) until(varint, unix ns)
+//	ejection: 'x' endpoint(string) until(varint, unix ns, the sender's clock)
 //
 // Strings are a uvarint length then bytes. A block's hashes go once per
 // decision, not one message per block.
 const (
 	magic   = "KVG"
-	version = 1
+	version = 2
 
 	kindDecision = 'd'
 	kindLoad     = 'l'
@@ -64,9 +65,12 @@ func (l Load) add(o Load) Load {
 
 // message is a decoded stream entry.
 type message struct {
-	cluster   uint64
-	replica   string
-	sent      int64
+	cluster  uint64
+	replica  string
+	instance uint64
+	sent     int64
+	// complete: the loads are every endpoint the sender has one on.
+	complete  bool
 	decisions []Decision
 	loads     map[string]Load
 	scrapes   map[string]fleet.Result
@@ -92,12 +96,18 @@ type encoder struct {
 	head  int // where the count goes
 }
 
-func (e *encoder) reset(cluster uint64, replica string, sent int64) {
+func (e *encoder) reset(cluster uint64, replica string, instance uint64, sent int64, complete bool) {
 	e.buf = append(e.buf[:0], magic...)
 	e.buf = append(e.buf, version)
 	e.buf = binary.LittleEndian.AppendUint64(e.buf, cluster)
 	e.buf = appendString(e.buf, replica)
+	e.buf = binary.LittleEndian.AppendUint64(e.buf, instance)
 	e.buf = binary.AppendVarint(e.buf, sent)
+	var flags byte
+	if complete {
+		flags = 1
+	}
+	e.buf = append(e.buf, flags)
 	e.head, e.count = len(e.buf), 0
 }
 
@@ -218,11 +228,17 @@ func decode(b []byte, cluster uint64) (message, error) {
 		return m, errForeign
 	}
 	m.replica = d.string()
+	if raw := d.take(8); d.err == nil {
+		m.instance = binary.LittleEndian.Uint64(raw)
+	}
 	sent, n := binary.Varint(d.b)
-	if n <= 0 {
+	if d.err != nil || n <= 0 {
 		return m, errMalformed
 	}
 	d.b, m.sent = d.b[n:], sent
+	if flags := d.take(1); d.err == nil {
+		m.complete = flags[0]&1 != 0
+	}
 	count := d.uvarint(maxRecords)
 	for i := uint64(0); i < count && d.err == nil; i++ {
 		kind := d.take(1)

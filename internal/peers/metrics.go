@@ -6,7 +6,7 @@ import (
 )
 
 // outcomes label kvgate_replica_messages_total.
-var outcomes = []string{"sent", "received", "send_failed", "foreign", "malformed", "oversized"}
+var outcomes = []string{"sent", "received", "send_failed", "foreign", "malformed", "oversized", "duplicate_name", "too_many_peers"}
 
 type metrics struct {
 	messages    *prometheus.CounterVec
@@ -18,7 +18,7 @@ type metrics struct {
 func newMetrics(reg prometheus.Registerer) metrics {
 	m := metrics{
 		messages: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvgate_replica_messages_total",
-			Help: "Shared-state stream entries by outcome: sent, received from a peer, send_failed (Redis unavailable), and dropped as foreign (another cluster's identity), malformed or oversized."}, []string{"outcome"}),
+			Help: "Shared-state stream entries by outcome: sent, received from a peer (duplicate_name also: from another process with this replica's name), send_failed (Redis unavailable), and dropped as foreign (another cluster's identity), malformed, oversized, or too_many_peers (past 256)."}, []string{"outcome"}),
 		up: prometheus.NewGauge(prometheus.GaugeOpts{Name: "kvgate_replica_shared_state_up",
 			Help: "1 while the last call to the shared-state Redis succeeded; 0 while this replica routes on its own state alone."}),
 		peers: prometheus.NewGauge(prometheus.GaugeOpts{Name: "kvgate_replica_peers",

@@ -12,6 +12,7 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/tls"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -21,6 +22,7 @@ import (
 	"slices"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -116,22 +118,38 @@ type State interface {
 }
 
 // maxPending bounds the decisions waiting to be sent while Redis is away:
-// past it the oldest go (counted), rather than memory growing.
-const maxPending = 8192
+// past it the oldest go (counted), rather than memory growing. maxPeers bounds
+// the peers a replica keeps; maxEjection how long a peer's ejection may last
+// here (the longest outlier detection makes: 10 × 1 h).
+const (
+	maxPending  = 8192
+	maxPeers    = 256
+	maxEjection = 10 * time.Hour
+)
 
-// sendBatch is the size a batch is split at.
-const sendBatch = 256 << 10
+var errDuplicateName = errors.New("two replicas share one name; give each its own (--replica-name, $POD_NAME)")
+
+// sendBatch is the size a batch is split at; readBatch how many entries a read
+// takes (each at most MaxMessage, so a read holds at most 64 MiB).
+const (
+	sendBatch = 256 << 10
+	readBatch = 64
+)
 
 // Mesh is one replica's link to its peers. Decided and Touch are safe for
 // concurrent use and never block.
 type Mesh struct {
 	cfg     Config
 	cluster uint64
-	rdb     *redis.Client
-	state   State
-	m       metrics
-	stream  string
-	members string
+	// instance tells this start of the replica from another of the same
+	// name: a restart (its earlier decisions are replayed) or a second
+	// replica misconfigured with the name (logged).
+	instance uint64
+	rdb      *redis.Client
+	state    State
+	m        metrics
+	stream   string
+	members  string
 
 	mu      sync.Mutex
 	pending []Decision
@@ -169,7 +187,9 @@ type peer struct {
 // New connects a mesh; Start runs it.
 func New(cfg Config, state State) *Mesh {
 	cfg = cfg.withDefaults()
-	m := &Mesh{cfg: cfg, cluster: identity(cfg.Cluster), state: state, m: newMetrics(cfg.Registerer),
+	var inst [8]byte
+	_, _ = rand.Read(inst[:])
+	m := &Mesh{cfg: cfg, cluster: identity(cfg.Cluster), instance: binary.LittleEndian.Uint64(inst[:]), state: state, m: newMetrics(cfg.Registerer),
 		stream: "kvgate:{" + cfg.Cluster + "}:events", members: "kvgate:{" + cfg.Cluster + "}:replicas",
 		peers: map[string]*peer{}, sums: map[string]Load{}, wake: make(chan struct{}, 1)}
 	m.rdb = redis.NewClient(&redis.Options{Addr: cfg.Addr, Username: cfg.Username, Password: cfg.Password, DB: cfg.DB, TLSConfig: cfg.TLS,
@@ -196,12 +216,14 @@ func (m *Mesh) Start(ctx context.Context) {
 func (m *Mesh) Close() {
 	if m.cancel != nil {
 		m.cancel()
-		m.done.Wait()
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), m.cfg.Timeout)
 	defer cancel()
 	_ = m.rdb.ZRem(ctx, m.members, m.cfg.Replica).Err()
+	// Closing the client ends a blocking read at once, even against a frozen
+	// Redis (the read's own timeout is the block plus 10 s).
 	_ = m.rdb.Close()
+	m.done.Wait()
 }
 
 // Decided queues a routing decision for the peers.
@@ -301,7 +323,7 @@ func (m *Mesh) sendLoop(ctx context.Context) {
 		if len(decisions) == 0 && len(loads) == 0 && len(scrapes) == 0 && len(ejects) == 0 {
 			continue
 		}
-		if err := m.send(ctx, &enc, batch{decisions, loads, scrapes, ejects}); err != nil {
+		if err := m.send(ctx, &enc, batch{decisions, loads, scrapes, ejects, all}); err != nil {
 			if ctx.Err() != nil {
 				return
 			}
@@ -342,18 +364,25 @@ type batch struct {
 	loads     map[string]Load
 	scrapes   map[string]fleet.Result
 	ejects    map[string]time.Time
+	// complete: loads holds every endpoint this replica has a load on (the
+	// heartbeat's full send), so peers forget the others.
+	complete bool
 }
 
 // send writes a batch as entries of at most sendBatch bytes.
 func (m *Mesh) send(ctx context.Context, enc *encoder, b batch) error {
 	decisions, loads, scrapes := b.decisions, b.loads, b.scrapes
 	var entries [][]byte
-	start := func() { enc.reset(m.cluster, m.cfg.Replica, time.Now().UnixNano()) }
+	// A complete set of loads split over entries is complete in none: peers
+	// then only add to what they hold, and the next heartbeat tries again.
+	complete := b.complete
+	start := func() { enc.reset(m.cluster, m.cfg.Replica, m.instance, time.Now().UnixNano(), complete) }
 	start()
 	flush := func() {
 		if enc.count > 0 {
 			entries = append(entries, enc.bytes())
 		}
+		complete = false
 		start()
 	}
 	for _, d := range decisions {
@@ -403,7 +432,22 @@ func (m *Mesh) send(ctx context.Context, enc *encoder, b batch) error {
 func (m *Mesh) readLoop(ctx context.Context) {
 	last, warmUntil := "0", ""
 	backoff := 100 * time.Millisecond
+	runID, check := "", true
 	for ctx.Err() == nil {
+		// After a failure, a Redis that restarted (another run id) has a new
+		// stream, whose ids its clock may put before the last one read: read
+		// it from the start.
+		if check {
+			id, err := m.runID(ctx)
+			if err != nil {
+				m.readFailed(ctx, err, &backoff)
+				continue
+			}
+			if runID != "" && id != runID {
+				last, warmUntil = "0", "-"
+			}
+			runID, check = id, false
+		}
 		if warmUntil == "" {
 			id, err := m.lastID(ctx)
 			if err != nil {
@@ -412,12 +456,13 @@ func (m *Mesh) readLoop(ctx context.Context) {
 			}
 			warmUntil = id
 		}
-		res, err := m.rdb.XRead(ctx, &redis.XReadArgs{Streams: []string{m.stream, last}, Count: 512, Block: m.cfg.Heartbeat}).Result()
+		res, err := m.rdb.XRead(ctx, &redis.XReadArgs{Streams: []string{m.stream, last}, Count: readBatch, Block: m.cfg.Heartbeat}).Result()
 		if errors.Is(err, redis.Nil) {
 			continue
 		}
 		if err != nil {
 			m.readFailed(ctx, err, &backoff)
+			check = true
 			continue
 		}
 		backoff = 100 * time.Millisecond
@@ -445,6 +490,22 @@ func (m *Mesh) readFailed(ctx context.Context, err error, backoff *time.Duration
 	case <-time.After(*backoff):
 	}
 	*backoff = min(2*(*backoff), 2*time.Second)
+}
+
+// runID is the Redis server's run id, new at each start.
+func (m *Mesh) runID(ctx context.Context) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, m.cfg.Timeout)
+	defer cancel()
+	info, err := m.rdb.Info(ctx, "server").Result()
+	if err != nil {
+		return "", fmt.Errorf("reading Redis's run id: %w", err)
+	}
+	for line := range strings.SplitSeq(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "run_id:"); ok {
+			return v, nil
+		}
+	}
+	return "", nil
 }
 
 // lastID is the stream's newest entry ("-" when empty): the end of the replay.
@@ -499,42 +560,82 @@ func (m *Mesh) apply(e redis.XMessage, replay bool) {
 		m.m.messages.WithLabelValues("malformed").Inc()
 		return
 	}
-	if msg.replica == m.cfg.Replica {
-		return
+	self := msg.replica == m.cfg.Replica
+	switch {
+	case self && msg.instance == m.instance:
+		return // this replica's own
+	case self && !replay:
+		// Another process with this replica's name: ranks and scrape
+		// assignment go wrong. Its entries are counted as a peer's.
+		m.m.messages.WithLabelValues("duplicate_name").Inc()
+		m.warn("shared state: another replica is named "+m.cfg.Replica, errDuplicateName)
 	}
 	m.m.messages.WithLabelValues("received").Inc()
 	for _, d := range msg.decisions {
 		m.state.PeerDecision(d)
 	}
-	// An ejection still running matters to a replica that just started too.
+	// Times the sender stamped by its clock are read by the offset from its
+	// sending, on this replica's clock: the nodes' clocks need not agree.
+	now := time.Now()
+	sent := time.Unix(0, msg.sent)
+	local := func(t time.Time) time.Time { return now.Add(t.Sub(sent)) }
+	// An ejection still running matters to a replica that just started too
+	// (replayed, its offset is from an old sending, and it has ended sooner).
 	for addr, until := range msg.ejections {
-		if until.After(time.Now()) {
-			m.state.PeerEjection(addr, until)
+		if u := local(until); u.After(now) && !replay {
+			if limit := now.Add(maxEjection); u.After(limit) {
+				u = limit
+			}
+			m.state.PeerEjection(addr, u)
 		}
 	}
 	if replay {
 		return
 	}
 	for addr, r := range msg.scrapes {
+		if r.Started = local(r.Started); r.Started.After(now) {
+			r.Started = now // a scrape from the future began at the latest now
+		}
 		m.state.PeerScrape(addr, r)
 	}
-	now := time.Now()
-	lag := now.Sub(time.Unix(0, msg.sent))
+	lag := now.Sub(sent)
 	m.m.propagation.Observe(max(lag, 0).Seconds())
 	m.peersMu.Lock()
 	defer m.peersMu.Unlock()
-	p := m.peers[msg.replica]
+	key := msg.replica
+	if self {
+		key += "#" + strconv.FormatUint(msg.instance, 16)
+	}
+	p := m.peers[key]
 	if p == nil {
+		if len(m.peers) >= maxPeers {
+			m.m.messages.WithLabelValues("too_many_peers").Inc()
+			return
+		}
 		p = &peer{loads: map[string]Load{}}
-		m.peers[msg.replica] = p
+		m.peers[key] = p
 	}
 	p.seen, p.lag = now, lag
 	p.messages++
 	p.bytes += uint64(len(raw))
+	touched := msg.loads
+	if msg.complete {
+		// Every endpoint the peer has a load on: it has none on the others.
+		touched = maps.Clone(msg.loads)
+		if touched == nil {
+			touched = map[string]Load{}
+		}
+		for addr := range p.loads {
+			if _, ok := msg.loads[addr]; !ok {
+				delete(p.loads, addr)
+				touched[addr] = Load{}
+			}
+		}
+	}
 	for addr, l := range msg.loads {
 		p.loads[addr] = l
 	}
-	m.resum(msg.loads)
+	m.resum(touched)
 }
 
 // resum recomputes, for the endpoints touched (nil: all), the live peers'

@@ -121,12 +121,26 @@ func (g *Router) SetPeerLoad(addr string, l peers.Load) {
 }
 
 // PeerDecision implements peers.State: a peer's decision feeds the prefix
-// index, for an endpoint this replica routes to.
+// index, for an endpoint a scheduler of this replica routes to and with
+// prefix affinity, within that scheduler's bounds: at most its maxBlocks, in
+// an index the size this replica gives the endpoint (what a peer says of
+// the size is not taken: a forged one could grow the index without bound).
 func (g *Router) PeerDecision(d peers.Decision) {
-	if len(d.Hashes) == 0 || !g.fleet.Has(d.Endpoint) {
+	rt := g.routes.Load()
+	if len(d.Hashes) == 0 || rt == nil {
 		return
 	}
-	g.prefix.Record(d.Endpoint, d.Hashes, d.Capacity)
+	for _, p := range rt.schedulers {
+		if p.prefix.blockChars == 0 || p.endpoint(d.Endpoint) == nil {
+			continue
+		}
+		capacity := p.prefix.capacity
+		if s := g.fleet.Snapshot([]string{d.Endpoint})[0]; s.Scraped {
+			capacity = p.prefix.capacityOf(s.Metrics)
+		}
+		g.prefix.Record(d.Endpoint, d.Hashes[:min(len(d.Hashes), p.prefix.maxBlocks)], capacity)
+		return
+	}
 }
 
 // SetReplicas implements peers.State: this replica's rank among the live

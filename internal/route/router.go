@@ -164,10 +164,15 @@ type prefixConfig struct {
 // capacity over about four characters a token, or the configured default.
 func (c prefixConfig) capacityOf(m engine.Metrics) int {
 	if m.NumBlocks > 0 && m.BlockSize > 0 {
-		return max(1, m.NumBlocks*m.BlockSize*4/c.blockChars)
+		return min(max(1, m.NumBlocks*m.BlockSize*4/c.blockChars), maxPrefixCapacity)
 	}
 	return c.capacity
 }
+
+// maxPrefixCapacity bounds the prompt blocks the prefix index keeps for one
+// endpoint (about 80 MB), whatever size its metrics claim: 16 times an H100's
+// cache of an 8B model.
+const maxPrefixCapacity = 1 << 20
 
 // endpoint is one model server as this router sees it.
 type endpoint struct {
