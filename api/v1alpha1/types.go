@@ -533,7 +533,8 @@ type GatewaySpec struct {
 	// +optional
 	OutlierDetection *OutlierSpec `json:"outlierDetection,omitempty"`
 	// SharedState links the gateway's replicas through Redis, so that they
-	// route as one (docs/scaling.md): read at start.
+	// route as one (docs/scaling.md). The first configuration that names one
+	// links the replica; a later change applies at its next start.
 	// +optional
 	SharedState *SharedStateSpec `json:"sharedState,omitempty"`
 }
@@ -551,7 +552,7 @@ type SharedStateSpec struct {
 	Redis string `json:"redis"`
 	// Cluster names the replicas that share state: the Redis keys are named
 	// by it and a message carrying another is ignored (default: the
-	// configuration's namespace/name).
+	// configuration's namespace/name, or its name outside Kubernetes).
 	// +kubebuilder:validation:MaxLength=128
 	// +optional
 	Cluster string `json:"cluster,omitempty"`

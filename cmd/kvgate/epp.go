@@ -46,6 +46,9 @@ with --bbr-configmaps, from ConfigMaps labelled inference.networking.k8s.io/bbr-
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			log := newLoggerFormat(logLevel, logFormat)
 			o.Server.Logger = log
+			if err := o.Server.Gateway.SharedState.Validate(); err != nil {
+				return err
+			}
 			hup := make(chan os.Signal, 1)
 			signal.Notify(hup, syscall.SIGHUP)
 			defer signal.Stop(hup)

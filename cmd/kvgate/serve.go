@@ -44,6 +44,9 @@ pods become endpoints as they come and go, and the resource's status reports wha
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.Logger = newLoggerFormat(logLevel, logFormat)
+			if err := o.Gateway.SharedState.Validate(); err != nil {
+				return err
+			}
 			hup := make(chan os.Signal, 1)
 			signal.Notify(hup, syscall.SIGHUP)
 			defer signal.Stop(hup)

@@ -4,12 +4,17 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
 	"reflect"
+	"sync"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/kvgate/kvgate/api/v1alpha1"
 	"github.com/kvgate/kvgate/internal/peers"
@@ -25,6 +30,22 @@ type SharedStateOptions struct {
 	Replica string
 	// Heartbeat overrides the peers' heartbeat (tests).
 	Heartbeat time.Duration
+}
+
+// Validate checks the flags' values.
+func (o SharedStateOptions) Validate() error {
+	if o.Redis != "" {
+		if _, _, err := net.SplitHostPort(o.Redis); err != nil {
+			return fmt.Errorf("--shared-state-redis %q: want host:port: %w", o.Redis, err)
+		}
+	}
+	if len(o.Cluster) > 128 {
+		return errors.New("--shared-state-cluster: at most 128 characters")
+	}
+	if len(o.Replica) > 253 {
+		return errors.New("--replica-name: at most 253 characters")
+	}
+	return nil
 }
 
 // Environment variables with the shared-state Redis's ACL credentials.
@@ -62,14 +83,30 @@ func (g *Gateway) linkPeers(cfg *v1alpha1.InferenceGatewayConfig) {
 	}
 	pc, err := peersConfig(cfg, spec, o)
 	if err != nil {
+		// Tried again with the next configuration; meanwhile it shows.
+		peers.Down(g.Metrics().Registry)
 		g.log.Error("shared state not started; routing on this replica's own state", "err", err)
 		return
 	}
+	redisLogs.Do(func() { redis.SetLogger(redisLogger{g.log}) })
 	pc.Logger, pc.Registerer = g.log, g.Metrics().Registry
 	g.mesh, g.meshSpec = peers.New(pc, g.Router), spec
 	g.SetPeers(g.mesh)
 	g.mesh.Start(context.Background())
-	g.log.Info("sharing routing state", "redis", pc.Addr, "cluster", pc.Cluster, "replica", pc.Replica)
+	g.log.Info("sharing routing state", "redis", pc.Addr, "cluster", pc.Cluster, "replica", g.mesh.Replica())
+}
+
+// redisLogs routes go-redis's own complaints (a failed dial, a pool
+// retry) to the gateway's log, once per process: go-redis has one logger
+// for all its clients.
+var redisLogs sync.Once
+
+// redisLogger is go-redis's logger as slog, at debug level: the mesh reports
+// Redis failing itself, at most every 30 s.
+type redisLogger struct{ log *slog.Logger }
+
+func (l redisLogger) Printf(ctx context.Context, format string, v ...any) {
+	l.log.DebugContext(ctx, "redis client: "+fmt.Sprintf(format, v...))
 }
 
 // peersConfig is the mesh's configuration: the flags over the spec.
@@ -95,7 +132,10 @@ func peersConfig(cfg *v1alpha1.InferenceGatewayConfig, spec *v1alpha1.SharedStat
 		}
 	}
 	if pc.Cluster == "" {
-		pc.Cluster = cfg.Namespace + "/" + cfg.Name
+		pc.Cluster = cfg.Name
+		if cfg.Namespace != "" {
+			pc.Cluster = cfg.Namespace + "/" + cfg.Name
+		}
 	}
 	if pc.Replica == "" {
 		pc.Replica = os.Getenv("POD_NAME") // the chart sets it; else peers picks one

@@ -442,3 +442,47 @@ func TestReplicasShareEjections(t *testing.T) {
 		}
 	}
 }
+
+// TestSharedStateMisconfigured: a shared state that cannot be used (its CA
+// file missing) leaves the replica routing alone and says so in
+// kvgate_replica_shared_state_up; a later configuration that fixes it links
+// the replica.
+func TestSharedStateMisconfigured(t *testing.T) {
+	r := redistest.Start(t)
+	_, addr := startSim(t, llama, simserver.Options{Engine: sim.Config{GPU: "h100", ModelSize: "8b"}})
+	cfg := gatewayConfig(scheduler("p", llama, addr))
+	cfg.Spec.Gateway.SharedState = &v1alpha1.SharedStateSpec{Redis: r.Addr(), TLS: &v1alpha1.SharedStateTLS{CAFile: "/nonexistent/ca.crt"}}
+	g, base := startGateway(t, cfg)
+	if v := g.Replicas(); v.Shared {
+		t.Fatalf("linked with an unusable shared state: %+v", v)
+	}
+	if got := gaugeValue(t, g, "kvgate_replica_shared_state_up"); got != 0 {
+		t.Fatalf("kvgate_replica_shared_state_up %v, want 0", got)
+	}
+	post(t, base, streamed(1)) // routing goes on
+	fixed := cfg.DeepCopy()
+	fixed.Spec.Gateway.SharedState.TLS = nil
+	if err := g.Apply(fixed); err != nil {
+		t.Fatal(err)
+	}
+	waittest.Until(t, 5*time.Second, "the replica to link", func() bool { v := g.Replicas(); return v.Shared && v.Mesh.Up })
+	if got := gaugeValue(t, g, "kvgate_replica_shared_state_up"); got != 1 {
+		t.Fatalf("kvgate_replica_shared_state_up %v once linked, want 1", got)
+	}
+}
+
+// gaugeValue reads an unlabelled gauge from the gateway's registry.
+func gaugeValue(t *testing.T, g *Gateway, name string) float64 {
+	t.Helper()
+	mfs, err := g.Metrics().Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
+			return mf.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	t.Fatalf("no gauge %s", name)
+	return 0
+}

@@ -221,6 +221,20 @@ func TestHelmChart(t *testing.T) {
 			}
 		},
 	}, {
+		name: "a bundled Redis with an existing Secret", flags: []string{"--set", "sharedState.existingSecret=redis-creds"},
+		want: base, absent: []string{"Secret"},
+		check: func(t *testing.T, objs []*unstructured.Unstructured) {
+			if _, secret := sharedState(t, objs); secret != "redis-creds" {
+				t.Errorf("kvgate reads the password of Secret %q, want redis-creds", secret)
+			}
+			var r appsv1.Deployment
+			named(t, objs, "Deployment", "kvgate-redis", &r)
+			env := r.Spec.Template.Spec.Containers[0].Env
+			if len(env) == 0 || env[0].ValueFrom == nil || env[0].ValueFrom.SecretKeyRef == nil || env[0].ValueFrom.SecretKeyRef.Name != "redis-creds" {
+				t.Errorf("the bundled Redis takes its password from %+v, not redis-creds", env)
+			}
+		},
+	}, {
 		name: "an external Redis", flags: []string{"--set", "sharedState.redis=redis.infra:6380", "--set", "sharedState.existingSecret=redis-creds"},
 		want: base, absent: []string{"Secret"},
 		check: func(t *testing.T, objs []*unstructured.Unstructured) {

@@ -1,6 +1,8 @@
 package peers
 
 import (
+	"errors"
+
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 )
@@ -31,10 +33,31 @@ func newMetrics(reg prometheus.Registerer) metrics {
 		m.messages.WithLabelValues(o)
 	}
 	if reg != nil {
-		reg.MustRegister(m.messages, m.up, m.peers, m.propagation)
+		m.messages = registered(reg, m.messages)
+		m.up = registered(reg, m.up)
+		m.peers = registered(reg, m.peers)
+		m.propagation = registered(reg, m.propagation)
 	}
 	return m
 }
+
+// registered registers c, or returns the collector registered before it
+// under its name (a mesh that failed to start reported itself down).
+func registered[T prometheus.Collector](reg prometheus.Registerer, c T) T {
+	if err := reg.Register(c); err != nil {
+		if are, ok := errors.AsType[prometheus.AlreadyRegisteredError](err); ok {
+			if prev, ok := are.ExistingCollector.(T); ok {
+				return prev
+			}
+		}
+		panic(err)
+	}
+	return c
+}
+
+// Down reports, on reg, shared state configured but not started (its
+// configuration could not be used): kvgate_replica_shared_state_up 0.
+func Down(reg prometheus.Registerer) { newMetrics(reg).up.Set(0) }
 
 // counts reads the message counters, for /debug/replicas.
 func (m *metrics) counts() map[string]float64 {
