@@ -64,40 +64,58 @@ type Job struct {
 // finished job.
 func RunSimJobs(ctx context.Context, jobs []Job, progress io.Writer) ([]report.Result, error) {
 	results := make([]report.Result, len(jobs))
-	errs := make([]error, len(jobs))
+	var mu sync.Mutex
+	err := inParallel(ctx, len(jobs), func(i int) error {
+		j := jobs[i]
+		start := time.Now()
+		opts := j.Options
+		opts.Fleet, opts.Policy, opts.Draw = j.Scenario.Fleet, j.Policy, j.Draw
+		name := j.Policy
+		if PolicyDraws(j.Policy, 0) > 1 {
+			name = fmt.Sprintf("%s#%d", j.Policy, j.Draw)
+		}
+		recs, _, err := RunSim(ctx, opts, j.Trace)
+		if err != nil {
+			return fmt.Errorf("%s / %s: %w", j.Scenario.Name, name, err)
+		}
+		results[i] = report.Summarize(j.Scenario.Name, j.Policy, "sim", recs)
+		results[i].Draw = j.Draw
+		finished(progress, &mu, j.Scenario.Name, name, results[i], start)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return results, nil
+}
+
+// finished writes a finished run's line to progress, if not nil.
+func finished(progress io.Writer, mu *sync.Mutex, scenario, name string, r report.Result, start time.Time) {
+	if progress == nil {
+		return
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	fmt.Fprintf(progress, "  %-15s %-20s %7d requests  TTFT p95 %9.1f ms  p99 %9.1f ms  (%.1fs)\n",
+		scenario, name, r.Requests, r.TTFTP95ms, r.TTFTP99ms, time.Since(start).Seconds())
+}
+
+// inParallel calls do(0), …, do(n−1), as many at once as there are cores, and
+// returns the context's error if it ended, else the first error in index
+// order.
+func inParallel(ctx context.Context, n int, do func(i int) error) error {
+	errs := make([]error, n)
 	next := make(chan int)
 	var wg sync.WaitGroup
-	var mu sync.Mutex
 	for range runtime.GOMAXPROCS(0) {
 		wg.Go(func() {
 			for i := range next {
-				j := jobs[i]
-				start := time.Now()
-				opts := j.Options
-				opts.Fleet, opts.Policy, opts.Draw = j.Scenario.Fleet, j.Policy, j.Draw
-				name := j.Policy
-				if PolicyDraws(j.Policy, 0) > 1 {
-					name = fmt.Sprintf("%s#%d", j.Policy, j.Draw)
-				}
-				recs, _, err := RunSim(ctx, opts, j.Trace)
-				if err != nil {
-					errs[i] = fmt.Errorf("%s / %s: %w", j.Scenario.Name, name, err)
-					continue
-				}
-				results[i] = report.Summarize(j.Scenario.Name, j.Policy, "sim", recs)
-				results[i].Draw = j.Draw
-				if progress != nil {
-					mu.Lock()
-					r := results[i]
-					fmt.Fprintf(progress, "  %-15s %-20s %7d requests  TTFT p95 %9.1f ms  p99 %9.1f ms  (%.1fs)\n",
-						j.Scenario.Name, name, r.Requests, r.TTFTP95ms, r.TTFTP99ms, time.Since(start).Seconds())
-					mu.Unlock()
-				}
+				errs[i] = do(i)
 			}
 		})
 	}
 loop:
-	for i := range jobs {
+	for i := range n {
 		select {
 		case next <- i:
 		case <-ctx.Done():
@@ -107,14 +125,14 @@ loop:
 	close(next)
 	wg.Wait()
 	if err := ctx.Err(); err != nil {
-		return nil, err
+		return err
 	}
 	for _, err := range errs {
 		if err != nil {
-			return nil, err
+			return err
 		}
 	}
-	return results, nil
+	return nil
 }
 
 // Jobs expands scenarios × policies, generating each scenario's trace once; a
