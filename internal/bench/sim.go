@@ -20,7 +20,6 @@ import (
 
 	"github.com/kvgate/kvgate/api/v1alpha1"
 	"github.com/kvgate/kvgate/internal/engine"
-	"github.com/kvgate/kvgate/internal/fleet"
 	"github.com/kvgate/kvgate/internal/prefix"
 	"github.com/kvgate/kvgate/internal/report"
 	"github.com/kvgate/kvgate/internal/route"
@@ -55,6 +54,13 @@ type SimOptions struct {
 	Draw int
 	// Draws is read by Jobs only: runs per randomised policy (PolicyDraws).
 	Draws int
+	// Replicas is how many gateway replicas route the trace (0 or 1: one),
+	// each request to one as spreadOver says; Shared makes them share state,
+	// SyncDelay late, loads published every SyncEvery (0 and 0: at once), as
+	// replicas.go models it.
+	Replicas             int
+	Shared               bool
+	SyncDelay, SyncEvery time.Duration
 	// probe, in tests, receives the server each request was routed to.
 	probe func(server []int)
 	// record, in tests, receives every event the router saw, in virtual order.
@@ -91,6 +97,19 @@ const (
 // jitter) per endpoint, with the gateway's own dispatches since folded in by
 // the same accounting `serve` uses.
 func RunSim(ctx context.Context, opts SimOptions, trace workload.Trace) ([]report.Record, sim.Stats, error) {
+	out, err := simulate(ctx, opts, trace)
+	return out.recs, out.stats, err
+}
+
+// simOutput is what one run gives: a record per request, the engines' totals,
+// and the most requests each endpoint had in flight at once, from all replicas.
+type simOutput struct {
+	recs        []report.Record
+	stats       sim.Stats
+	maxInFlight []int
+}
+
+func simulate(ctx context.Context, opts SimOptions, trace workload.Trace) (simOutput, error) {
 	if opts.ScrapeInterval == 0 {
 		opts.ScrapeInterval = 50 * time.Millisecond
 	}
@@ -102,18 +121,23 @@ func RunSim(ctx context.Context, opts SimOptions, trace workload.Trace) ([]repor
 	}
 	servers, _, err := opts.Fleet.Options(slog.New(slog.DiscardHandler))
 	if err != nil {
-		return nil, sim.Stats{}, err
+		return simOutput{}, err
 	}
 	r := &simRun{opts: opts, trace: trace, recs: make([]report.Record, len(trace)), routes: make([]*route.Route, len(trace)), server: make([]int, len(trace)),
-		rng: rand.New(rand.NewPCG(opts.Seed, 0x5c4a)), byAddr: map[string]int{}}
+		rng: rand.New(rand.NewPCG(opts.Seed, 0x5c4a)), byAddr: map[string]int{}, inFlight: make([]int, len(servers)), maxInFlight: make([]int, len(servers)),
+		scraped: make([]bool, len(servers))}
 	// A bench-side policy (kube-proxy, weighted-round-robin, oracle) picks the
 	// engine itself: no routing core, no scrapes.
 	bench := opts.Profile == nil && benchPolicy(opts.Policy)
+	replicas := max(opts.Replicas, 1)
+	if bench && replicas > 1 {
+		return simOutput{}, fmt.Errorf("policy %q picks without a gateway: it has no replicas", opts.Policy)
+	}
 	var addrs []string
 	for i, o := range servers {
 		e, err := sim.New(o.Engine)
 		if err != nil {
-			return nil, sim.Stats{}, fmt.Errorf("server %d: %w", i, err)
+			return simOutput{}, fmt.Errorf("server %d: %w", i, err)
 		}
 		r.engines = append(r.engines, e)
 		r.eps = append(r.eps, &simEndpoint{addr: fmt.Sprintf("sim-%d:8000", i), lora: len(o.LoRAModules) > 0 || o.Engine.MaxLoRAs > 0})
@@ -128,45 +152,51 @@ func RunSim(ctx context.Context, opts SimOptions, trace workload.Trace) ([]repor
 	// the simulated scrapes below instead of HTTP ones.
 	cfg, err := simConfig(opts, trace, addrs)
 	if err != nil {
-		return nil, sim.Stats{}, err
-	}
-	if !bench {
-		r.router = route.New(route.Options{Logger: slog.New(slog.DiscardHandler), Seed: opts.Seed, Profile: opts.Profile,
-			Fleet: fleet.Config{Interval: opts.ScrapeInterval, StaleAfter: opts.StaleAfter, UnhealthyAfter: unhealthyAfter, BlockSize: blockTokens,
-				Now: func() time.Time { return epoch.Add(r.now) }, External: true}})
-		defer r.router.Close()
-		if err := r.router.Apply(cfg); err != nil {
-			return nil, sim.Stats{}, fmt.Errorf("policy %q: %w", opts.Policy, err)
-		}
+		return simOutput{}, err
 	}
 	arrivals := simArrivals(trace)
+	if !bench {
+		shared := opts.Shared && replicas > 1
+		if r.reps, err = newReplicas(opts, cfg, replicas, shared, func() time.Time { return epoch.Add(r.now) }); err != nil {
+			return simOutput{}, err
+		}
+		defer func() {
+			for _, rep := range r.reps {
+				rep.router.Close()
+			}
+		}()
+		r.replicaOf = spreadOver(trace, replicas, opts.Seed)
+		if shared {
+			if opts.SyncDelay < 0 || opts.SyncEvery < 0 {
+				return simOutput{}, fmt.Errorf("negative sync delay %v or period %v", opts.SyncDelay, opts.SyncEvery)
+			}
+			r.sync = newPeerSync(r.reps, addrs, r.byAddr, opts.SyncDelay, opts.SyncEvery, arrivals[len(arrivals)-1].At)
+			r.blocks = newPromptBlocks(cfg.Spec.Schedulers[0])
+		}
+	}
 	for i, a := range arrivals {
 		r.recs[i] = report.Record{Arrival: a.At, PromptTokens: a.Req.PromptTokens}
 	}
 	if bench {
 		if r.pick, err = r.benchPicker(arrivals); err != nil {
-			return nil, sim.Stats{}, fmt.Errorf("policy %q: %w", opts.Policy, err)
+			return simOutput{}, fmt.Errorf("policy %q: %w", opts.Policy, err)
 		}
 	}
 	f := sim.NewFleet(r.engines)
 	r.fleet = f
-	f.OnFirstToken = func(_ int, s *sim.Seq) {
+	f.OnFirstToken = func(i int, s *sim.Seq) {
 		r.now = s.FirstToken
 		if rt := r.routes[s.Req.Tag]; rt != nil {
 			rt.FirstByte(true)
+			r.changed(int(s.Req.Tag), i)
 		}
 		r.event(simEvent{kind: "first", tag: int(s.Req.Tag)})
 	}
 	// Scrapes are timed events: each reads its engine as it was at the scrape's
 	// time, never ahead of it.
 	f.Adapters = slices.ContainsFunc(r.eps, func(e *simEndpoint) bool { return e.lora })
-	f.NextTick = func() (time.Duration, bool) {
-		if len(r.scrapes) == 0 {
-			return 0, false
-		}
-		return r.scrapes[0].at, true
-	}
-	f.OnTick = r.scrape
+	f.NextTick = r.nextTick
+	f.OnTick = r.tick
 	// A cancelled run stops routing (the rest are dropped) and lets the engines
 	// drain what they hold, which takes no wall time to speak of.
 	routed := 0
@@ -176,10 +206,10 @@ func RunSim(ctx context.Context, opts SimOptions, trace workload.Trace) ([]repor
 		}
 		return r.route(ctx, a)
 	}, r.finished); err != nil {
-		return nil, sim.Stats{}, err
+		return simOutput{}, err
 	}
 	if err := ctx.Err(); err != nil {
-		return nil, sim.Stats{}, err
+		return simOutput{}, err
 	}
 	if opts.probe != nil {
 		opts.probe(r.server)
@@ -194,7 +224,7 @@ func RunSim(ctx context.Context, opts SimOptions, trace workload.Trace) ([]repor
 		total.Preemptions += st.Preemptions
 		total.LoRALoads += st.LoRALoads
 	}
-	return r.recs, total, nil
+	return simOutput{recs: r.recs, stats: total, maxInFlight: r.maxInFlight}, nil
 }
 
 // simArrivals are the trace's requests as the engines receive them, tagged
@@ -253,9 +283,16 @@ type simEndpoint struct {
 }
 
 type simRun struct {
-	opts   SimOptions
-	trace  workload.Trace
-	router *route.Router // nil under a bench-side policy
+	opts  SimOptions
+	trace workload.Trace
+	// reps are the gateway replicas (none under a bench-side policy), and
+	// replicaOf the one each request goes to.
+	reps      []*replica
+	replicaOf []int32
+	// sync shares state between replicas (nil unless shared), with the
+	// block hashes of each decision for it.
+	sync   *peerSync
+	blocks promptBlocks
 	// pick, under a bench-side policy, picks the engine of each arrival.
 	pick    func(sim.Arrival) int
 	engines []*sim.Engine
@@ -270,6 +307,10 @@ type simRun struct {
 	recs   []report.Record
 	routes []*route.Route // per request, from its pick to its end
 	server []int          // per request: the engine serving it
+	// inFlight counts each engine's requests from their pick to their end,
+	// whichever replica picked them; maxInFlight is its highest.
+	inFlight, maxInFlight []int
+	scraped               []bool // per engine: scraped at least once
 
 	// reused per request
 	ids  []uint64
@@ -297,13 +338,18 @@ func (r *simRun) route(ctx context.Context, a sim.Arrival) int {
 		return r.routeBench(tag, model, a)
 	}
 	req := route.Request{Model: model, Prompt: r.text, BodyBytes: bodyBytes(model, a.Req.PromptTokens), Start: epoch.Add(a.At)}
-	rt, ref := r.router.Route(ctx, req)
+	k := int(r.replicaOf[tag])
+	rt, ref := r.reps[k].router.Route(ctx, req)
 	if ref != nil {
 		r.recs[tag].Error = true
 		return -1
 	}
 	i := r.byAddr[rt.Endpoints[0]]
 	r.event(simEvent{kind: "route", tag: tag, addr: rt.Endpoints[0], model: model, prompt: req.Prompt, bodyBytes: req.BodyBytes})
+	if r.sync != nil {
+		r.sync.changed(r.now, k, i)
+		r.sync.decided(r.now, k, rt.Endpoints[0], r.blocks.hashes(q, r.text), r.blocks.capacity(r.scraped[i], r.engines[i]))
+	}
 	// A prompt the server cannot hold is its 400, not a routing matter: the
 	// gateway does not retry client errors.
 	if a.Req.PromptTokens+a.Req.OutputTokens > r.engines[i].MaxModelLen() {
@@ -312,8 +358,22 @@ func (r *simRun) route(ctx context.Context, a sim.Arrival) int {
 		return -1
 	}
 	r.routes[tag] = rt
-	r.server[tag] = i
+	r.dispatched(tag, i)
 	return i
+}
+
+// dispatched counts request tag in flight on engine i.
+func (r *simRun) dispatched(tag, i int) {
+	r.server[tag] = i
+	r.inFlight[i]++
+	r.maxInFlight[i] = max(r.maxInFlight[i], r.inFlight[i])
+}
+
+// changed notes that request tag's replica saw its load on engine i change.
+func (r *simRun) changed(tag, i int) {
+	if r.sync != nil {
+		r.sync.changed(r.now, int(r.replicaOf[tag]), i)
+	}
 }
 
 // routeBench routes an arrival by a bench-side policy, with the accounting of
@@ -327,7 +387,7 @@ func (r *simRun) routeBench(tag int, model string, a sim.Arrival) int {
 		r.recs[tag].Error = true
 		return -1
 	}
-	r.server[tag] = i
+	r.dispatched(tag, i)
 	return i
 }
 
@@ -338,8 +398,34 @@ func bodyBytes(model string, promptTokens int) int64 {
 	return int64(len(`{"model":"","stream":true,"prompt":""}`) + len(model) + 4*promptTokens)
 }
 
+// nextTick is when the next timed event is due: a scrape, or shared state to
+// deliver or publish.
+func (r *simRun) nextTick() (time.Duration, bool) {
+	t, ok := time.Duration(0), false
+	if len(r.scrapes) > 0 {
+		t, ok = r.scrapes[0].at, true
+	}
+	if r.sync != nil {
+		if ts, due := r.sync.due(); due && (!ok || ts < t) {
+			t, ok = ts, true
+		}
+	}
+	return t, ok
+}
+
+// tick runs the timed event due at now, a scrape first.
+func (r *simRun) tick(now time.Duration) {
+	if len(r.scrapes) > 0 && r.scrapes[0].at <= now {
+		r.scrape(now)
+		return
+	}
+	r.now = now
+	r.sync.tick(now)
+}
+
 // scrape runs the scrape due at now: the engine's gauges as they were at that
-// moment, then schedules the endpoint's next one.
+// moment, every replica reading the same, then schedules the endpoint's next
+// one.
 func (r *simRun) scrape(now time.Duration) {
 	r.now = now
 	s := heap.Pop(&r.scrapes).(scrapeAt)
@@ -351,17 +437,27 @@ func (r *simRun) scrape(now time.Duration) {
 	if e.lora {
 		m.HasLoRA, m.MaxLoRA, m.RunningAdapters, m.WaitingAdapters = true, max(1, cfg.MaxLoRAs), g.RunningAdapters, g.WaitingAdapters
 	}
-	r.router.Observe(e.addr, m, engine.VLLM, epoch.Add(now))
+	for _, rep := range r.reps {
+		rep.router.Observe(e.addr, m, engine.VLLM, epoch.Add(now))
+	}
+	r.scraped[s.ep] = true
+	if r.sync != nil {
+		r.sync.scraped(now, s.ep)
+	}
 	r.event(simEvent{kind: "scrape", addr: e.addr, metrics: m})
 	iv := r.opts.ScrapeInterval
 	next := s.at + iv + time.Duration((r.rng.Float64()-0.5)*0.2*float64(iv))
 	heap.Push(&r.scrapes, scrapeAt{at: next, ep: s.ep})
 }
 
-func (r *simRun) finished(_ int, s *sim.Seq) {
+func (r *simRun) finished(i int, s *sim.Seq) {
 	tag := int(s.Req.Tag)
 	r.now = s.Done
+	r.inFlight[i]--
 	rt := r.routes[tag]
+	if rt != nil {
+		r.changed(tag, i)
+	}
 	rec := &r.recs[tag]
 	rec.CachedTokens = s.CachedTokens
 	rec.OutputTokens = s.Generated
