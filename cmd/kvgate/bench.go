@@ -24,6 +24,17 @@ engines, routed by the same picker, prefix index and in-flight accounting as kvg
 with metric scrapes every 50 ms. --mode live sends the trace as real streaming requests to
 one or more OpenAI-compatible targets, open loop.
 
+--suite replicas runs four of the scenarios (shared-prefix, burst-at-once, mixed-gpu-stable,
+uniform-steady) behind --replicas gateway replicas (default 1,2,4,8), each replica with its own
+picker, prefix index and dispatch accounting, clients spread over them as a Kubernetes Service
+spreads connections; each count above one with and without shared state. Shared, a replica
+applies its peers' decisions to its prefix index --sync-delay after they were made, and their
+loads on each endpoint, which each publishes every --sync-every (0: at each change), as they
+were --sync-delay earlier. It reports per count the prefix hit rate, TTFT P50/P95/P99 and the
+most requests one endpoint had in flight, against one replica, with --policies (default chat)
+and least-request at one replica for reference; at the most replicas, other delays, and on
+mixed fleets chat-fixed-speed, to tell what the delay costs from what is not shared.
+
 On a terminal, progress (each idle-engine floor and each finished run, numbered done/total)
 goes to stderr; when stderr is not a terminal, nothing does.
 
@@ -31,6 +42,8 @@ Examples:
   kvgate bench --suite aws --out bench-out
   kvgate bench --suite aws --quick --scenario mixed-gpu --policies round-robin,kvgate
   kvgate bench --suite mixed --quick --policies least-request,chat,oracle
+  kvgate bench --suite replicas --out docs/results/replicas-sim
+  kvgate bench --suite replicas --quick --scenario shared-prefix --replicas 1,8 --sync-delay 1ms
   kvgate bench --trace trace.jsonl --fleet deploy/examples/sim-fleet.yaml
   kvgate bench --mode live --scenario mixed-gpu --requests 500 --rate 5 \
       --target nginx=http://127.0.0.1:8201 --target kvgate=http://127.0.0.1:8203`,
@@ -45,7 +58,7 @@ Examples:
 	f.StringVar(&cfg.Mode, "mode", "sim", "sim (virtual time) or live (real HTTP)")
 	f.StringVar(&cfg.Suite, "suite", "aws", "scenario suite: "+strings.Join(bench.Suites, ", "))
 	f.StringSliceVar(&cfg.Scenarios, "scenario", nil, "run only these scenarios of the suite (repeatable or comma-separated)")
-	f.StringSliceVar(&cfg.Policies, "policies", nil, "policies to compare in sim mode (default: all: "+strings.Join(bench.Policies, ",")+")")
+	f.StringSliceVar(&cfg.Policies, "policies", nil, "policies to compare in sim mode (default: all: "+strings.Join(bench.Policies, ",")+"; --suite replicas: chat)")
 	f.BoolVar(&cfg.Quick, "quick", false, "a tenth of each workload, for CI")
 	f.IntVar(&cfg.Draws, "draws", 0, "runs of each randomised policy (kube-proxy), shown as their median and range (default: the policy's)")
 	f.StringVar(&cfg.Out, "out", "", "directory for results.json, report.md and plots/")
@@ -53,6 +66,9 @@ Examples:
 	f.StringVar(&cfg.TraceFile, "trace", "", "replay this JSONL trace (with --fleet) instead of the suite")
 	f.StringVar(&cfg.FleetFile, "fleet", "", "fleet file (as for kvgate sim) the trace runs on in sim mode")
 	f.BoolVar(&cfg.SaveTraces, "save-traces", false, "write each scenario's trace to OUT/traces/<scenario>.jsonl")
+	f.IntSliceVar(&cfg.Replicas, "replicas", nil, "--suite replicas: gateway replica counts to run (default 1,2,4,8)")
+	f.DurationVar(&cfg.SyncDelay, "sync-delay", bench.DefaultSyncDelay, "--suite replicas: how late shared state reaches the other replicas")
+	f.DurationVar(&cfg.SyncEvery, "sync-every", bench.DefaultSyncEvery, "--suite replicas: how often a replica publishes its loads (0: at each change)")
 	f.StringArrayVar(&cfg.Live.Targets, "target", nil, "live mode: NAME=URL of an OpenAI-compatible endpoint (repeatable; the first is the baseline)")
 	f.IntVar(&cfg.Live.Requests, "requests", 0, "live mode: send at most this many requests of the trace")
 	f.Float64Var(&cfg.Live.Rate, "rate", 0, "live mode: rescale the trace to this mean rate (requests/s)")

@@ -33,11 +33,28 @@ func TestProgressOnlyOnATerminal(t *testing.T) {
 func TestSuiteFlagNamesSuites(t *testing.T) {
 	for _, cmd := range []string{"bench", "tune"} {
 		out, err := run(t, cmd, "--help")
-		if err != nil || !strings.Contains(out, "aws, mixed") {
+		if err != nil || !strings.Contains(out, "aws, mixed, replicas") {
 			t.Errorf("%s --help: %v\n%s", cmd, err, out)
 		}
 	}
-	if _, err := run(t, "bench", "--suite", "azure"); err == nil || !strings.Contains(err.Error(), `unknown suite "azure" (known: aws, mixed)`) {
+	if _, err := run(t, "bench", "--suite", "azure"); err == nil || !strings.Contains(err.Error(), `unknown suite "azure" (known: aws, mixed, replicas)`) {
 		t.Fatalf("bench --suite azure: %v", err)
+	}
+}
+
+// bench's help documents the replicas suite's flags with their defaults, and
+// --replicas belongs to that suite alone.
+func TestBenchReplicasFlags(t *testing.T) {
+	out, err := run(t, "bench", "--help")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"--suite replicas", "--replicas ints", "--sync-delay duration", "(default 3ms)", "--sync-every duration", "(default 2ms)"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("bench --help: no %q\n%s", want, out)
+		}
+	}
+	if _, err := run(t, "bench", "--replicas", "2"); err == nil || !strings.Contains(err.Error(), "--replicas applies to --suite replicas") {
+		t.Fatalf("bench --replicas 2 on the aws suite: %v", err)
 	}
 }

@@ -38,6 +38,12 @@ type Config struct {
 	// CommandLine is quoted in the report.
 	CommandLine string
 	Live        LiveConfig
+	// Replicas, SyncDelay and SyncEvery are the replicas suite's: the replica
+	// counts (empty: DefaultReplicas), how late shared state reaches the
+	// other replicas and how often each publishes its loads (0 and 0: at
+	// once).
+	Replicas             []int
+	SyncDelay, SyncEvery time.Duration
 	// Progress, when not nil, gets a line per finished job (done/total) and per
 	// floor computed: for a terminal, as the command sets it.
 	Progress io.Writer
@@ -45,10 +51,19 @@ type Config struct {
 
 // Run runs the benchmark, prints a summary to w and writes the report.
 func Run(ctx context.Context, w io.Writer, cfg Config) error {
+	if cfg.Suite != ReplicasSuite && len(cfg.Replicas) > 0 {
+		return fmt.Errorf("--replicas applies to --suite %s", ReplicasSuite)
+	}
 	switch cfg.Mode {
 	case "", "sim":
+		if cfg.Suite == ReplicasSuite {
+			return runReplicas(ctx, w, cfg)
+		}
 		return runSim(ctx, w, cfg)
 	case "live":
+		if cfg.Suite == ReplicasSuite {
+			return fmt.Errorf("the %s suite runs in virtual time only (--mode sim)", ReplicasSuite)
+		}
 		return runLive(ctx, w, cfg)
 	default:
 		return fmt.Errorf("unknown mode %q (sim or live)", cfg.Mode)

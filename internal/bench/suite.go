@@ -48,7 +48,9 @@ const (
 //
 // "mixed" (mixedSuite) compares routing on fleets of mixed GPU generations:
 // mixed-gpu-stable, two fleets of other generations than the aws suite's, and
-// a burst that arrives inside one scrape interval.
+// a burst that arrives inside one scrape interval. "replicas" (replicasSuite)
+// runs four of these behind several gateway replicas, with and without shared
+// state.
 func Suite(name string, quick bool) ([]Scenario, error) {
 	n := func(full int) int {
 		if quick {
@@ -61,12 +63,14 @@ func Suite(name string, quick bool) ([]Scenario, error) {
 		return awsSuite(n), nil
 	case "mixed":
 		return mixedSuite(n), nil
+	case ReplicasSuite:
+		return replicasSuite(n), nil
 	}
 	return nil, fmt.Errorf("unknown suite %q (known: %s)", name, strings.Join(Suites, ", "))
 }
 
 // Suites are the names Suite knows.
-var Suites = []string{"aws", "mixed"}
+var Suites = []string{"aws", "mixed", ReplicasSuite}
 
 // awsSuite is the "aws" suite; n sizes a workload from its full request count.
 func awsSuite(n func(int) int) []Scenario {

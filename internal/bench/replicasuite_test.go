@@ -1,0 +1,77 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+// The replicas suite writes its report: the goal at the most replicas, a
+// table per scenario with every count shared and not, the delays swept.
+func TestReplicasSuiteReport(t *testing.T) {
+	dir := t.TempDir()
+	var out bytes.Buffer
+	cfg := Config{Suite: ReplicasSuite, Quick: true, Scenarios: []string{"burst-at-once"}, Replicas: []int{1, 2}, SyncDelay: DefaultSyncDelay,
+		SyncEvery: DefaultSyncEvery, Out: dir, CommandLine: "kvgate bench --suite replicas"}
+	if err := Run(context.Background(), &out, cfg); err != nil {
+		t.Fatal(err)
+	}
+	md, err := os.ReadFile(filepath.Join(dir, "report.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"## At 2 replicas", "| burst-at-once | —, ", "| 2 | shared | — | ", "| 2 | unshared | — | ",
+		"| 1 | `least-request`, for reference |", "What the delay costs", "| 2 | shared at once |", "| 2 | shared 30ms late, every 2ms |",
+		"`chat-fixed-speed`, shared at once"} {
+		if !strings.Contains(string(md), want) {
+			t.Errorf("no %q in report.md:\n%s", want, md)
+		}
+	}
+	raw, err := os.ReadFile(filepath.Join(dir, "results.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var res []ReplicaResult
+	if err := json.Unmarshal(raw, &res); err != nil {
+		t.Fatal(err)
+	}
+	// chat ×1, ×2, ×2 shared; least-request ×1; 4 more delays and the
+	// configured one at each change; 3 without learned speeds.
+	if len(res) != 12 {
+		t.Fatalf("%d runs, want 12: %s", len(res), raw)
+	}
+	for _, r := range res {
+		if r.Requests != 300 || len(r.MaxInFlightPerEndpoint) != 8 || r.MaxInFlight != slices.Max(r.MaxInFlightPerEndpoint) || r.Shared != (r.SyncDelayMS != nil) {
+			t.Errorf("run %+v", r)
+		}
+	}
+}
+
+// The replicas suite refuses what it cannot run, and other suites refuse its
+// flag.
+func TestReplicasRejects(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		cfg  Config
+		want string
+	}{
+		{"replicas elsewhere", Config{Suite: "aws", Replicas: []int{2}}, "--replicas applies to --suite replicas"},
+		{"live", Config{Suite: ReplicasSuite, Mode: "live"}, "virtual time only"},
+		{"bench-side policy", Config{Suite: ReplicasSuite, Policies: []string{KubeProxy}}, "has no replicas"},
+		{"no replicas", Config{Suite: ReplicasSuite, Replicas: []int{0}}, "0 replicas"},
+		{"negative delay", Config{Suite: ReplicasSuite, SyncDelay: -time.Millisecond}, "cannot be negative"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := Run(context.Background(), &bytes.Buffer{}, tc.cfg)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err = %v, want %q", err, tc.want)
+			}
+		})
+	}
+}
