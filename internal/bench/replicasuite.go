@@ -34,9 +34,13 @@ const (
 	replicasReference = "least-request"
 )
 
-// replicaDelays are the sync delays swept at the most replicas, besides the
-// configured one.
-var replicaDelays = []time.Duration{0, time.Millisecond, 10 * time.Millisecond, 30 * time.Millisecond}
+// replicaSweep is the sharing swept at the most replicas, besides the
+// configured one: at once, 1 ms late at each change and periodically, the
+// configured delay at each change, 10 and 30 ms late periodically.
+func replicaSweep(cfg Config) [][2]time.Duration {
+	return [][2]time.Duration{{0, 0}, {time.Millisecond, 0}, {time.Millisecond, cfg.SyncEvery}, {cfg.SyncDelay, 0},
+		{10 * time.Millisecond, cfg.SyncEvery}, {30 * time.Millisecond, cfg.SyncEvery}}
+}
 
 // The parts of the replicas suite a run belongs to.
 const (
@@ -82,9 +86,8 @@ func (v replicaVariant) String() string {
 
 // replicaVariants are the runs of one scenario: policies at each replica
 // count, unshared and (above one) shared with the configured delay; the
-// reference at one replica; at the most replicas, the first policy at each of
-// replicaDelays and at the configured delay with every change published at
-// once; and on a fleet of several kinds of GPU, where a replica's learned
+// reference at one replica; at the most replicas, the first policy shared as
+// replicaSweep says; and on a fleet of several kinds of GPU, where a replica's learned
 // speeds matter, chat-fixed-speed at one replica and at the most, sharing at
 // once and as configured.
 func replicaVariants(cfg Config, s Scenario) []replicaVariant {
@@ -117,14 +120,9 @@ func replicaVariants(cfg Config, s Scenario) []replicaVariant {
 		return out
 	}
 	main := policies[0]
-	for _, d := range replicaDelays {
-		every := cfg.SyncEvery
-		if d == 0 {
-			every = 0 // the ideal: every change at once
-		}
-		add(replicaVariant{part: partDelay, policy: main, replicas: most, shared: true, delay: d, every: every})
+	for _, s := range replicaSweep(cfg) {
+		add(replicaVariant{part: partDelay, policy: main, replicas: most, shared: true, delay: s[0], every: s[1]})
 	}
-	add(replicaVariant{part: partDelay, policy: main, replicas: most, shared: true, delay: cfg.SyncDelay})
 	if len(s.Fleet.Servers) > 1 && learnsSpeed(main) {
 		for _, v := range []replicaVariant{{replicas: 1}, {replicas: most, shared: true},
 			{replicas: most, shared: true, delay: cfg.SyncDelay, every: cfg.SyncEvery}} {

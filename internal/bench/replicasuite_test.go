@@ -41,10 +41,10 @@ func TestReplicasSuiteReport(t *testing.T) {
 	if err := json.Unmarshal(raw, &res); err != nil {
 		t.Fatal(err)
 	}
-	// chat ×1, ×2, ×2 shared; least-request ×1; 4 more delays and the
-	// configured one at each change; 3 without learned speeds.
-	if len(res) != 12 {
-		t.Fatalf("%d runs, want 12: %s", len(res), raw)
+	// chat ×1, ×2, ×2 shared; least-request ×1; 6 more ways to share; 3
+	// without learned speeds.
+	if len(res) != 13 {
+		t.Fatalf("%d runs, want 13: %s", len(res), raw)
 	}
 	for _, r := range res {
 		if r.Requests != 300 || len(r.MaxInFlightPerEndpoint) != 8 || r.MaxInFlight != slices.Max(r.MaxInFlightPerEndpoint) || r.Shared != (r.SyncDelayMS != nil) {
