@@ -11,9 +11,8 @@ import (
 
 	"github.com/kvgate/kvgate/api/v1alpha1"
 	"github.com/kvgate/kvgate/internal/fleet"
-	"github.com/kvgate/kvgate/internal/prefix"
+	"github.com/kvgate/kvgate/internal/peers"
 	"github.com/kvgate/kvgate/internal/route"
-	"github.com/kvgate/kvgate/internal/sim"
 	"github.com/kvgate/kvgate/internal/workload"
 )
 
@@ -42,10 +41,6 @@ const (
 // replica is one gateway replica of a run.
 type replica struct {
 	router *route.Router
-	// fleet and index are the router's own, reached to share state (shared
-	// runs only).
-	fleet *fleet.Fleet
-	index *prefix.Index
 	// dirty marks the endpoints whose load this replica changed since it last
 	// published; published holds what it published last, by endpoint.
 	dirty     []bool
@@ -55,8 +50,9 @@ type replica struct {
 }
 
 // newReplicas builds n routers on the run's clock, each with cfg applied.
-// shared reaches into each one's fleet and index for peerSync. The replicas
-// share a seed, as `kvgate serve` replicas started alike do.
+// Shared, each gets the bookkeeping peerSync fills; linkPeers then links
+// them. The replicas share a seed, as `kvgate serve` replicas started alike
+// do.
 func newReplicas(opts SimOptions, cfg *v1alpha1.InferenceGatewayConfig, n int, shared bool, now func() time.Time) ([]*replica, error) {
 	reps := make([]*replica, 0, n)
 	closeAll := func() {
@@ -77,11 +73,6 @@ func newReplicas(opts SimOptions, cfg *v1alpha1.InferenceGatewayConfig, n int, s
 		}
 		if !shared {
 			continue
-		}
-		var err error
-		if rep.fleet, rep.index, err = routerState(rt); err != nil {
-			closeAll()
-			return nil, err
 		}
 		rep.dirty, rep.published = make([]bool, endpoints), make([]fleet.Load, endpoints)
 		rep.peers = make([][]fleet.Load, n)
@@ -154,13 +145,47 @@ type endpointLoad struct {
 	load fleet.Load
 }
 
-func newPeerSync(reps []*replica, addrs []string, byAddr map[string]int, delay, every, until time.Duration) *peerSync {
+// newPeerSync links the replicas as the live system does (route.Peers): each
+// router tells its link of its decisions and load changes at the moment it
+// makes them, on the run's clock now.
+func newPeerSync(reps []*replica, addrs []string, byAddr map[string]int, delay, every, until time.Duration, now func() time.Duration) *peerSync {
 	p := &peerSync{reps: reps, addrs: addrs, byAddr: byAddr, delay: delay, every: every, until: until, loads: make([]fleet.Load, len(addrs))}
 	if every == 0 {
 		p.next = never // until something changes
 	}
+	for k, r := range reps {
+		r.router.SetPeers(&link{p: p, k: k, now: now})
+	}
 	return p
 }
+
+// link is a replica's route.Peers in virtual time: what the router reports
+// goes through peerSync, SyncDelay late.
+type link struct {
+	p   *peerSync
+	k   int
+	now func() time.Duration
+}
+
+// Decided shares a decision; the router reuses the hashes' memory.
+func (l *link) Decided(d peers.Decision) {
+	l.p.decided(l.now(), l.k, d.Endpoint, slices.Clone(d.Hashes), d.Capacity)
+}
+
+// Touch marks the replica's loads changed; the publication sends those that
+// did.
+func (l *link) Touch() {
+	for e := range l.p.reps[l.k].dirty {
+		l.p.reps[l.k].dirty[e] = true
+	}
+	l.p.changes(l.now())
+}
+
+// Every replica reads the same scrapes (the bench's), and ejections are not
+// modelled.
+func (*link) Owns(string) bool             { return true }
+func (*link) Scraped(string, fleet.Result) {}
+func (*link) Ejected(string, time.Time)    {}
 
 // due is the time of the next thing to do: a delivery or a publication.
 func (p *peerSync) due() (time.Duration, bool) {
@@ -206,12 +231,6 @@ func (p *peerSync) decided(now time.Duration, from int, addr string, hashes []ui
 	}
 }
 
-// changed marks endpoint ep's load as changed by replica k at now.
-func (p *peerSync) changed(now time.Duration, k, ep int) {
-	p.reps[k].dirty[ep] = true
-	p.changes(now)
-}
-
 // scraped marks endpoint ep's load as changed by a scrape at now, which every
 // replica observes.
 func (p *peerSync) scraped(now time.Duration, ep int) {
@@ -234,8 +253,8 @@ func (p *peerSync) publish(now time.Duration) {
 		if !slices.Contains(r.dirty, true) {
 			continue
 		}
-		// Loads reports in no set order; the scratch is by endpoint.
-		r.fleet.Loads(func(addr string, l fleet.Load) { p.loads[p.byAddr[addr]] = l })
+		// EachLoad reports in no set order; the scratch is by endpoint.
+		r.router.EachLoad(func(addr string, l peers.Load) { p.loads[p.byAddr[addr]] = l.Load })
 		var out []endpointLoad
 		for e, d := range r.dirty {
 			if d && p.loads[e] != r.published[e] {
@@ -257,7 +276,7 @@ func (p *peerSync) deliver(m *syncMsg) {
 			continue
 		}
 		if m.loads == nil {
-			r.index.Record(m.addr, m.hashes, m.capacity)
+			r.router.PeerDecision(peers.Decision{Endpoint: m.addr, Capacity: m.capacity, Hashes: m.hashes})
 			continue
 		}
 		for _, el := range m.loads {
@@ -268,33 +287,7 @@ func (p *peerSync) deliver(m *syncMsg) {
 					sum = sum.Add(r.peers[k][el.ep])
 				}
 			}
-			r.fleet.SetPeerLoad(p.addrs[el.ep], sum)
+			r.router.SetPeerLoad(p.addrs[el.ep], peers.Load{Load: sum})
 		}
 	}
-}
-
-// promptBlocks works out what a decision recorded in the deciding replica's
-// prefix index, as route does, to send it to the peers: the prompt head's
-// block hashes, seeded by model and adapter, and the chosen endpoint's
-// capacity in blocks (its KV cache over about four characters a token once
-// scraped, the configured default before).
-type promptBlocks struct {
-	model                 string
-	blockChars, maxBlocks int
-	unknown               int // capacity of an endpoint never scraped
-}
-
-func newPromptBlocks(sc v1alpha1.SchedulerSpec) promptBlocks {
-	return promptBlocks{model: sc.ModelName, blockChars: sc.PrefixBlockChars(), maxBlocks: sc.PrefixMaxBlocks(), unknown: sc.PrefixCapacity()}
-}
-
-func (b promptBlocks) hashes(q workload.Request, text []byte) []uint64 {
-	return prefix.Hashes(nil, text, b.blockChars, b.maxBlocks, prefix.Seed(b.model, q.Adapter))
-}
-
-func (b promptBlocks) capacity(scraped bool, e *sim.Engine) int {
-	if !scraped {
-		return b.unknown
-	}
-	return max(1, e.NumBlocks()*blockTokens*4/b.blockChars)
 }

@@ -168,8 +168,7 @@ func TestPeerSyncDelivers(t *testing.T) {
 			r.router.Observe(a, m, engine.VLLM, epoch)
 		}
 	}
-	p := newPeerSync(reps, addrs, byAddr, delay, every, time.Hour)
-	blocks := newPromptBlocks(cfg.Spec.Schedulers[0])
+	p := newPeerSync(reps, addrs, byAddr, delay, every, time.Hour, func() time.Duration { return now })
 	text := blockText(nil, workload.BlockIDs(nil, tr[0].Prompt, blockTokens)[:8])
 	step := func(to time.Duration) {
 		for {
@@ -189,16 +188,14 @@ func TestPeerSyncDelivers(t *testing.T) {
 		t.Fatal(ref.Message)
 	}
 	ep := byAddr[rt.Endpoints[0]]
-	p.changed(now, 0, ep)
-	p.decided(now, 0, rt.Endpoints[0], blocks.hashes(tr[0], text), 1000)
 	pending := func(k int) int { return reps[k].router.Snapshot(addrs[ep : ep+1])[0].Pending }
 	step(time.Millisecond + delay - time.Microsecond)
-	if n := reps[1].index.EntriesOf(rt.Endpoints[0]); n != 0 || pending(1) != 0 {
+	if n := prefixBlocks(reps[1].router, rt.Endpoints[0]); n != 0 || pending(1) != 0 {
 		t.Fatalf("before the delay: the peer holds %d blocks and %d pending", n, pending(1))
 	}
 	// The decision is due at 4 ms; the load, published at 2 ms, at 5 ms.
 	step(time.Millisecond + delay)
-	if n := reps[1].index.EntriesOf(rt.Endpoints[0]); n != 8 || pending(1) != 0 {
+	if n := prefixBlocks(reps[1].router, rt.Endpoints[0]); n != 8 || pending(1) != 0 {
 		t.Fatalf("after the delay: the peer holds %d blocks, want 8, and %d pending before the load's publication arrives", n, pending(1))
 	}
 	step(every + delay)
@@ -209,22 +206,22 @@ func TestPeerSyncDelivers(t *testing.T) {
 	// publication at 6 ms arrives.
 	step(6 * time.Millisecond)
 	rt.Finish(route.Outcome{Status: 200})
-	p.changed(now, 0, ep)
 	step(8*time.Millisecond + delay)
 	if pending(1) != 0 {
 		t.Fatalf("after the finish: the peer reads %d pending", pending(1))
 	}
 }
 
-// The router's fleet and prefix index are reachable: if route renames them,
-// this fails rather than the replicas suite at run time.
-func TestRouterState(t *testing.T) {
-	r := route.New(route.Options{})
-	defer r.Close()
-	f, x, err := routerState(r)
-	if err != nil || f == nil || x == nil {
-		t.Fatalf("fleet %v, index %v: %v", f, x, err)
+// prefixBlocks is how many prompt blocks r's prefix index holds for addr.
+func prefixBlocks(r *route.Router, addr string) int {
+	for _, v := range r.FleetView() {
+		for _, e := range v.Endpoints {
+			if e.Address == addr {
+				return e.PrefixBlocks
+			}
+		}
 	}
+	return 0
 }
 
 // A bench-side policy has no gateway to replicate, and a sharing delay is

@@ -170,8 +170,7 @@ func simulate(ctx context.Context, opts SimOptions, trace workload.Trace) (simOu
 			if opts.SyncDelay < 0 || opts.SyncEvery < 0 {
 				return simOutput{}, fmt.Errorf("negative sync delay %v or period %v", opts.SyncDelay, opts.SyncEvery)
 			}
-			r.sync = newPeerSync(r.reps, addrs, r.byAddr, opts.SyncDelay, opts.SyncEvery, arrivals[len(arrivals)-1].At)
-			r.blocks = newPromptBlocks(cfg.Spec.Schedulers[0])
+			r.sync = newPeerSync(r.reps, addrs, r.byAddr, opts.SyncDelay, opts.SyncEvery, arrivals[len(arrivals)-1].At, func() time.Duration { return r.now })
 		}
 	}
 	for i, a := range arrivals {
@@ -188,7 +187,6 @@ func simulate(ctx context.Context, opts SimOptions, trace workload.Trace) (simOu
 		r.now = s.FirstToken
 		if rt := r.routes[s.Req.Tag]; rt != nil {
 			rt.FirstByte(true)
-			r.changed(int(s.Req.Tag), i)
 		}
 		r.event(simEvent{kind: "first", tag: int(s.Req.Tag)})
 	}
@@ -289,10 +287,8 @@ type simRun struct {
 	// replicaOf the one each request goes to.
 	reps      []*replica
 	replicaOf []int32
-	// sync shares state between replicas (nil unless shared), with the
-	// block hashes of each decision for it.
-	sync   *peerSync
-	blocks promptBlocks
+	// sync shares state between replicas (nil unless shared).
+	sync *peerSync
 	// pick, under a bench-side policy, picks the engine of each arrival.
 	pick    func(sim.Arrival) int
 	engines []*sim.Engine
@@ -346,10 +342,6 @@ func (r *simRun) route(ctx context.Context, a sim.Arrival) int {
 	}
 	i := r.byAddr[rt.Endpoints[0]]
 	r.event(simEvent{kind: "route", tag: tag, addr: rt.Endpoints[0], model: model, prompt: req.Prompt, bodyBytes: req.BodyBytes})
-	if r.sync != nil {
-		r.sync.changed(r.now, k, i)
-		r.sync.decided(r.now, k, rt.Endpoints[0], r.blocks.hashes(q, r.text), r.blocks.capacity(r.scraped[i], r.engines[i]))
-	}
 	// A prompt the server cannot hold is its 400, not a routing matter: the
 	// gateway does not retry client errors.
 	if a.Req.PromptTokens+a.Req.OutputTokens > r.engines[i].MaxModelLen() {
@@ -367,13 +359,6 @@ func (r *simRun) dispatched(tag, i int) {
 	r.server[tag] = i
 	r.inFlight[i]++
 	r.maxInFlight[i] = max(r.maxInFlight[i], r.inFlight[i])
-}
-
-// changed notes that request tag's replica saw its load on engine i change.
-func (r *simRun) changed(tag, i int) {
-	if r.sync != nil {
-		r.sync.changed(r.now, int(r.replicaOf[tag]), i)
-	}
 }
 
 // routeBench routes an arrival by a bench-side policy, with the accounting of
@@ -455,9 +440,6 @@ func (r *simRun) finished(i int, s *sim.Seq) {
 	r.now = s.Done
 	r.inFlight[i]--
 	rt := r.routes[tag]
-	if rt != nil {
-		r.changed(tag, i)
-	}
 	rec := &r.recs[tag]
 	rec.CachedTokens = s.CachedTokens
 	rec.OutputTokens = s.Generated
