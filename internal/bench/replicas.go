@@ -28,7 +28,8 @@ import (
 // publishes its own loads every SyncEvery of virtual time (those that
 // changed; with SyncEvery 0, at each change), and each publication reaches the
 // peers SyncDelay later; a decision reaches them SyncDelay after it was made.
-// Learned speeds, error rates and sessions stay each replica's own.
+// What each answer taught of its endpoint's speed reaches the peers too;
+// error rates and sessions stay each replica's own.
 
 // The live system's sharing, as `kvgate bench` models it by default: state
 // reaches the other replicas DefaultSyncDelay late (through Redis), loads
@@ -137,6 +138,7 @@ type syncMsg struct {
 	hashes   []uint64
 	capacity int
 	loads    []endpointLoad
+	answer   *peers.Answer
 }
 
 // endpointLoad is a replica's own load on endpoint ep.
@@ -186,6 +188,9 @@ func (l *link) Touch() {
 func (*link) Owns(string) bool             { return true }
 func (*link) Scraped(string, fleet.Result) {}
 func (*link) Ejected(string, time.Time)    {}
+
+// Answered shares what an answer taught the replica of an endpoint's speed.
+func (l *link) Answered(a peers.Answer) { l.p.send(l.now(), syncMsg{from: l.k, answer: &a}) }
 
 // due is the time of the next thing to do: a delivery or a publication.
 func (p *peerSync) due() (time.Duration, bool) {
@@ -273,6 +278,10 @@ func (p *peerSync) publish(now time.Duration) {
 func (p *peerSync) deliver(m *syncMsg) {
 	for j, r := range p.reps {
 		if j == m.from {
+			continue
+		}
+		if m.answer != nil {
+			r.router.PeerAnswer(*m.answer)
 			continue
 		}
 		if m.loads == nil {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"math"
 	"time"
 
 	"github.com/kvgate/kvgate/internal/engine"
@@ -22,6 +23,8 @@ import (
 //	scrape:   's' endpoint(string) started(varint, unix ns, the sender's clock) flags(1: failed, 2: unreachable)
 //	          error(string) dialect(string) metrics(uvarint length, JSON of engine.Metrics)
 //	ejection: 'x' endpoint(string) until(varint, unix ns, the sender's clock)
+//	answer:   'a' endpoint(string) kind(1: first token, 2: step) 5 float64s
+//	          (own prompt tokens, prefill ahead, running, adapter loads, seconds)
 //
 // Strings are a uvarint length then bytes. A block's hashes go once per
 // decision, not one message per block.
@@ -33,6 +36,7 @@ const (
 	kindLoad     = 'l'
 	kindScrape   = 's'
 	kindEjection = 'x'
+	kindAnswer   = 'a'
 
 	// maxMetrics bounds a scrape's metrics.
 	maxMetrics = 64 << 10
@@ -75,6 +79,18 @@ type message struct {
 	loads     map[string]Load
 	scrapes   map[string]fleet.Result
 	ejections map[string]time.Time
+	answers   []Answer
+}
+
+// Answer is what one answer of an endpoint taught its replica of the
+// endpoint's speed (predictedLatency): a first token after Seconds with Own
+// prompt tokens to prefill, Ahead queued and Running in the batch, Loads 1
+// when its adapter had to be loaded; or a decode step of Seconds with
+// Running in the batch.
+type Answer struct {
+	Endpoint                            string
+	Step                                bool
+	Own, Ahead, Running, Loads, Seconds float64
 }
 
 // identity is the hash messages carry of the cluster identity.
@@ -159,6 +175,20 @@ func (e *encoder) ejection(addr string, until time.Time) {
 	e.buf = append(e.buf, kindEjection)
 	e.buf = appendString(e.buf, addr)
 	e.buf = binary.AppendVarint(e.buf, until.UnixNano())
+	e.count++
+}
+
+func (e *encoder) answer(a Answer) {
+	e.buf = append(e.buf, kindAnswer)
+	e.buf = appendString(e.buf, a.Endpoint)
+	kind := byte(1)
+	if a.Step {
+		kind = 2
+	}
+	e.buf = append(e.buf, kind)
+	for _, v := range [...]float64{a.Own, a.Ahead, a.Running, a.Loads, a.Seconds} {
+		e.buf = binary.LittleEndian.AppendUint64(e.buf, math.Float64bits(v))
+	}
 	e.count++
 }
 
@@ -310,6 +340,24 @@ func decode(b []byte, cluster uint64) (message, error) {
 				m.ejections = map[string]time.Time{}
 			}
 			m.ejections[addr] = time.Unix(0, until)
+		case kindAnswer:
+			a := Answer{Endpoint: d.string()}
+			k := d.take(1)
+			raw := d.take(5 * 8)
+			if d.err != nil {
+				break
+			}
+			a.Step = k[0] == 2
+			var v [5]float64
+			for i := range v {
+				v[i] = math.Float64frombits(binary.LittleEndian.Uint64(raw[8*i:]))
+				// A speed is learned from sane numbers only.
+				if math.IsNaN(v[i]) || math.IsInf(v[i], 0) || v[i] < 0 || v[i] > 1e7 {
+					d.err = errMalformed
+				}
+			}
+			a.Own, a.Ahead, a.Running, a.Loads, a.Seconds = v[0], v[1], v[2], v[3], v[4]
+			m.answers = append(m.answers, a)
 		default:
 			d.err = fmt.Errorf("%w: record kind %d", errMalformed, kind[0])
 		}

@@ -115,6 +115,9 @@ type State interface {
 	// PeerEjection applies an outlier ejection another replica made, until
 	// the time it ends.
 	PeerEjection(addr string, until time.Time)
+	// PeerAnswer teaches the endpoint's learned speed what a peer's answer
+	// taught the peer's.
+	PeerAnswer(a Answer)
 }
 
 // maxPending bounds the decisions waiting to be sent while Redis is away:
@@ -156,6 +159,7 @@ type Mesh struct {
 	dropped int
 	scrapes map[string]fleet.Result // to publish, the latest per endpoint
 	ejects  map[string]time.Time    // to publish
+	answers []Answer                // to publish, at most maxPending
 
 	// live names the live replicas, this one included, sorted (Owns).
 	live atomic.Pointer[[]string]
@@ -306,8 +310,8 @@ func (m *Mesh) sendLoop(ctx context.Context) {
 		last = time.Now()
 		m.dirty.Store(false)
 		m.mu.Lock()
-		decisions, scrapes, ejects := m.pending, m.scrapes, m.ejects
-		m.pending, m.scrapes, m.ejects = nil, nil, nil
+		decisions, scrapes, ejects, answers := m.pending, m.scrapes, m.ejects, m.answers
+		m.pending, m.scrapes, m.ejects, m.answers = nil, nil, nil, nil
 		m.mu.Unlock()
 		loads := map[string]Load{}
 		m.state.EachLoad(func(addr string, l Load) {
@@ -320,10 +324,10 @@ func (m *Mesh) sendLoop(ctx context.Context) {
 				delete(sent, addr) // an endpoint that left
 			}
 		}
-		if len(decisions) == 0 && len(loads) == 0 && len(scrapes) == 0 && len(ejects) == 0 {
+		if len(decisions) == 0 && len(loads) == 0 && len(scrapes) == 0 && len(ejects) == 0 && len(answers) == 0 {
 			continue
 		}
-		if err := m.send(ctx, &enc, batch{decisions, loads, scrapes, ejects, all}); err != nil {
+		if err := m.send(ctx, &enc, batch{decisions, loads, scrapes, ejects, answers, all}); err != nil {
 			if ctx.Err() != nil {
 				return
 			}
@@ -364,6 +368,7 @@ type batch struct {
 	loads     map[string]Load
 	scrapes   map[string]fleet.Result
 	ejects    map[string]time.Time
+	answers   []Answer
 	// complete: loads holds every endpoint this replica has a load on (the
 	// heartbeat's full send), so peers forget the others.
 	complete bool
@@ -410,6 +415,12 @@ func (m *Mesh) send(ctx context.Context, enc *encoder, b batch) error {
 	}
 	for a, u := range b.ejects {
 		enc.ejection(a, u)
+	}
+	for _, a := range b.answers {
+		enc.answer(a)
+		if len(enc.buf) >= sendBatch {
+			flush()
+		}
 	}
 	flush()
 	ctx, cancel := context.WithTimeout(ctx, m.cfg.Timeout)
@@ -573,6 +584,11 @@ func (m *Mesh) apply(e redis.XMessage, replay bool) {
 	m.m.messages.WithLabelValues("received").Inc()
 	for _, d := range msg.decisions {
 		m.state.PeerDecision(d)
+	}
+	// Old answers still teach a starting replica what its peers learned of
+	// each endpoint's speed (the model forgets them as new ones come).
+	for _, a := range msg.answers {
+		m.state.PeerAnswer(a)
 	}
 	// Times the sender stamped by its clock are read by the offset from its
 	// sending, on this replica's clock: the nodes' clocks need not agree.
@@ -768,6 +784,16 @@ func (m *Mesh) Owns(addr string) bool {
 		}
 	}
 	return owner == m.cfg.Replica
+}
+
+// Answered queues what an answer taught of an endpoint's speed, for the peers.
+func (m *Mesh) Answered(a Answer) {
+	m.mu.Lock()
+	if len(m.answers) < maxPending {
+		m.answers = append(m.answers, a)
+	}
+	m.mu.Unlock()
+	m.Touch()
 }
 
 // Ejected queues an outlier ejection for the peers.

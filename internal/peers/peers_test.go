@@ -29,6 +29,7 @@ type state struct {
 	replicas  int
 	scrapes   map[string]fleet.Result
 	ejections map[string]time.Time
+	answers   []Answer
 }
 
 func newState() *state { return &state{own: map[string]Load{}, peerLoads: map[string]Load{}} }
@@ -92,6 +93,12 @@ func (s *state) ejection(addr string) time.Time {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.ejections[addr]
+}
+
+func (s *state) PeerAnswer(a Answer) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.answers = append(s.answers, a)
 }
 
 func (s *state) place() (int, int) {
@@ -239,9 +246,10 @@ func TestDecodeBounds(t *testing.T) {
 	enc.load("e:1", Load{Load: fleet.Load{Queued: 1, Started: 2, Blocks: 3, StartedBefore: 4, Completed: 5, PrefillTokens: 6, PrefillWork: 7}, InFlight: 8})
 	enc.scrape("e:1", fleet.Result{Started: time.Unix(5, 0), Metrics: engine.Metrics{Running: 3}, Dialect: engine.SGLang})
 	enc.ejection("e:1", time.Unix(9, 0))
+	enc.answer(Answer{Endpoint: "e:1", Own: 2000, Ahead: 500, Running: 3, Seconds: 0.25})
 	b := enc.bytes()
 	m, err := decode(b, identity("c"))
-	if err != nil || m.replica != "r" || m.sent != 42 || m.instance != 7 || !m.complete || len(m.decisions) != 1 || m.loads["e:1"].InFlight != 8 || m.loads["e:1"].PrefillWork != 7 || m.scrapes["e:1"].Metrics.Running != 3 || m.scrapes["e:1"].Dialect != engine.SGLang || !m.ejections["e:1"].Equal(time.Unix(9, 0)) {
+	if err != nil || m.replica != "r" || m.sent != 42 || m.instance != 7 || !m.complete || len(m.decisions) != 1 || m.loads["e:1"].InFlight != 8 || m.loads["e:1"].PrefillWork != 7 || m.scrapes["e:1"].Metrics.Running != 3 || m.scrapes["e:1"].Dialect != engine.SGLang || !m.ejections["e:1"].Equal(time.Unix(9, 0)) || len(m.answers) != 1 || m.answers[0].Seconds != 0.25 || m.answers[0].Own != 2000 {
 		t.Fatalf("round trip: %+v %v", m, err)
 	}
 	for n := range len(b) {

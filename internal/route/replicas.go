@@ -18,8 +18,10 @@ type Peers interface {
 	// a scrape's result for the others.
 	Owns(addr string) bool
 	Scraped(addr string, r fleet.Result)
-	// Ejected tells the others of an outlier ejection.
+	// Ejected tells the others of an outlier ejection; Answered of what an
+	// answer taught of an endpoint's speed.
 	Ejected(addr string, until time.Time)
+	Answered(a peers.Answer)
 }
 
 // replicaShare is this replica's place among the live ones: its rank in
@@ -66,6 +68,37 @@ func (g *Router) PeerEjection(addr string, until time.Time) {
 		}
 		e.out.until.Store(until.UnixNano())
 		g.log.Info("endpoint ejected by a peer replica", "scheduler", p.name, "endpoint", addr, "until", until)
+	}
+}
+
+// PeerAnswer implements peers.State: a peer's answer teaches the endpoint's
+// speed here as this replica's own would, so that every replica learns from
+// all the answers, not its share of them.
+func (g *Router) PeerAnswer(a peers.Answer) {
+	rt := g.routes.Load()
+	if rt == nil {
+		return
+	}
+	now := g.now()
+	for _, p := range rt.schedulers {
+		e := p.endpoint(a.Endpoint)
+		if e == nil {
+			continue
+		}
+		if a.Step {
+			e.speed.ObserveStep(a.Running, a.Seconds, p.poolSpeed())
+			continue
+		}
+		e.speed.ObserveTTFT(a.Own, a.Ahead, a.Running, a.Loads, a.Seconds, p.poolSpeed())
+		p.observedAt.Store(now.UnixNano())
+		p.refreshPrior(now)
+	}
+}
+
+// answeredSpeed tells the peers what an answer taught of an endpoint's speed.
+func (g *Router) answeredSpeed(a peers.Answer) {
+	if p := g.mesh(); p != nil {
+		p.Answered(a)
 	}
 }
 

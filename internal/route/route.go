@@ -9,6 +9,7 @@ import (
 
 	"github.com/kvgate/kvgate/internal/fleet"
 	"github.com/kvgate/kvgate/internal/openai"
+	"github.com/kvgate/kvgate/internal/peers"
 	"github.com/kvgate/kvgate/internal/proxy"
 	"github.com/kvgate/kvgate/internal/schedule"
 )
@@ -397,7 +398,9 @@ func (r *Route) FirstByte(streamed bool) {
 	// A whole answer's first byte says nothing of its first token.
 	if streamed && !r.sentAt.IsZero() {
 		r.firstAt = now
-		r.served.speed.ObserveTTFT(float64(r.own), r.ahead, r.running, r.loads, now.Sub(r.sentAt).Seconds(), r.p.poolSpeed())
+		ttft := now.Sub(r.sentAt).Seconds()
+		r.served.speed.ObserveTTFT(float64(r.own), r.ahead, r.running, r.loads, ttft, r.p.poolSpeed())
+		r.g.answeredSpeed(peers.Answer{Endpoint: r.served.addr, Own: float64(r.own), Ahead: r.ahead, Running: r.running, Loads: r.loads, Seconds: ttft})
 		r.p.observedAt.Store(now.UnixNano())
 		r.p.refreshPrior(now)
 	}
@@ -476,6 +479,7 @@ func (r *Route) Finish(o Outcome) {
 	if !r.firstAt.IsZero() && o.UsageSeen && o.CompletionTokens > 1 && !o.StreamError && !o.ClientGone && o.Status < 300 {
 		step := r.g.now().Sub(r.firstAt).Seconds() / float64(o.CompletionTokens-1)
 		r.served.speed.ObserveStep(r.running, step, r.p.poolSpeed())
+		r.g.answeredSpeed(peers.Answer{Endpoint: r.served.addr, Step: true, Running: r.running, Seconds: step})
 	}
 	if !o.Unanswered {
 		r.g.observeDuration(r.p.name, window, r.g.now().Sub(r.start))
