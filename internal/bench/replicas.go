@@ -31,12 +31,15 @@ import (
 // What each answer taught of its endpoint's speed reaches the peers too;
 // error rates and sessions stay each replica's own.
 
-// The live system's sharing, as `kvgate bench` models it by default: state
-// reaches the other replicas DefaultSyncDelay late (through Redis), loads
-// published every DefaultSyncEvery.
+// The live system's sharing, as `kvgate bench` models it by default: each
+// change is published as it happens and reaches the other replicas
+// DefaultSyncDelay late, the propagation measured through Redis at 1,000
+// decisions a second, its gathering included (BenchmarkPropagation in
+// internal/peers: p50 1.3 ms, p99 3.4 ms; docs/scaling.md). The suite sweeps
+// longer delays beside it.
 const (
-	DefaultSyncDelay = 3 * time.Millisecond
-	DefaultSyncEvery = 2 * time.Millisecond
+	DefaultSyncDelay = 1500 * time.Microsecond
+	DefaultSyncEvery = 0
 )
 
 // replica is one gateway replica of a run.
@@ -50,10 +53,9 @@ type replica struct {
 	peers [][]fleet.Load
 }
 
-// newReplicas builds n routers on the run's clock, each with cfg applied.
-// Shared, each gets the bookkeeping peerSync fills; linkPeers then links
-// them. The replicas share a seed, as `kvgate serve` replicas started alike
-// do.
+// newReplicas builds n routers on the run's clock, each with cfg applied and
+// its own seed. Shared, each gets the bookkeeping peerSync fills;
+// newPeerSync then links them.
 func newReplicas(opts SimOptions, cfg *v1alpha1.InferenceGatewayConfig, n int, shared bool, now func() time.Time) ([]*replica, error) {
 	reps := make([]*replica, 0, n)
 	closeAll := func() {
@@ -62,8 +64,10 @@ func newReplicas(opts SimOptions, cfg *v1alpha1.InferenceGatewayConfig, n int, s
 		}
 	}
 	endpoints := len(cfg.Spec.Schedulers[0].Endpoints)
-	for range n {
-		rt := route.New(route.Options{Logger: slog.New(slog.DiscardHandler), Seed: opts.Seed, Profile: opts.Profile,
+	for k := range n {
+		// Each its own seed, as kvgate serve draws one at start (the first
+		// the run's, so one replica is the single-replica run).
+		rt := route.New(route.Options{Logger: slog.New(slog.DiscardHandler), Seed: opts.Seed + uint64(k)*0x9e3779b97f4a7c15, Profile: opts.Profile,
 			Fleet: fleet.Config{Interval: opts.ScrapeInterval, StaleAfter: opts.StaleAfter, UnhealthyAfter: unhealthyAfter, BlockSize: blockTokens,
 				Now: now, External: true}})
 		rep := &replica{router: rt}

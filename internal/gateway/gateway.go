@@ -8,6 +8,7 @@ package gateway
 
 import (
 	"log/slog"
+	"math/rand/v2"
 	"sync"
 	"time"
 
@@ -65,6 +66,11 @@ func New(opts Options) *Gateway {
 	}
 	if opts.BodyReadTimeout == 0 {
 		opts.BodyReadTimeout = time.Minute
+	}
+	// Replicas started alike must not break ties alike: in step, they would
+	// send their next requests to the same pod.
+	if opts.Seed == 0 {
+		opts.Seed = rand.Uint64()
 	}
 	r := route.New(route.Options{Logger: opts.Logger, Metrics: opts.Metrics, Seed: opts.Seed, Fleet: opts.Fleet, DecisionLogEvery: opts.DecisionLogEvery})
 	return &Gateway{Router: r, opts: opts, log: opts.Logger}
