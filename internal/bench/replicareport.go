@@ -91,10 +91,11 @@ func (d replicasDoc) markdown() string {
 		"goes to the replica its client hashes to, any other to a replica drawn at random. **Unshared**, a replica knows only "+
 		"the requests it routed. **Shared**, each also applies its peers' state: their decisions, recorded in its prefix index "+
 		"%v after they were made, and their loads on each endpoint since its last scrape (dispatches, first tokens, "+
-		"completions, prompts awaiting a first token), which each replica publishes every %v and the others receive %v later. "+
-		"What each replica learns of an endpoint's speed (predictedLatency), its error rate and sessions stay its own. Max in "+
+		"completions, prompts awaiting a first token), which each replica publishes %s and the others receive %v later, "+
+		"and what each answer taught a replica of its endpoint's speed (predictedLatency), as late. Error rates and sessions "+
+		"stay each replica's own. Max in "+
 		"flight counts each endpoint's requests from their pick to their end, from all replicas at once.\n\n",
-		strings.Join(d.policies(), "`, `"), d.cfg.SyncDelay, d.cfg.SyncEvery, d.cfg.SyncDelay)
+		strings.Join(d.policies(), "`, `"), d.cfg.SyncDelay, publishing(d.cfg.SyncEvery), d.cfg.SyncDelay)
 	d.goals(&b, most)
 	for _, s := range d.scenarios {
 		fmt.Fprintf(&b, "## %s\n\n%s\n\n", s.Name, s.Description)
@@ -163,7 +164,7 @@ func (d replicasDoc) replicasTable(b *strings.Builder, scenario, policy string) 
 	if !ok {
 		return
 	}
-	fmt.Fprintf(b, "`%s`, against one replica (shared: %v late, loads published every %v):\n\n", policy, d.cfg.SyncDelay, d.cfg.SyncEvery)
+	fmt.Fprintf(b, "`%s`, against one replica (shared: %v late, loads published %s):\n\n", policy, d.cfg.SyncDelay, publishing(d.cfg.SyncEvery))
 	header(b)
 	counts := d.cfg.Replicas
 	if len(counts) == 0 {
@@ -279,6 +280,15 @@ func sharing(v replicaVariant) string {
 		return fmt.Sprintf("shared %v late, each change", v.delay)
 	}
 	return fmt.Sprintf("shared %v late, every %v", v.delay, v.every)
+}
+
+// publishing says how often loads are published: every period, or as they
+// change (0).
+func publishing(every time.Duration) string {
+	if every == 0 {
+		return "as they change"
+	}
+	return fmt.Sprintf("every %v", every)
 }
 
 func header(b *strings.Builder) {
