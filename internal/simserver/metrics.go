@@ -44,6 +44,10 @@ const (
 	CustomCacheInfo    = "myserver_cache_info"       // {block_size="16"} 1
 )
 
+// SimScrapes counts the /metrics requests a server has answered, in every
+// dialect: not an engine's series but the simulator's.
+const SimScrapes = "kvgate_sim_scrapes_total"
+
 // vLLM's histogram buckets (seconds).
 var (
 	vllmTTFTBuckets = []float64{0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80, 160, 640, 2560}
@@ -144,6 +148,9 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	m.s.mu.Unlock()
 	e := emitter{ch: ch, base: m.baseLabels(), omit: m.s.opts.OmitMetrics}
 	st := snap.Stats
+	// The simulator's own series, in every dialect: the /metrics requests served,
+	// this one included (the load scrapers put on the server).
+	e.raw(prometheus.CounterValue, SimScrapes, float64(m.s.Scrapes()), nil)
 	switch m.dialect {
 	case DialectVLLM:
 		e.gauge("vllm:num_requests_running", float64(snap.Running))
