@@ -9,7 +9,7 @@ BUILD_TIME ?= first time ~2.5 min on 2 cores, with the module downloads; then se
 VET_TIME   ?= ~30 s; ~4 min the first time, when it compiles every package without -race
 LINT_TIME  ?= ~30 s; ~1 min the first time
 
-.PHONY: all build test unit lint fmt demo bench bench-peers clean tools generate verify-generate
+.PHONY: all build test unit lint fmt demo bench bench-peers bench-replicas clean tools generate verify-generate
 
 all: build
 
@@ -67,6 +67,12 @@ demo: build
 ## in front of one simulated fleet (installs nginx-light and haproxy when root).
 bench-peers:
 	./hack/bench-peers.sh
+
+## bench-replicas: one, three sharing state (Redis) and three unshared kvgate serve replicas
+## behind haproxy (mode tcp), live, each on a fresh simulated fleet of 3 H100 servers
+## (installs haproxy when root; results in bench-results/replicas).
+bench-replicas:
+	./hack/bench-replicas.sh
 
 ## bench: the simulator's cost benchmarks (docs/benchmarks.md quotes them).
 bench: build
