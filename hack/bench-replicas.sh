@@ -279,7 +279,7 @@ run_setup() {
 		 server_prefix_cache: {hit_tokens: $hits, query_tokens: $queries,
 		   hit_rate: (if $queries > 0 then $hits / $queries else null end)},
 		 scrapes_per_s_per_server: [$scrapes[] / $window],
-		 replica_cpu_s: [range($cpu1 | length) as $i | $cpu1[$i] - $cpu0[$i]],
+		 replica_cpu_s: [range($cpu1 | length) as $i | ($cpu1[$i] - $cpu0[$i]) * 1000 | round / 1000],
 		 replica_requests: $reqs, replica_connections: $conns,
 		 redis_cpu_s: $redis_cpu, propagation: $prop, replica_messages: $msgs}' >"$work/$name.json"
 
@@ -303,16 +303,17 @@ for s in "${SETUPS[@]}"; do cat "$work/$s.json"; done |
 		'{date: $date, commit: $commit, machine: $machine, elapsed_s: $elapsed,
 		  scenario: $scenario, requests: $requests, rate: $rate, setups: .}' >"$OUT/results.json"
 
-jq -r '
+jq -r --arg out "$OUT" '
 	def f(x; d): if x == null then "–" elif (x | type) == "string" then x else (x * pow(10; d) | round) / pow(10; d) | tostring end;
 	def pct(x): if x == null then "–" else f(x * 100; 1) + "%" end;
 	def what: if .shared_state then "3 replicas, shared state" elif .replicas > 1 then "3 replicas, no sharing" else "1 replica" end;
 	def sum(xs): reduce xs[] as $x (0; . + $x);
 	"# kvgate serve replicas, live (issue 20)\n",
 	"Generated \(.date) on \(.machine), at commit \(.commit); the script took \(.elapsed_s) s.\n",
-	"Command: `REQUESTS=\(.requests) RATE=\(.rate) SCENARIO=\(.scenario) hack/bench-replicas.sh` (`make bench-replicas` with those values).\n",
+	"Command: `OUT=\($out) REQUESTS=\(.requests) RATE=\(.rate) SCENARIO=\(.scenario) hack/bench-replicas.sh` (`make bench-replicas` with those values).\n",
 	"A simulated fleet of 3 H100 servers of Llama-3.1-8B (`kvgate sim --fleet`), fresh for each setup (cold caches); the first \(.requests) requests of the aws suite'"'"'s \(.scenario) trace at \(.rate) requests/s, open loop (`kvgate bench --mode live`; workload in `<setup>/report.md`), through haproxy (mode tcp, balance roundrobin: each connection goes to the next replica) in front of the replicas; one InferenceGatewayConfig, the chat profile, for all.\n",
 	"Prefix-cache hit rate: `vllm:prefix_cache_hits_total / vllm:prefix_cache_queries_total` (tokens) over the run, the 3 servers summed (the client'"'"'s view, `cached_tokens` / prompt tokens, in brackets). Scrapes: `kvgate_sim_scrapes_total` over the run, per second, averaged over the 3 servers. CPU: utime + stime of the replicas over the run, summed.\n",
+	"The bench client (Go'"'"'s http.Transport) opens a connection for each request in flight that finds none idle and keeps it, reusing the most recently freed one: haproxy spreads the connections evenly, the requests less so (per replica below).\n",
 	"| setup | TTFT p50 / p95 / p99 (ms) | errors | prefix-cache hit rate | scrapes/s per model server | CPU s, all replicas | run (s) |",
 	"|---|--:|--:|--:|--:|--:|--:|",
 	(.setups[] | "| \(.setup): \(what) | \(f(.ttft_ms.p50; 1)) / \(f(.ttft_ms.p95; 1)) / \(f(.ttft_ms.p99; 1)) | \(.errors) of \(.requests) | \(pct(.server_prefix_cache.hit_rate)) (\(pct(.client_prefix_hit_rate))) | \(f(sum(.scrapes_per_s_per_server) / (.scrapes_per_s_per_server | length); 1)) | \(f(sum(.replica_cpu_s); 2)) | \(f(.window_s; 1)) |"),
@@ -330,9 +331,9 @@ jq -r '
 			($ks[] as $k | "| messages `\($k)` during the run | " + ([$m[] | .[$k] // 0 | tostring] | join(" | ")) + " |")
 		else empty end),
 		"",
-		"Scrapes per second at each model server: " + ([.scrapes_per_s_per_server[] | f(.; 1)] | join(", ")) + ".\n",
+		"Scrapes per second at each model server: " + ([.scrapes_per_s_per_server[] | f(.; 1)] | join(", ")) + ".",
 		(if .shared_state then
-			"Propagation (`kvgate_replica_propagation_seconds`, the 3 replicas'"'"' buckets summed, interpolated within a bucket): p50 \(f(.propagation.p50_ms; 2)) ms, p99 \(f(.propagation.p99_ms; 2)) ms over the \(.propagation.buckets[-1].count) stream entries (decisions, loads, scrape results, ejections) the replicas applied during the run; buckets (le: cumulative count) " + ([.propagation.buckets[] | "\(.le): \(.count)"] | join(", ")) + ". redis-server used \(f(.redis_cpu_s; 2)) CPU s."
+			"\nPropagation (`kvgate_replica_propagation_seconds`, the 3 replicas'"'"' buckets summed, interpolated within a bucket): p50 \(f(.propagation.p50_ms; 2)) ms, p99 \(f(.propagation.p99_ms; 2)) ms over the \(.propagation.buckets[-1].count) stream entries (decisions, loads, scrape results, ejections) the replicas applied during the run; buckets (le: cumulative count) " + ([.propagation.buckets[] | "\(.le): \(.count)"] | join(", ")) + ". redis-server used \(f(.redis_cpu_s; 2)) CPU s."
 		else empty end),
 		"")
 ' "$OUT/results.json" >"$OUT/report.md"
