@@ -320,22 +320,23 @@ func TestReplicasShareScraping(t *testing.T) {
 }
 
 // TestReplicasBurstDoesNotHerd: three pods, two with 20 requests queued at
-// the last scrape and one idle, take a burst of 60 requests spread over three
-// replicas inside one scrape interval, with the gie-default profile (whose
-// scores follow the scraped queue and KV cache, and the gateway's own
+// the last scrape and one idle, take a burst of 198 requests spread over three
+// replicas inside one scrape interval (50 ms), with the gie-default profile
+// (whose scores follow the scraped queue and KV cache, and the gateway's own
 // dispatches on top). One replica fills the idle pod up to the others' queue,
-// about 20, then spreads the rest; three replicas that share nothing each do
-// so with their own 20, sending the idle pod nearly all 60. Sharing the
-// dispatches keeps it near one replica's figure. (The default chat profile
+// about 20, then spreads the rest (80 of 198); three replicas that share
+// nothing each fill it with their own 20 first (107). Sharing the dispatches
+// keeps it at one replica's figure. (The default chat profile
 // also scores each pod's queued prefill, which spreads a burst within a
 // replica before the queues level.)
 func TestReplicasBurstDoesNotHerd(t *testing.T) {
+	const burstSize = 198 // 66 a replica
 	for _, tc := range []struct {
 		name            string
 		replicas        int
 		shared          bool
 		atLeast, atMost int
-	}{{"one replica", 1, false, 25, 40}, {"shared", 3, true, 25, 45}, {"not shared", 3, false, 50, 60}} {
+	}{{"one replica", 1, false, 70, 90}, {"shared", 3, true, 70, 92}, {"not shared", 3, false, 100, burstSize}} {
 		t.Run(tc.name, func(t *testing.T) {
 			var r *redistest.Server
 			if tc.shared {
@@ -376,8 +377,8 @@ func TestReplicasBurstDoesNotHerd(t *testing.T) {
 			defer func() { cancel(); wg.Wait() }()
 			// The burst arrives over 50 ms: inside one scrape interval at the
 			// default rate, longer than the propagation (about 3 ms).
-			for i := range 60 {
-				time.Sleep(50 * time.Millisecond / 60)
+			for i := range burstSize {
+				time.Sleep(50 * time.Millisecond / burstSize)
 				wg.Go(func() {
 					body := `{"model":"` + llama + `","messages":[{"role":"user","content":"Case ` + fmt.Sprint(i) + `."}],"max_tokens":4000,"ignore_eos":true,"stream":true}`
 					req, _ := http.NewRequestWithContext(ctx, http.MethodPost, rs[i%len(rs)].base+"/v1/chat/completions", strings.NewReader(body))
@@ -388,7 +389,7 @@ func TestReplicasBurstDoesNotHerd(t *testing.T) {
 				})
 			}
 			served := map[string]int{}
-			waittest.Until(t, 20*time.Second, "all 60 picked", func() bool {
+			waittest.Until(t, 20*time.Second, "the whole burst picked", func() bool {
 				clear(served)
 				n := 0
 				for _, rp := range rs {
@@ -397,12 +398,12 @@ func TestReplicasBurstDoesNotHerd(t *testing.T) {
 						n += int(e.InFlight)
 					}
 				}
-				return n == 60
+				return n == burstSize
 			})
 			idle := served[addrs[0]]
-			t.Logf("the idle pod took %d of 60 (busy pods %d and %d)", idle, served[addrs[1]], served[addrs[2]])
+			t.Logf("the idle pod took %d of %d (busy pods %d and %d)", idle, burstSize, served[addrs[1]], served[addrs[2]])
 			if idle < tc.atLeast || idle > tc.atMost {
-				t.Errorf("the idle pod took %d of 60, want %d to %d", idle, tc.atLeast, tc.atMost)
+				t.Errorf("the idle pod took %d of %d, want %d to %d", idle, burstSize, tc.atLeast, tc.atMost)
 			}
 		})
 	}
