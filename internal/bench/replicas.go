@@ -193,6 +193,9 @@ func (*link) Owns(string) bool             { return true }
 func (*link) Scraped(string, fleet.Result) {}
 func (*link) Ejected(string, time.Time)    {}
 
+// Settled: what a replica published reaches everyone the delay later.
+func (l *link) Settled() time.Time { return epoch.Add(l.now() - l.p.delay) }
+
 // Answered shares what an answer taught the replica of an endpoint's speed.
 func (l *link) Answered(a peers.Answer) { l.p.send(l.now(), syncMsg{from: l.k, answer: &a}) }
 

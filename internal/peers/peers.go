@@ -167,6 +167,13 @@ type Mesh struct {
 	dirty atomic.Bool
 	up    atomic.Bool
 	wake  chan struct{}
+	// sent lists this replica's last entries, in stream order, with when
+	// their batch was gathered; settled is the gathering time of the last
+	// one read back (Unix nanoseconds): Settled.
+	sentMu  sync.Mutex
+	sent    []sentEntry
+	ownRead string // the last own entry read back
+	settled atomic.Int64
 
 	peersMu sync.Mutex
 	peers   map[string]*peer
@@ -308,6 +315,7 @@ func (m *Mesh) sendLoop(ctx context.Context) {
 			}
 		}
 		last = time.Now()
+		collected := last // what changed before now goes in this batch
 		m.dirty.Store(false)
 		m.mu.Lock()
 		decisions, scrapes, ejects, answers := m.pending, m.scrapes, m.ejects, m.answers
@@ -327,7 +335,7 @@ func (m *Mesh) sendLoop(ctx context.Context) {
 		if len(decisions) == 0 && len(loads) == 0 && len(scrapes) == 0 && len(ejects) == 0 && len(answers) == 0 {
 			continue
 		}
-		if err := m.send(ctx, &enc, batch{decisions, loads, scrapes, ejects, answers, all}); err != nil {
+		if err := m.send(ctx, &enc, batch{decisions, loads, scrapes, ejects, answers, all, collected}); err != nil {
 			if ctx.Err() != nil {
 				return
 			}
@@ -372,6 +380,8 @@ type batch struct {
 	// complete: loads holds every endpoint this replica has a load on (the
 	// heartbeat's full send), so peers forget the others.
 	complete bool
+	// collected is when the batch was gathered: every change before it is in.
+	collected time.Time
 }
 
 // send writes a batch as entries of at most sendBatch bytes.
@@ -429,8 +439,25 @@ func (m *Mesh) send(ctx context.Context, enc *encoder, b batch) error {
 	for _, e := range entries {
 		pipe.XAdd(ctx, &redis.XAddArgs{Stream: m.stream, MaxLen: m.cfg.Retain, Approx: true, Values: []any{"m", e}})
 	}
-	if _, err := pipe.Exec(ctx); err != nil {
+	cmds, err := pipe.Exec(ctx)
+	if err != nil {
 		return fmt.Errorf("adding to stream %s: %w", m.stream, err)
+	}
+	if len(cmds) > 0 {
+		if c, ok := cmds[len(cmds)-1].(*redis.StringCmd); ok {
+			m.sentMu.Lock()
+			switch {
+			case m.ownRead != "" && !after(c.Val(), m.ownRead):
+				// The reader got there first.
+				m.settle(b.collected)
+			default:
+				if len(m.sent) >= maxUnsettled {
+					m.sent = m.sent[1:]
+				}
+				m.sent = append(m.sent, sentEntry{id: c.Val(), collected: b.collected})
+			}
+			m.sentMu.Unlock()
+		}
 	}
 	m.setUp(true)
 	m.m.messages.WithLabelValues("sent").Add(float64(len(entries)))
@@ -574,7 +601,8 @@ func (m *Mesh) apply(e redis.XMessage, replay bool) {
 	self := msg.replica == m.cfg.Replica
 	switch {
 	case self && msg.instance == m.instance:
-		return // this replica's own
+		m.readBack(e.ID) // this replica's own
+		return
 	case self && !replay:
 		// Another process with this replica's name: ranks and scrape
 		// assignment go wrong. Its entries are counted as a peer's.
@@ -784,6 +812,49 @@ func (m *Mesh) Owns(addr string) bool {
 		}
 	}
 	return owner == m.cfg.Replica
+}
+
+// sentEntry is one of this replica's stream entries awaiting its read-back.
+type sentEntry struct {
+	id        string
+	collected time.Time
+}
+
+// maxUnsettled bounds the entries remembered until they are read back.
+const maxUnsettled = 4096
+
+// Settled is the time up to which this replica's changes are known to every
+// peer's view and every peer's earlier changes to its own: the gathering of
+// its last entry read back from the stream, which orders all entries, so
+// that every peer entry before it has been applied here, and every peer
+// applies it before any of that peer's later ones. Zero until one is read
+// back, and while Redis is away.
+func (m *Mesh) Settled() time.Time {
+	if n := m.settled.Load(); n > 0 {
+		return time.Unix(0, n)
+	}
+	return time.Time{}
+}
+
+// readBack notes that the reader reached this replica's own entry id: it and
+// every one before it are read back.
+func (m *Mesh) readBack(id string) {
+	m.sentMu.Lock()
+	defer m.sentMu.Unlock()
+	if m.ownRead == "" || after(id, m.ownRead) {
+		m.ownRead = id
+	}
+	for len(m.sent) > 0 && !after(m.sent[0].id, m.ownRead) {
+		m.settle(m.sent[0].collected)
+		m.sent = m.sent[1:]
+	}
+}
+
+// settle moves Settled up to t; sentMu is held.
+func (m *Mesh) settle(t time.Time) {
+	if n := t.UnixNano(); n > m.settled.Load() {
+		m.settled.Store(n)
+	}
 }
 
 // Answered queues what an answer taught of an endpoint's speed, for the peers.

@@ -181,7 +181,7 @@ func (g *Router) choose(ctx context.Context, p *scheduler, req schedule.Request,
 		// one when it does: look again then.
 		var soon <-chan time.Time
 		if sc.soon {
-			soon = time.After(borrowWindow)
+			soon = time.After(borrowPoll)
 		}
 		select {
 		case <-woken:

@@ -22,6 +22,9 @@ type Peers interface {
 	// answer taught of an endpoint's speed.
 	Ejected(addr string, until time.Time)
 	Answered(a peers.Answer)
+	// Settled is the time up to which this replica's changes are in every
+	// peer's view and theirs before it in its own (peers.Mesh.Settled).
+	Settled() time.Time
 }
 
 // replicaShare is this replica's place among the live ones: its rank in
@@ -185,7 +188,28 @@ func (g *Router) SetReplicas(rank, replicas int) {
 // slots is a per-endpoint in-flight limit as this replica applies it: its
 // part of the limit, always its own, and the limit itself, whose slots the
 // other replicas' last reports leave free it may borrow.
-type slots struct{ part, limit int }
+type slots struct {
+	part, limit int
+	// peers tells when this replica's view settled (Peers.Settled): a
+	// replica borrows a slot of an endpoint only once its last slot there is
+	// in a settled view, so that the borrow is made on a view that holds its
+	// own last requests and its peers' up to then, and each replica has at
+	// most one borrow there its peers have not seen. Read at each look: a
+	// request waiting to borrow waits for the view to settle.
+	peers Peers
+}
+
+// settled is when this replica's view last settled, Unix nanoseconds (0:
+// never, or no peers).
+func (s slots) settled() int64 {
+	if s.peers == nil {
+		return 0
+	}
+	if t := s.peers.Settled(); !t.IsZero() {
+		return t.UnixNano()
+	}
+	return 0
+}
 
 // room says whether an endpoint with n of this replica's requests in flight,
 // and peers of the others', may take one more (a zero limit: always), and
@@ -200,19 +224,15 @@ func (s slots) room(n, peers int) (ok, borrow bool) {
 	return false, false
 }
 
-// borrowWindow is how long after taking a slot of an endpoint a replica waits
-// before it borrows one there: longer than a load report takes to reach the
-// peers (p99 3.4 ms on loopback), so that a borrow is made on a view that
-// holds the borrower's own last requests and the others' up to then. A burst
-// arriving at every replica at once takes the parts and borrows nothing until
-// the replicas have heard of each other.
-const borrowWindow = 10 * time.Millisecond
+// borrowPoll is how often a request waiting to borrow looks whether this
+// replica's view has settled.
+const borrowPoll = 2 * time.Millisecond
 
 // admits says whether e may take one more request under limit now, and, when
 // not, whether it may in a borrow window.
 func (e *endpoint) admits(limit slots, now time.Time) (ok, soon bool) {
 	ok, borrow := limit.room(int(e.inFlight.Load()), int(e.peers.Load()))
-	if ok && borrow && now.UnixNano()-e.admittedAt.Load() < int64(borrowWindow) {
+	if ok && borrow && e.admittedAt.Load() >= limit.settled() {
 		return false, true
 	}
 	return ok, false
@@ -238,7 +258,7 @@ func (g *Router) slots(limit int) slots {
 	if s.rank < limit%s.replicas {
 		q++
 	}
-	return slots{part: max(q, 1), limit: limit}
+	return slots{part: max(q, 1), limit: limit, peers: g.mesh()}
 }
 
 // InFlightPart is this replica's part of the configuration's

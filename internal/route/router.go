@@ -201,10 +201,10 @@ func (e *endpoint) tryAcquire(limit slots) bool {
 		}
 		now := time.Now().UnixNano()
 		if borrow {
-			// A borrow waits a window after this replica's last slot there;
-			// the window's start is claimed first, so one borrow goes.
+			// A borrow waits until this replica's last slot there is in a
+			// settled view; claiming the slot's time first lets one go.
 			at := e.admittedAt.Load()
-			if now-at < int64(borrowWindow) || !e.admittedAt.CompareAndSwap(at, now) {
+			if at >= limit.settled() || !e.admittedAt.CompareAndSwap(at, now) {
 				return false
 			}
 		}
