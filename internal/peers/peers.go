@@ -125,9 +125,10 @@ type State interface {
 // the peers a replica keeps; maxEjection how long a peer's ejection may last
 // here (the longest outlier detection makes: 10 × 1 h).
 const (
-	maxPending  = 8192
-	maxPeers    = 256
-	maxEjection = 10 * time.Hour
+	maxPending       = 8192
+	maxPendingHashes = 1 << 20
+	maxPeers         = 256
+	maxEjection      = 10 * time.Hour
 )
 
 var errDuplicateName = errors.New("two replicas share one name; give each its own (--replica-name, $POD_NAME)")
@@ -154,12 +155,13 @@ type Mesh struct {
 	stream   string
 	members  string
 
-	mu      sync.Mutex
-	pending []Decision
-	dropped int
-	scrapes map[string]fleet.Result // to publish, the latest per endpoint
-	ejects  map[string]time.Time    // to publish
-	answers []Answer                // to publish, at most maxPending
+	mu            sync.Mutex
+	pending       []Decision
+	pendingHashes int
+	dropped       int
+	scrapes       map[string]fleet.Result // to publish, the latest per endpoint
+	ejects        map[string]time.Time    // to publish
+	answers       []Answer                // to publish, at most maxPending
 
 	// live names the live replicas, this one included, sorted (Owns).
 	live atomic.Pointer[[]string]
@@ -240,13 +242,24 @@ func (m *Mesh) Close() {
 // Decided queues a routing decision for the peers.
 func (m *Mesh) Decided(d Decision) {
 	m.mu.Lock()
-	if len(m.pending) >= maxPending {
-		m.pending = m.pending[1:]
-		m.dropped++
-	}
-	m.pending = append(m.pending, Decision{Endpoint: d.Endpoint, Capacity: d.Capacity, Hashes: slices.Clone(d.Hashes)})
+	h := slices.Clone(d.Hashes[:min(len(d.Hashes), maxHashes)])
+	m.pending = append(m.pending, Decision{Endpoint: d.Endpoint, Capacity: d.Capacity, Hashes: h})
+	m.pendingHashes += len(h)
+	m.trimPending()
 	m.mu.Unlock()
 	m.Touch()
+}
+
+// trimPending drops the oldest decisions past maxPending of them or
+// maxPendingHashes of their hashes (8 MiB); mu is held.
+func (m *Mesh) trimPending() {
+	drop := 0
+	for drop < len(m.pending) && (len(m.pending)-drop > maxPending || m.pendingHashes > maxPendingHashes) {
+		m.pendingHashes -= len(m.pending[drop].Hashes)
+		drop++
+	}
+	m.pending = m.pending[drop:]
+	m.dropped += drop
 }
 
 // Touch says this replica's loads changed: they go with the next batch.
@@ -319,7 +332,7 @@ func (m *Mesh) sendLoop(ctx context.Context) {
 		m.dirty.Store(false)
 		m.mu.Lock()
 		decisions, scrapes, ejects, answers := m.pending, m.scrapes, m.ejects, m.answers
-		m.pending, m.scrapes, m.ejects, m.answers = nil, nil, nil, nil
+		m.pending, m.scrapes, m.ejects, m.answers, m.pendingHashes = nil, nil, nil, nil, 0
 		m.mu.Unlock()
 		loads := map[string]Load{}
 		m.state.EachLoad(func(addr string, l Load) {
@@ -353,10 +366,10 @@ func (m *Mesh) sendLoop(ctx context.Context) {
 				m.ejects[a] = u
 			}
 			m.pending = append(decisions, m.pending...)
-			if over := len(m.pending) - maxPending; over > 0 {
-				m.pending = m.pending[over:]
-				m.dropped += over
+			for _, d := range decisions {
+				m.pendingHashes += len(d.Hashes)
 			}
+			m.trimPending()
 			m.mu.Unlock()
 			select {
 			case <-ctx.Done():

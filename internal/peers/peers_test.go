@@ -375,3 +375,24 @@ func TestDuplicateName(t *testing.T) {
 	})
 	waittest.Until(t, 5*time.Second, "the duplicate counted", func() bool { return m1.View().Counters["duplicate_name"] > 0 })
 }
+
+// TestPendingBounded: decisions waiting for Redis are bounded by their count
+// and by their hashes' size, the oldest dropped first.
+func TestPendingBounded(t *testing.T) {
+	m := New(Config{Addr: "127.0.0.1:1", Cluster: "c", Registerer: prometheus.NewRegistry()}, newState())
+	defer m.Close()
+	big := make([]uint64, maxHashes)
+	for range 200 {
+		m.Decided(Decision{Endpoint: "e", Hashes: big})
+	}
+	v := m.View()
+	if v.Pending*maxHashes > maxPendingHashes || v.Pending == 0 || v.Dropped != 200-v.Pending {
+		t.Fatalf("%d pending, %d dropped: over %d hashes", v.Pending, v.Dropped, maxPendingHashes)
+	}
+	for range maxPending + 10 {
+		m.Decided(Decision{Endpoint: "e", Hashes: []uint64{1}})
+	}
+	if v := m.View(); v.Pending != maxPending {
+		t.Fatalf("%d pending, want %d", v.Pending, maxPending)
+	}
+}
