@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/pprof"
 	"strings"
@@ -14,14 +15,26 @@ import (
 )
 
 // serveModels lists every model and adapter the gateway routes, in the OpenAI
-// list format.
+// list format, or (GET /v1/models/{id}, the SDKs' models.retrieve) one of
+// them; a model id may hold slashes.
 func (g *Gateway) serveModels(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodGet {
 		w.Header().Set("Allow", http.MethodGet)
 		openai.WriteError(w, http.StatusMethodNotAllowed, openai.TypeInvalidRequest, "use GET")
 		return
 	}
-	writeJSON(w, openai.Models(g.Models()))
+	id, one := strings.CutPrefix(r.URL.Path, "/v1/models/")
+	if !one {
+		writeJSON(w, openai.Models(g.Models()))
+		return
+	}
+	for _, m := range g.Models() {
+		if m.ID == id {
+			writeJSON(w, m)
+			return
+		}
+	}
+	openai.WriteError(w, http.StatusNotFound, openai.TypeNotFound, fmt.Sprintf("the model %q does not exist", id))
 }
 
 // AdminHandler serves /metrics, /healthz, /readyz, /summary (the global router's

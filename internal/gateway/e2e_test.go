@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -69,6 +70,22 @@ func TestRoutesByModelAcrossPools(t *testing.T) {
 	page, err := c.Models.List(context.Background())
 	if err != nil || len(page.Data) != 3 {
 		t.Fatalf("models: %v %v", page, err)
+	}
+	// A configuration from a file has no creation time: the models are dated
+	// by the gateway's first configuration, not by year one.
+	if now := time.Now().Unix(); page.Data[0].Created < now-3600 || page.Data[0].Created > now {
+		t.Errorf("models listed as created at %d", page.Data[0].Created)
+	}
+	// models.retrieve, a model id with slashes included.
+	for _, m := range page.Data {
+		got, err := c.Models.Get(context.Background(), m.ID)
+		if err != nil || got.ID != m.ID || got.Created != m.Created {
+			t.Errorf("models.retrieve(%q): %+v, %v", m.ID, got, err)
+		}
+	}
+	var apiErr *openai.Error
+	if _, err := c.Models.Get(context.Background(), "no-such-model"); !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusNotFound {
+		t.Errorf("models.retrieve of an unknown model: %v", err)
 	}
 }
 

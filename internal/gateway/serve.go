@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"strings"
 	"sync"
 	"time"
 
@@ -27,7 +28,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	rid := proxy.RequestID(r.Header)
 	w.Header().Set("X-Request-Id", rid)
-	if r.URL.Path == "/v1/models" {
+	if r.URL.Path == "/v1/models" || strings.HasPrefix(r.URL.Path, "/v1/models/") {
 		g.serveModels(w, r)
 		return
 	}

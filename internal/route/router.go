@@ -84,6 +84,8 @@ type Router struct {
 	// place among them.
 	peers atomic.Pointer[Peers]
 	share atomic.Pointer[replicaShare]
+	// started is when the first configuration was applied (Unix seconds).
+	started atomic.Int64
 }
 
 // routes is one applied configuration, immutable once built.
@@ -385,6 +387,7 @@ func (g *Router) Apply(cfg *v1alpha1.InferenceGatewayConfig) error {
 	g.fleet.Sync(g.fleetCtx, targets)
 	old := g.routes.Swap(rt)
 	g.lastErr, g.lastReload = nil, time.Now()
+	g.started.CompareAndSwap(0, g.lastReload.Unix())
 	g.m.ConfigAccepted.Set(1)
 	if old != nil {
 		// Idle connections of the old transports go; busy ones finish their request.

@@ -94,7 +94,12 @@ func (g *Router) FleetView() []SchedulerView {
 func (g *Router) Models() []openai.Model {
 	var data []openai.Model
 	if rt := g.routes.Load(); rt != nil {
+		// A file has no creation time: its models were made when the router
+		// first took a configuration.
 		created := rt.cfg.CreationTimestamp.Unix()
+		if rt.cfg.CreationTimestamp.IsZero() {
+			created = g.started.Load()
+		}
 		for _, p := range rt.schedulers {
 			data = append(data, openai.Model{ID: p.spec.ModelName, Object: "model", Created: created, OwnedBy: "kvgate"})
 			for _, a := range p.spec.LoRAAdapters {
