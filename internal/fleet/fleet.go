@@ -552,9 +552,6 @@ func (f *Fleet) update(t Ticket, event func(*Accounting, uint64)) {
 	event(&e.acct, t.id)
 }
 
-// Has says whether the fleet holds addr.
-func (f *Fleet) Has(addr string) bool { return f.get(addr) != nil }
-
 func (f *Fleet) get(addr string) *endpoint {
 	f.mu.RLock()
 	defer f.mu.RUnlock()

@@ -195,24 +195,7 @@ func TestReplicasRedisDies(t *testing.T) {
 	r := redistest.Start(t)
 	cfg := gatewayConfig(scheduler("p", llama, threeSims(t)...))
 	rs := startReplicas(t, r, 2, cfg)
-	var wg sync.WaitGroup
-	stop := make(chan struct{})
-	var sent atomic.Int64
-	for c := range 4 {
-		wg.Go(func() {
-			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				if post(t, rs[c%2].base, prefixed(100+c, i)) == "" {
-					return // post reported the failure
-				}
-				sent.Add(1)
-			}
-		})
-	}
+	stop := traffic(t, []string{rs[0].base, rs[1].base}, 100)
 	time.Sleep(300 * time.Millisecond)
 	r.Kill()
 	waittest.Until(t, 5*time.Second, "the replicas to see Redis down", func() bool {
@@ -223,10 +206,36 @@ func TestReplicasRedisDies(t *testing.T) {
 	waittest.Until(t, 10*time.Second, "the replicas to reconnect", func() bool {
 		return rs[0].g.Replicas().Mesh.Up && rs[1].g.Replicas().Mesh.Up
 	})
-	close(stop)
-	wg.Wait()
-	t.Logf("%d requests answered across Redis's death and return", sent.Load())
+	t.Logf("%d requests answered across Redis's death and return", stop())
 	sharesPrompts(t, rs[0], rs[1], 200)
+}
+
+// traffic runs four closed-loop clients over bases (prompt groups from
+// first on), each failure reported by post; stop ends them and returns how
+// many requests were answered.
+func traffic(t *testing.T, bases []string, first int) (stop func() int64) {
+	t.Helper()
+	var wg sync.WaitGroup
+	done := make(chan struct{})
+	var answered atomic.Int64
+	for c := range 4 {
+		wg.Go(func() {
+			for i := 0; ; i++ {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				if post(t, bases[c%len(bases)], prefixed(first+c, i)) == "" {
+					return
+				}
+				answered.Add(1)
+			}
+		})
+	}
+	stop = sync.OnceValue(func() int64 { close(done); wg.Wait(); return answered.Load() })
+	t.Cleanup(func() { stop() })
+	return stop
 }
 
 // sharesPrompts routes six new system prompts through one replica and checks
@@ -283,30 +292,11 @@ func TestReplicasShareScraping(t *testing.T) {
 			t.Errorf("server %d scraped %.1f times a second by three replicas sharing (one replica: about 20)", i, v)
 		}
 	}
-	var wg sync.WaitGroup
-	stop := make(chan struct{})
-	var answered atomic.Int64
-	for c := range 4 {
-		wg.Go(func() {
-			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				if post(t, rs[1+c%2].base, prefixed(300+c, i)) == "" {
-					return
-				}
-				answered.Add(1)
-			}
-		})
-	}
+	stop := traffic(t, []string{rs[1].base, rs[2].base}, 300)
 	time.Sleep(200 * time.Millisecond)
 	rs[0].g.Close()
 	after := rate(time.Second)
-	close(stop)
-	wg.Wait()
-	t.Logf("after one replica left: %.1f scrapes a second; %d requests answered by the others", after, answered.Load())
+	t.Logf("after one replica left: %.1f scrapes a second; %d requests answered by the others", after, stop())
 	for i, v := range after {
 		if v < 10 {
 			t.Errorf("server %d scraped %.1f times a second after a replica left", i, v)
