@@ -1,6 +1,7 @@
 package v1alpha1
 
 import (
+	"slices"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -27,6 +28,32 @@ func (s SchedulerSpec) Port() int {
 
 // H2C says whether the model servers speak HTTP/2 without TLS.
 func (s SchedulerSpec) H2C() bool { return s.AppProtocol == AppProtocolH2C }
+
+// HTTPS says whether the model servers are reached over TLS.
+func (s SchedulerSpec) HTTPS() bool { return s.AppProtocol == AppProtocolHTTPS }
+
+// MaxBuffered bounds the request bytes held in memory at once.
+func (g GatewaySpec) MaxBuffered() int64 {
+	if g.MaxBufferedBytes != nil {
+		return *g.MaxBufferedBytes
+	}
+	return DefaultMaxBufferedBytes
+}
+
+// ExposesTo says whether a request of tenant (authenticated, or "" with
+// authenticated false) may read routing internals.
+func (g GatewaySpec) ExposesTo(tenant string, authenticated bool) bool {
+	d := g.Diagnostics
+	if d == nil || !d.Expose {
+		return false
+	}
+	return len(d.Tenants) == 0 || (authenticated && slices.Contains(d.Tenants, tenant))
+}
+
+// Serves says whether a scheduler takes requests of tenant.
+func (s SchedulerSpec) Serves(tenant string) bool {
+	return len(s.AllowedTenants) == 0 || slices.Contains(s.AllowedTenants, tenant)
+}
 
 // Timeout is the route timeout, 0 for none.
 func (s SchedulerSpec) Timeout() time.Duration {

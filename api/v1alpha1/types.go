@@ -52,6 +52,7 @@ type InferenceGatewayConfigList struct {
 // +kubebuilder:validation:XValidation:rule="size(self.schedulers) <= 1 || (has(self.bbr) && self.bbr.enabled)",message="bbr.enabled must be true when there is more than one scheduler: the model in the body picks the pool"
 // +kubebuilder:validation:XValidation:rule="self.schedulers.all(s, self.schedulers.exists_one(t, t.modelName == s.modelName))",message="modelName must be unique across schedulers"
 // +kubebuilder:validation:XValidation:rule="self.schedulers.all(s, !has(s.loraAdapters) || s.loraAdapters.all(a, !(a in self.schedulers.map(t, t.modelName))))",message="a loraAdapters entry must not be the modelName of a scheduler",fieldPath=".schedulers"
+// +kubebuilder:validation:XValidation:rule="has(self.auth) || self.schedulers.all(s, !has(s.allowedTenants) || size(s.allowedTenants) == 0)",message="allowedTenants needs spec.auth: without it no request has a tenant",fieldPath=".schedulers"
 type InferenceGatewayConfigSpec struct {
 	// BBR is the body-based router that reads the model from the request body.
 	// +optional
@@ -77,6 +78,125 @@ type InferenceGatewayConfigSpec struct {
 	// +listType=map
 	// +listMapKey=name
 	Objectives []ObjectiveSpec `json:"objectives,omitempty"`
+
+	// Auth authenticates the clients of the OpenAI API (kvgate serve) or of
+	// the Envoy route (kvgate epp) and names their tenant. Unset, anyone who
+	// reaches the listener is served.
+	// +optional
+	Auth *AuthSpec `json:"auth,omitempty"`
+
+	// TLS serves the OpenAI API over TLS (kvgate serve): TLS 1.2 or later,
+	// HTTP/2 by ALPN, the certificate reloaded when it is rotated.
+	// +optional
+	TLS *TLSSpec `json:"tls,omitempty"`
+}
+
+// AuthSpec is how clients prove who they are: API keys, JWTs, or both. A
+// request whose credentials are refused gets 401 with WWW-Authenticate; one
+// whose tenant a scheduler's allowedTenants leaves out gets 403.
+//
+// +kubebuilder:validation:XValidation:rule="has(self.jwt) || (has(self.apiKeys) && size(self.apiKeys) > 0) || (has(self.allowAnonymous) && self.allowAnonymous)",message="no authentication configured: set apiKeys, jwt or allowAnonymous"
+type AuthSpec struct {
+	// JWT accepts bearer tokens signed by a key of a JWKS.
+	// +optional
+	JWT *JWTSpec `json:"jwt,omitempty"`
+	// APIKeys are the accepted API keys (Authorization: Bearer <key>, or
+	// api-key: <key>), stored as hashes only. Remove an entry to revoke it.
+	// +kubebuilder:validation:MaxItems=10000
+	// +optional
+	APIKeys []APIKeySpec `json:"apiKeys,omitempty"`
+	// AllowAnonymous serves requests that carry no credentials, as tenant
+	// "" (wrong credentials are refused all the same).
+	// +optional
+	AllowAnonymous bool `json:"allowAnonymous,omitempty"`
+}
+
+// JWTSpec accepts JWTs signed by a key of the JWKS at jwksURI (RS*, PS*,
+// ES*, EdDSA), with exp and nbf checked, and iss, aud and required claims
+// when set. The keys are fetched again every refreshInterval and when a
+// token names a key id not seen yet, so that a rotated key is accepted.
+type JWTSpec struct {
+	// Issuer, when set, must equal the token's iss claim.
+	// +kubebuilder:validation:MaxLength=2048
+	// +optional
+	Issuer string `json:"issuer,omitempty"`
+	// JWKSURI is where the signing keys are fetched from (http or https).
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=2048
+	// +kubebuilder:validation:Pattern=`^https?://`
+	JWKSURI string `json:"jwksURI"`
+	// Audiences, when set: the token's aud must name at least one of them.
+	// +kubebuilder:validation:MaxItems=64
+	// +kubebuilder:validation:items:MinLength=1
+	// +optional
+	Audiences []string `json:"audiences,omitempty"`
+	// RequiredClaims the token must carry, each with one of its values.
+	// +kubebuilder:validation:MaxItems=32
+	// +optional
+	RequiredClaims []ClaimRequirement `json:"requiredClaims,omitempty"`
+	// TenantClaim names the claim holding the tenant (default sub); dots
+	// reach into objects: org.id reads {"org":{"id":...}}.
+	// +kubebuilder:validation:MaxLength=256
+	// +optional
+	TenantClaim string `json:"tenantClaim,omitempty"`
+	// RefreshInterval is how often the JWKS is fetched again (default 5m,
+	// at least 1s).
+	// +optional
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:Pattern=`^(0|(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+)$`
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('1s')",message="must be at least 1s"
+	RefreshInterval *metav1.Duration `json:"refreshInterval,omitempty"`
+}
+
+// ClaimRequirement is a claim a token must carry with one of Values: a string
+// claim equal to one, a list holding one, or a space-separated string (as
+// scope) holding one as a word.
+type ClaimRequirement struct {
+	// Name of the claim; dots reach into objects as in tenantClaim.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=256
+	Name string `json:"name"`
+	// Values accepted.
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=64
+	Values []string `json:"values"`
+}
+
+// APIKeySpec maps the hash of one API key to its tenant. Make the hash with
+// printf %s "$KEY" | sha256sum (printf: echo adds a newline to the key).
+type APIKeySpec struct {
+	// Tenant the key belongs to.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	Tenant string `json:"tenant"`
+	// Hash is "sha256:" and the 64 hex digits of SHA-256 of the key.
+	// +kubebuilder:validation:Pattern=`^sha256:[0-9a-fA-F]{64}$`
+	Hash string `json:"hash"`
+}
+
+// TLSSpec is the API listener's certificate: a kubernetes.io/tls Secret (in
+// Kubernetes) or PEM files (outside it, or a Secret mounted as files).
+//
+// +kubebuilder:validation:XValidation:rule="(has(self.secretName) && size(self.secretName) > 0) != (has(self.certFile) && size(self.certFile) > 0)",message="set secretName or certFile and keyFile, not both"
+// +kubebuilder:validation:XValidation:rule="(has(self.certFile) && size(self.certFile) > 0) == (has(self.keyFile) && size(self.keyFile) > 0)",message="certFile and keyFile go together"
+type TLSSpec struct {
+	// SecretName is a kubernetes.io/tls Secret in the configuration's
+	// namespace (tls.crt, tls.key), watched for rotation.
+	// +kubebuilder:validation:MaxLength=253
+	// +optional
+	SecretName string `json:"secretName,omitempty"`
+	// CertFile is a PEM certificate chain, reread when it changes.
+	// +kubebuilder:validation:MaxLength=4096
+	// +optional
+	CertFile string `json:"certFile,omitempty"`
+	// KeyFile is the certificate's PEM private key.
+	// +kubebuilder:validation:MaxLength=4096
+	// +optional
+	KeyFile string `json:"keyFile,omitempty"`
+	// MinVersion is the oldest TLS version accepted: "1.2" (default) or "1.3".
+	// +kubebuilder:validation:Enum="1.2";"1.3"
+	// +optional
+	MinVersion string `json:"minVersion,omitempty"`
 }
 
 // ObjectiveSpec is one class of requests and its priority.
@@ -170,10 +290,23 @@ type SchedulerSpec struct {
 	// +kubebuilder:validation:Maximum=65535
 	// +optional
 	TargetPort int32 `json:"targetPort,omitempty"`
-	// AppProtocol of the model servers: http (default) or kubernetes.io/h2c.
-	// +kubebuilder:validation:Enum=http;kubernetes.io/h2c
+	// AppProtocol of the model servers: http (default), kubernetes.io/h2c
+	// or https (TLS, checked against backendTLS or the system's CAs; metrics
+	// are scraped over it too).
+	// +kubebuilder:validation:Enum=http;kubernetes.io/h2c;https
 	// +optional
 	AppProtocol string `json:"appProtocol,omitempty"`
+	// BackendTLS is how the model servers' certificates are checked when
+	// appProtocol is https.
+	// +optional
+	BackendTLS *BackendTLSSpec `json:"backendTLS,omitempty"`
+	// AllowedTenants, when set, are the only tenants (spec.auth) this pool
+	// serves: another gets 403 and does not see its models in /v1/models.
+	// +kubebuilder:validation:MaxItems=1000
+	// +kubebuilder:validation:items:MinLength=1
+	// +listType=set
+	// +optional
+	AllowedTenants []string `json:"allowedTenants,omitempty"`
 	// EngineType selects the model servers' metric map: vllm, sglang, trtllm,
 	// triton, tgi or llamacpp (built in), or custom (the map in metrics); empty
 	// means detect a built-in one from the exposition.
@@ -241,6 +374,20 @@ type SchedulerSpec struct {
 	// refused with that message rather than as an unknown field.
 	// +optional
 	Replicas *int32 `json:"replicas,omitempty"`
+}
+
+// BackendTLSSpec checks the model servers' certificates.
+type BackendTLSSpec struct {
+	// CAFile is a PEM bundle of the CAs that sign the model servers'
+	// certificates (default: the system's), reread when it changes.
+	// +kubebuilder:validation:MaxLength=4096
+	// +optional
+	CAFile string `json:"caFile,omitempty"`
+	// ServerName is the name the certificates must carry (default: the
+	// endpoint's host, an IP address for pods).
+	// +kubebuilder:validation:MaxLength=253
+	// +optional
+	ServerName string `json:"serverName,omitempty"`
 }
 
 // MetricMap says where a model server publishes each signal: a metric, the
@@ -525,6 +672,16 @@ type GatewaySpec struct {
 	// +kubebuilder:validation:Minimum=0
 	// +optional
 	RetryBufferBytes *int64 `json:"retryBufferBytes,omitempty"`
+	// MaxBufferedBytes bounds the request bytes held in memory across all
+	// requests at once: bodies read up to their model and the bytes kept to
+	// replay them on a retry (default 536870912, 512 MiB). A request that
+	// would need more is refused with 503 and Retry-After.
+	// +kubebuilder:validation:Minimum=1048576
+	// +optional
+	MaxBufferedBytes *int64 `json:"maxBufferedBytes,omitempty"`
+	// Diagnostics says who may read routing internals in answers.
+	// +optional
+	Diagnostics *DiagnosticsSpec `json:"diagnostics,omitempty"`
 	// Scrape tunes how model-server metrics are read.
 	// +optional
 	Scrape *ScrapeSpec `json:"scrape,omitempty"`
@@ -537,6 +694,23 @@ type GatewaySpec struct {
 	// links the replica; a later change applies at its next start.
 	// +optional
 	SharedState *SharedStateSpec `json:"sharedState,omitempty"`
+}
+
+// DiagnosticsSpec lets clients read routing internals: x-kvgate-endpoint
+// (the address of the endpoint that served) on every answer, and
+// x-kvgate-scores (every candidate's address and scores) on an answer to a
+// request carrying x-kvgate-explain: 1. Off by default: the addresses are
+// the cluster's.
+type DiagnosticsSpec struct {
+	// Expose turns the headers on.
+	Expose bool `json:"expose"`
+	// Tenants, when set, limits them to requests authenticated (spec.auth)
+	// as one of these tenants.
+	// +kubebuilder:validation:MaxItems=100
+	// +kubebuilder:validation:items:MinLength=1
+	// +listType=set
+	// +optional
+	Tenants []string `json:"tenants,omitempty"`
 }
 
 // SharedStateSpec is the Redis the replicas of one gateway share routing

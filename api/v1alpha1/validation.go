@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"maps"
 	"net"
+	"net/url"
 	"regexp"
 	"slices"
 	"strings"
@@ -30,6 +31,8 @@ const (
 	DefaultBaseEjectionTime    = 30 * time.Second
 	DefaultMaxEjectionPercent  = 50
 	DefaultRetryBufferBytes    = 8 << 20
+	DefaultMaxBufferedBytes    = 512 << 20
+	MinMaxBufferedBytes        = 1 << 20
 	DefaultSaturationQueue     = 5
 	DefaultSaturationKVPercent = 80
 	DefaultPrefixBlockChars    = 64
@@ -43,9 +46,13 @@ const (
 
 // App protocols of model servers.
 const (
-	AppProtocolHTTP = "http"
-	AppProtocolH2C  = "kubernetes.io/h2c"
+	AppProtocolHTTP  = "http"
+	AppProtocolH2C   = "kubernetes.io/h2c"
+	AppProtocolHTTPS = "https"
 )
+
+// TLS versions of TLSSpec.MinVersion.
+var TLSVersions = []string{"1.2", "1.3"}
 
 const (
 	maxSchedulers    = 100
@@ -125,6 +132,8 @@ func (c *InferenceGatewayConfig) Validate() []FieldError {
 		v.scheduler(fmt.Sprintf("spec.schedulers[%d]", i), i, sc, names, models)
 	}
 	v.gateway(s.Gateway)
+	v.auth(s)
+	v.tls(s.TLS)
 	// Errors in a stable, document-like order.
 	slices.SortStableFunc(v, func(a, b FieldError) int { return strings.Compare(a.Path, b.Path) })
 	return v
@@ -235,6 +244,113 @@ func (v *fieldErrors) scheduler(p string, i int, sc SchedulerSpec, names map[str
 	if sc.Replicas != nil {
 		v.add(p+".replicas", MsgReplicas)
 	}
+	v.names(p+".allowedTenants", sc.AllowedTenants, 1000)
+	if t := sc.BackendTLS; t != nil && sc.AppProtocol != AppProtocolHTTPS {
+		v.add(p+".backendTLS", "applies only with appProtocol https")
+	}
+}
+
+// names checks a set of names: at most limit, none empty, none twice.
+func (v *fieldErrors) names(p string, list []string, limit int) {
+	if len(list) > limit {
+		v.add(p, "lists %d names, at most %d allowed", len(list), limit)
+	}
+	seen := make(map[string]bool, len(list))
+	for j, n := range list {
+		switch {
+		case n == "":
+			v.add(fmt.Sprintf("%s[%d]", p, j), "must not be empty")
+		case seen[n]:
+			v.add(fmt.Sprintf("%s[%d]", p, j), "%q is listed twice", n)
+		}
+		seen[n] = true
+	}
+}
+
+// MsgAllowedTenants is the refusal of allowedTenants without spec.auth.
+const MsgAllowedTenants = "allowedTenants needs spec.auth: without it no request has a tenant"
+
+// apiKeyHash is the form of APIKeySpec.Hash.
+var apiKeyHash = regexp.MustCompile(`^sha256:[0-9a-fA-F]{64}$`)
+
+func (v *fieldErrors) auth(s *InferenceGatewayConfigSpec) {
+	a := s.Auth
+	if a == nil {
+		for i, sc := range s.Schedulers {
+			if len(sc.AllowedTenants) > 0 {
+				v.add(fmt.Sprintf("spec.schedulers[%d].allowedTenants", i), MsgAllowedTenants)
+			}
+		}
+		return
+	}
+	if a.JWT == nil && len(a.APIKeys) == 0 && !a.AllowAnonymous {
+		v.add("spec.auth", "no authentication configured: set apiKeys, jwt or allowAnonymous")
+	}
+	if len(a.APIKeys) > 10000 {
+		v.add("spec.auth.apiKeys", "lists %d keys, at most 10000 allowed", len(a.APIKeys))
+	}
+	seen := map[string]int{}
+	for i, k := range a.APIKeys {
+		p := fmt.Sprintf("spec.auth.apiKeys[%d]", i)
+		if strings.TrimSpace(k.Tenant) == "" {
+			v.add(p+".tenant", "must not be empty")
+		}
+		// The message never quotes the value: a raw key pasted here would
+		// otherwise reach the logs and the status.
+		if !apiKeyHash.MatchString(k.Hash) {
+			v.add(p+".hash", `must be "sha256:" and 64 hex digits (printf %%s "$KEY" | sha256sum)`)
+			continue
+		}
+		h := strings.ToLower(k.Hash)
+		if j, dup := seen[h]; dup {
+			v.add(p+".hash", "same key as spec.auth.apiKeys[%d]", j)
+			continue
+		}
+		seen[h] = i
+	}
+	if j := a.JWT; j != nil {
+		if j.JWKSURI == "" {
+			v.add("spec.auth.jwt.jwksURI", "is required")
+		} else if u, err := url.Parse(j.JWKSURI); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			v.add("spec.auth.jwt.jwksURI", "want an absolute http or https URL, got %q", j.JWKSURI)
+		}
+		for i, au := range j.Audiences {
+			if au == "" {
+				v.add(fmt.Sprintf("spec.auth.jwt.audiences[%d]", i), "must not be empty")
+			}
+		}
+		if c := j.TenantClaim; c != "" && slices.Contains(strings.Split(c, "."), "") {
+			v.add("spec.auth.jwt.tenantClaim", "%q has an empty name between dots", c)
+		}
+		for i, rc := range j.RequiredClaims {
+			p := fmt.Sprintf("spec.auth.jwt.requiredClaims[%d]", i)
+			if rc.Name == "" || slices.Contains(strings.Split(rc.Name, "."), "") {
+				v.add(p+".name", "must be a claim name, dots between non-empty names")
+			}
+			if len(rc.Values) == 0 {
+				v.add(p+".values", "must list at least one value")
+			}
+		}
+		if d := j.RefreshInterval; d != nil && d.Duration < time.Second {
+			v.add("spec.auth.jwt.refreshInterval", "must be at least 1s")
+		}
+	}
+}
+
+func (v *fieldErrors) tls(t *TLSSpec) {
+	if t == nil {
+		return
+	}
+	if (t.SecretName != "") == (t.CertFile != "") {
+		v.add("spec.tls", "set secretName or certFile and keyFile, not both")
+	}
+	if (t.CertFile != "") != (t.KeyFile != "") {
+		v.add("spec.tls", "certFile and keyFile go together")
+	}
+	if t.SecretName != "" && !isDNSSubdomain(t.SecretName) {
+		v.add("spec.tls.secretName", "%q is not a Secret name", t.SecretName)
+	}
+	checkEnum(v.add, "spec.tls.minVersion", t.MinVersion, TLSVersions)
 }
 
 // headerName is an HTTP field name (RFC 9110 token), at most 256 characters.
@@ -265,8 +381,8 @@ func (v *fieldErrors) endpoints(p string, sc SchedulerSpec) {
 	if sc.TargetPort < 0 || sc.TargetPort > 65535 {
 		v.add(p+".targetPort", "must be a port between 1 and 65535, got %d", sc.TargetPort)
 	}
-	if sc.AppProtocol != "" && sc.AppProtocol != AppProtocolHTTP && sc.AppProtocol != AppProtocolH2C {
-		v.add(p+".appProtocol", "%q is not %s or %s", sc.AppProtocol, AppProtocolHTTP, AppProtocolH2C)
+	if sc.AppProtocol != "" && sc.AppProtocol != AppProtocolHTTP && sc.AppProtocol != AppProtocolH2C && sc.AppProtocol != AppProtocolHTTPS {
+		v.add(p+".appProtocol", "%q is not %s, %s or %s", sc.AppProtocol, AppProtocolHTTP, AppProtocolH2C, AppProtocolHTTPS)
 	}
 }
 
@@ -384,6 +500,12 @@ func (v *fieldErrors) gateway(g GatewaySpec) {
 	}
 	if g.RetryBufferBytes != nil && *g.RetryBufferBytes < 0 {
 		v.add("spec.gateway.retryBufferBytes", "must be ≥ 0")
+	}
+	if b := g.MaxBufferedBytes; b != nil && *b < MinMaxBufferedBytes {
+		v.add("spec.gateway.maxBufferedBytes", "must be at least %d, got %d", MinMaxBufferedBytes, *b)
+	}
+	if d := g.Diagnostics; d != nil {
+		v.names("spec.gateway.diagnostics.tenants", d.Tenants, 100)
 	}
 	if g.QueueTimeout != nil && (g.QueueTimeout.Duration < 0 || g.QueueTimeout.Duration > time.Minute) {
 		v.add("spec.gateway.queueTimeout", "must be between 0s and 1m")
