@@ -254,6 +254,7 @@ type BBRSpec struct {
 //
 // +kubebuilder:validation:XValidation:rule="(has(self.modelSelector) ? 1 : 0) + (has(self.poolRef) && size(self.poolRef) > 0 ? 1 : 0) + (has(self.endpoints) && size(self.endpoints) > 0 ? 1 : 0) == 1",message="must take its endpoints from exactly one of modelSelector, poolRef (Kubernetes) or endpoints (static)"
 // +kubebuilder:validation:XValidation:rule="!has(self.replicas)",message="replicas is not supported: scale the kvgate Deployment instead (Helm value replicas)",fieldPath=".replicas"
+// +kubebuilder:validation:XValidation:rule="!has(self.backendTLS) || (has(self.appProtocol) && self.appProtocol == 'https')",message="applies only with appProtocol https",fieldPath=".backendTLS"
 // +kubebuilder:validation:XValidation:rule="!has(self.metrics) || (has(self.engineType) && size(self.engineType) > 0)",message="needs an engineType: custom, or the built-in one whose map it overrides",fieldPath=".metrics"
 // +kubebuilder:validation:XValidation:rule="!has(self.engineType) || self.engineType != 'custom' || (has(self.metrics) && (has(self.metrics.queue) || has(self.metrics.running) || has(self.metrics.kvUsage) || has(self.metrics.kvUsed)))",message="engineType custom needs metrics with at least one of queue, running and kvUsage (or kvUsed with kvTotal)",fieldPath=".metrics"
 type SchedulerSpec struct {

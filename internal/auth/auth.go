@@ -166,6 +166,19 @@ func (a *Authenticator) Authenticate(r *http.Request) (Identity, error) {
 	return id, nil
 }
 
+// AuthenticateHeader is Authenticate for a front that has only the request's
+// headers (the Envoy ext_proc picker).
+func (a *Authenticator) AuthenticateHeader(h http.Header) (Identity, error) {
+	return a.Authenticate(&http.Request{Header: h})
+}
+
+// IsCredential says whether a request header carries credentials this package
+// reads: a front strips them before the request goes upstream, as Envoy's
+// jwt_authn does, since they were meant for the gateway.
+func IsCredential(name string) bool {
+	return strings.EqualFold(name, "Authorization") || strings.EqualFold(name, "Api-Key")
+}
+
 func (a *Authenticator) authenticate(r *http.Request) (Identity, *Error) {
 	cred, aerr := credential(r.Header)
 	if aerr != nil {

@@ -94,6 +94,23 @@ type JWTConfig struct {
 	Leeway *metav1.Duration `json:"leeway,omitempty"`
 	// FetchTimeout bounds one fetch of the JWKS (default 10s).
 	FetchTimeout *metav1.Duration `json:"fetchTimeout,omitempty"`
+	// RequiredClaims the token must carry, each with one of its values (a
+	// list holding one, or a space-separated string such as scope holding one
+	// as a word); a token without is refused with 403.
+	RequiredClaims []v1alpha1.ClaimRequirement `json:"requiredClaims,omitempty"`
+}
+
+// FromSpec is the configuration of an InferenceGatewayConfig's spec.auth.
+func FromSpec(s *v1alpha1.AuthSpec) Config {
+	c := Config{AllowAnonymous: s.AllowAnonymous}
+	for _, k := range s.APIKeys {
+		c.APIKeys = append(c.APIKeys, APIKey{Tenant: k.Tenant, Hash: strings.ToLower(k.Hash)})
+	}
+	if j := s.JWT; j != nil {
+		c.JWT = &JWTConfig{JWKSURL: j.JWKSURI, Issuer: j.Issuer, Audience: j.Audiences, TenantClaim: j.TenantClaim,
+			RefreshInterval: j.RefreshInterval, RequiredClaims: j.RequiredClaims}
+	}
+	return c
 }
 
 // ParseConfig decodes a YAML (or JSON) auth section strictly — an unknown
@@ -218,6 +235,14 @@ func (j *JWTConfig) problems(add func(path, format string, args ...any)) {
 	}
 	if d := j.FetchTimeout; d != nil && d.Duration <= 0 {
 		add("fetchTimeout", "must be positive, got %v", d.Duration)
+	}
+	for i, rc := range j.RequiredClaims {
+		if rc.Name == "" || slices.Contains(strings.Split(rc.Name, "."), "") {
+			add(fmt.Sprintf("requiredClaims[%d].name", i), "must be a claim name, dots between non-empty names")
+		}
+		if len(rc.Values) == 0 {
+			add(fmt.Sprintf("requiredClaims[%d].values", i), "must list at least one value")
+		}
 	}
 }
 

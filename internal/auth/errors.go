@@ -26,6 +26,7 @@ const (
 	ReasonMissingClaim   Reason = "missing_claim"   // jwt: exp, or iss/aud when configured, is absent
 	ReasonNoTenant       Reason = "no_tenant"       // jwt: the tenant claim is absent or not a string or integer
 	ReasonInvalid        Reason = "invalid"         // jwt: any other claim problem
+	ReasonClaimMismatch  Reason = "claim_mismatch"  // jwt: a required claim is absent or holds none of its values (403)
 )
 
 // Error is what Authenticate returns for every refused request. Its Message is
@@ -64,6 +65,8 @@ func (e *Error) Message() string {
 	case e.Method == MethodAPIKey:
 		// Unlike OpenAI, no part of the key is echoed: the message may be logged.
 		return "Incorrect API key provided."
+	case e.Reason == ReasonClaimMismatch:
+		return "Permission denied: the token's " + e.Detail + "."
 	case e.Method == MethodJWT && e.Detail != "":
 		return "Invalid token: " + e.Detail + "."
 	case e.Detail != "":
@@ -72,27 +75,45 @@ func (e *Error) Message() string {
 	return "Invalid credentials."
 }
 
-// StatusCode is the HTTP status of the answer: always 401.
-func (e *Error) StatusCode() int { return http.StatusUnauthorized }
+// StatusCode is the HTTP status of the answer: 403 for a genuine token that
+// lacks a required claim, 401 otherwise.
+func (e *Error) StatusCode() int {
+	if e.Reason == ReasonClaimMismatch {
+		return http.StatusForbidden
+	}
+	return http.StatusUnauthorized
+}
 
-// wwwAuthenticate is the challenge of RFC 6750 §3: a bare one when no
-// credentials came, error="invalid_token" when they were refused.
-func (e *Error) wwwAuthenticate() string {
-	if e.Reason == ReasonMissing {
+// Type is the OpenAI error type of the answer.
+func (e *Error) Type() string {
+	if e.Reason == ReasonClaimMismatch {
+		return openai.TypePermission
+	}
+	return openai.TypeInvalidRequest
+}
+
+// Challenge is the WWW-Authenticate value of RFC 6750 §3: a bare one when no
+// credentials came, error="invalid_token" when they were refused,
+// error="insufficient_scope" when a required claim is missing.
+func (e *Error) Challenge() string {
+	switch e.Reason {
+	case ReasonMissing:
 		return `Bearer realm="kvgate"`
+	case ReasonClaimMismatch:
+		return `Bearer realm="kvgate", error="insufficient_scope"`
 	}
 	return `Bearer realm="kvgate", error="invalid_token"`
 }
 
-// WriteError answers a request Authenticate refused: 401 with a
-// WWW-Authenticate challenge and an OpenAI-shaped body of type
-// invalid_request_error. An error of another type is answered the same way
+// WriteError answers a request Authenticate refused: 401 (403 for a missing
+// required claim) with a WWW-Authenticate challenge and an OpenAI-shaped
+// body. An error of another type is answered the same way
 // with a generic message, so that a caller's mistake fails closed.
 func WriteError(w http.ResponseWriter, err error) {
 	var ae *Error
 	if !errors.As(err, &ae) {
 		ae = &Error{Reason: ReasonInvalid}
 	}
-	w.Header().Set("WWW-Authenticate", ae.wwwAuthenticate())
-	openai.WriteError(w, ae.StatusCode(), openai.TypeInvalidRequest, ae.Message())
+	w.Header().Set("WWW-Authenticate", ae.Challenge())
+	openai.WriteError(w, ae.StatusCode(), ae.Type(), ae.Message())
 }

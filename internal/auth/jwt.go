@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -25,6 +26,14 @@ type jwtVerifier struct {
 	parser    *jwt.Parser
 	claim     string   // as configured, for messages
 	claimPath []string // claim split at dots
+	required  []requiredClaim
+}
+
+// requiredClaim is a ClaimRequirement with its name split at dots.
+type requiredClaim struct {
+	name   string
+	path   []string
+	values []string
 }
 
 func newJWTVerifier(cfg *JWTConfig, keys *keySource, now func() time.Time) *jwtVerifier {
@@ -45,10 +54,42 @@ func newJWTVerifier(cfg *JWTConfig, keys *keySource, now func() time.Time) *jwtV
 		opts = append(opts, jwt.WithAudience(cfg.Audience...))
 	}
 	claim := cfg.tenantClaim()
-	return &jwtVerifier{
+	v := &jwtVerifier{
 		keys: keys, parser: jwt.NewParser(opts...),
 		claim: claim, claimPath: strings.Split(claim, "."),
 	}
+	for _, rc := range cfg.RequiredClaims {
+		v.required = append(v.required, requiredClaim{name: rc.Name, path: strings.Split(rc.Name, "."), values: rc.Values})
+	}
+	return v
+}
+
+// holds says whether a claim's value carries one of values: a string equal to
+// one or, as OAuth's scope, holding one as a space-separated word; a list
+// holding one; a number or boolean whose text is one.
+func holds(claim any, values []string) bool {
+	switch c := claim.(type) {
+	case string:
+		if slices.Contains(values, c) {
+			return true
+		}
+		for _, w := range strings.Fields(c) {
+			if slices.Contains(values, w) {
+				return true
+			}
+		}
+	case []any:
+		for _, e := range c {
+			if s, ok := e.(string); ok && slices.Contains(values, s) {
+				return true
+			}
+		}
+	case json.Number:
+		return slices.Contains(values, c.String())
+	case bool:
+		return slices.Contains(values, strconv.FormatBool(c))
+	}
+	return false
 }
 
 // verify checks the token and returns its tenant.
@@ -66,6 +107,13 @@ func (v *jwtVerifier) verify(raw string) (string, *Error) {
 	tenant, ok := tenantString(val)
 	if !ok {
 		return "", &Error{Method: MethodJWT, Reason: ReasonNoTenant, Detail: fmt.Sprintf("tenant claim %q is not a non-empty string or integer", v.claim)}
+	}
+	for _, rc := range v.required {
+		// The token is genuine but does not grant this: 403, as RFC 6750's
+		// insufficient_scope. The value it carries is not echoed.
+		if c, ok := lookupClaim(claims, rc.path); !ok || !holds(c, rc.values) {
+			return "", &Error{Method: MethodJWT, Reason: ReasonClaimMismatch, Detail: fmt.Sprintf("claim %q does not hold a required value", rc.name)}
+		}
 	}
 	return tenant, nil
 }

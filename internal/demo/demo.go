@@ -516,9 +516,10 @@ func (d *gateway) use(picker string) error {
 	return d.g.Apply(&v1alpha1.InferenceGatewayConfig{
 		TypeMeta:   metav1.TypeMeta{APIVersion: v1alpha1.APIVersion, Kind: v1alpha1.Kind},
 		ObjectMeta: metav1.ObjectMeta{Name: "demo"},
+		// The demo reports which GPU served each request (x-kvgate-endpoint).
 		Spec: v1alpha1.InferenceGatewayConfigSpec{Schedulers: []v1alpha1.SchedulerSpec{{
 			Name: "llama-8b", ModelName: model, Endpoints: d.eps, Picker: picker,
-		}}},
+		}}, Gateway: v1alpha1.GatewaySpec{Diagnostics: &v1alpha1.DiagnosticsSpec{Expose: true}}},
 	})
 }
 

@@ -104,7 +104,9 @@ func gatewayConfig(schedulers ...v1alpha1.SchedulerSpec) *v1alpha1.InferenceGate
 	return &v1alpha1.InferenceGatewayConfig{
 		TypeMeta:   metav1.TypeMeta{APIVersion: v1alpha1.APIVersion, Kind: v1alpha1.Kind},
 		ObjectMeta: metav1.ObjectMeta{Name: "test"},
-		Spec:       v1alpha1.InferenceGatewayConfigSpec{BBR: v1alpha1.BBRSpec{Enabled: true}, Schedulers: schedulers},
+		// Tests read which endpoint served (x-kvgate-endpoint), off by default.
+		Spec: v1alpha1.InferenceGatewayConfigSpec{BBR: v1alpha1.BBRSpec{Enabled: true}, Schedulers: schedulers,
+			Gateway: v1alpha1.GatewaySpec{Diagnostics: &v1alpha1.DiagnosticsSpec{Expose: true}}},
 	}
 }
 

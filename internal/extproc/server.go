@@ -32,6 +32,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/kvgate/kvgate/internal/auth"
 	"github.com/kvgate/kvgate/internal/openai"
 	"github.com/kvgate/kvgate/internal/proxy"
 	"github.com/kvgate/kvgate/internal/route"
@@ -166,6 +167,7 @@ type exchange struct {
 	held     *bytes.Buffer
 	stash    *extprocv3.ProcessingRequest // a message read ahead by the body scan
 	route    *route.Route
+	identity *auth.Identity // who sent it (spec.auth); nil without
 
 	// Response direction.
 	status   int
@@ -302,6 +304,16 @@ func (x *exchange) requestHeaders(msg *extprocv3.ProcessingRequest, h *extprocv3
 	x.rid = x.headers[requestIDHeader]
 	if x.rid == "" || len(x.rid) > 128 {
 		x.rid, x.ridSet = proxy.NewRequestID(), true
+	}
+	if x.s.opts.BBR == nil {
+		// Before anything else, as kvgate serve does: Envoy answers the
+		// client with the refusal and the request goes nowhere.
+		id, ref := x.s.gw.Authenticate(httpHeader(h.GetHeaders()))
+		if ref != nil {
+			x.s.log.Debug("request not authenticated", "request_id", x.rid, "status", ref.Status)
+			return x.refuse(ref, true)
+		}
+		x.identity = id
 	}
 	x.subset = subsetHint(msg.GetMetadataContext())
 	if cl, err := strconv.ParseInt(x.headers["content-length"], 10, 64); err == nil && x.s.opts.BBR == nil {
@@ -474,7 +486,8 @@ func (x *exchange) decide(model string, prompt []byte) error {
 		size = int64(x.held.Len())
 	}
 	rt, rerr := x.s.gw.Route(x.ctx, route.Request{RequestID: x.rid, Model: model, Prompt: prompt, BodyBytes: size, Subset: x.subset, Start: x.start,
-		Objective: x.headers[objectiveHeader], User: x.user, Header: func(name string) string { return x.headers[strings.ToLower(name)] }})
+		Objective: x.headers[objectiveHeader], User: x.user, Header: func(name string) string { return x.headers[strings.ToLower(name)] },
+		Identity: x.identity})
 	if rerr != nil {
 		if x.ctx.Err() != nil {
 			return x.ctx.Err()
@@ -504,8 +517,10 @@ func (x *exchange) answerHeaders(set []*corev3.HeaderValueOption, remove []strin
 	}
 	if x.s.opts.BBR == nil {
 		// The body-based router runs before the picker, which still needs them.
+		// The client's credentials were for the gateway, not the model server.
+		creds := x.s.gw.AuthEnabled()
 		for name := range x.headers {
-			if isControlHeader(name) {
+			if isControlHeader(name) || creds && auth.IsCredential(name) {
 				remove = append(remove, name)
 			}
 		}
@@ -539,6 +554,9 @@ func (x *exchange) refuse(e *proxy.Refusal, counted bool) error {
 	if e.Status == http.StatusTooManyRequests || e.Status == http.StatusServiceUnavailable {
 		hdrs = append(hdrs, header("retry-after", "1"))
 	}
+	if e.Challenge != "" {
+		hdrs = append(hdrs, header("www-authenticate", e.Challenge))
+	}
 	err := x.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ImmediateResponse{ImmediateResponse: &extprocv3.ImmediateResponse{
 		Status:  httpStatus(e.Status),
 		Headers: &extprocv3.HeaderMutation{SetHeaders: hdrs},
@@ -566,7 +584,12 @@ func (x *exchange) responseHeaders(msg *extprocv3.ProcessingRequest, h *extprocv
 		x.route.Serve(servedEndpoint(msg.GetMetadataContext()))
 		x.streamed = strings.HasPrefix(hm["content-type"], "text/event-stream")
 		x.usage = openai.NewUsageReader(x.streamed)
-		set = append(set, header(endpointHeader, x.route.Served()), header(schedulerHeader, x.route.Scheduler()))
+		set = append(set, header(schedulerHeader, x.route.Scheduler()))
+		if x.route.Expose {
+			set = append(set, header(endpointHeader, x.route.Served()))
+		} else if _, ok := hm[endpointHeader]; ok {
+			remove = append(remove, endpointHeader) // a model server's own must not pass for kvgate's
+		}
 	}
 	if h.GetEndOfStream() || x.responseBodyMode == filterv3.ProcessingMode_NONE {
 		// No body follows, or none this processor will see: the status is the
@@ -705,6 +728,20 @@ func headerMap(hm *corev3.HeaderMap) map[string]string {
 			v = string(h.GetRawValue())
 		}
 		out[k] = v
+	}
+	return out
+}
+
+// httpHeader is Envoy's header map as net/http's, every value kept: a
+// credential header given twice must be seen twice, and refused.
+func httpHeader(hm *corev3.HeaderMap) http.Header {
+	out := make(http.Header, len(hm.GetHeaders()))
+	for _, h := range hm.GetHeaders() {
+		v := h.GetValue()
+		if len(h.GetRawValue()) > 0 {
+			v = string(h.GetRawValue())
+		}
+		out.Add(h.GetKey(), v)
 	}
 	return out
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/kvgate/kvgate/internal/auth"
 	"github.com/kvgate/kvgate/internal/config"
 	"github.com/kvgate/kvgate/internal/openai"
 )
@@ -17,7 +18,7 @@ import (
 // serveModels lists every model and adapter the gateway routes, in the OpenAI
 // list format, or (GET /v1/models/{id}, the SDKs' models.retrieve) one of
 // them; a model id may hold slashes.
-func (g *Gateway) serveModels(w http.ResponseWriter, r *http.Request) {
+func (g *Gateway) serveModels(w http.ResponseWriter, r *http.Request, who *auth.Identity) {
 	if r.Method != http.MethodGet {
 		w.Header().Set("Allow", http.MethodGet)
 		openai.WriteError(w, http.StatusMethodNotAllowed, openai.TypeInvalidRequest, "use GET")
@@ -25,10 +26,10 @@ func (g *Gateway) serveModels(w http.ResponseWriter, r *http.Request) {
 	}
 	id, one := strings.CutPrefix(r.URL.Path, "/v1/models/")
 	if !one {
-		writeJSON(w, openai.Models(g.Models()))
+		writeJSON(w, openai.Models(g.Models(who)))
 		return
 	}
-	for _, m := range g.Models() {
+	for _, m := range g.Models(who) {
 		if m.ID == id {
 			writeJSON(w, m)
 			return

@@ -7,9 +7,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -20,6 +22,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kvgate/kvgate/api/v1alpha1"
+	"github.com/kvgate/kvgate/internal/logtest"
 	"github.com/kvgate/kvgate/internal/sim"
 	"github.com/kvgate/kvgate/internal/simserver"
 	"github.com/kvgate/kvgate/internal/waittest"
@@ -190,9 +193,62 @@ func TestRetriesBeforeFirstByte(t *testing.T) {
 	// Neither the pod's address nor Go's dial error reaches the client.
 	// A pool whose every endpoint fails is unavailable: 503, worth a retry soon.
 	if resp, raw, e := call(t, "POST", base1+"/v1/chat/completions", chat(llama)); resp.StatusCode != 503 || resp.Header.Get("Retry-After") != "1" ||
-		e.Error.Message != "no endpoint could serve the request; retry later" ||
+		!strings.HasPrefix(e.Error.Message, "no endpoint could serve the request; retry later (request id ") ||
 		strings.Contains(string(raw), deadAddr) || strings.Contains(string(raw), "dial") {
 		t.Errorf("dead pool: %d %s", resp.StatusCode, raw)
+	}
+}
+
+// TestServerErrorsStayInside: a model server's 5xx goes to the client as the
+// gateway's own error — its status and the request id — never the server's
+// body (a traceback, a sidecar's dial error with the pod's address); a 4xx,
+// which is about the request, is relayed as it is.
+func TestServerErrorsStayInside(t *testing.T) {
+	for _, tc := range []struct {
+		status      int
+		body        string
+		relayed     bool
+		retryAfter  string
+		contentType string
+	}{
+		{500, "Traceback (most recent call last):\n  File \"/app/vllm/engine.py\", line 3\nRuntimeError: CUDA error at 10.1.2.3", false, "", "text/plain"},
+		{502, "upstream connect error or disconnect/reset before headers. reset reason: connection failure, transport failure reason: delayed connect error: 111 10.1.2.3:8000", false, "", "text/plain"},
+		{503, `{"error":{"message":"engine dead at 10.1.2.3","type":"InternalServerError"}}`, false, "1", "application/json"},
+		{400, `{"error":{"message":"maximum context length is 8192 tokens","type":"BadRequestError","code":400}}`, true, "", "application/json"},
+	} {
+		t.Run(strconv.Itoa(tc.status), func(t *testing.T) {
+			up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if notMetrics(w, r) {
+					return
+				}
+				w.Header().Set("Content-Type", tc.contentType)
+				w.WriteHeader(tc.status)
+				_, _ = io.WriteString(w, tc.body)
+			}))
+			defer up.Close()
+			one := int32(1)
+			cfg := gatewayConfig(scheduler("p", llama, strings.TrimPrefix(up.URL, "http://")))
+			cfg.Spec.Gateway.MaxAttempts = &one
+			logs := &logtest.Buffer{}
+			_, base := startGateway(t, cfg, func(o *Options) { o.Logger = slog.New(slog.NewTextHandler(logs, nil)) })
+			resp, raw, e := call(t, "POST", base+"/v1/chat/completions", chat(llama), "X-Request-Id", "rid-77")
+			if resp.StatusCode != tc.status || resp.Header.Get("Retry-After") != tc.retryAfter {
+				t.Fatalf("%d (Retry-After %q) %s", resp.StatusCode, resp.Header.Get("Retry-After"), raw)
+			}
+			if tc.relayed {
+				if string(raw) != tc.body {
+					t.Errorf("a 4xx must be relayed as it is: %s", raw)
+				}
+				return
+			}
+			if strings.Contains(string(raw), "10.1.2.3") || strings.Contains(string(raw), "Traceback") || e.Error.Type != "server_error" ||
+				!strings.Contains(e.Error.Message, "rid-77") || resp.Header.Get("Content-Type") != "application/json" {
+				t.Errorf("body %s", raw)
+			}
+			if !strings.Contains(logs.String(), "10.1.2.3") {
+				t.Errorf("the server's answer is not in the log: %s", logs.String())
+			}
+		})
 	}
 }
 

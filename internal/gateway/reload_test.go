@@ -28,6 +28,8 @@ spec:
     modelName: %s
     endpoints: ["%s"]
     weights: {queue: %d, kvCache: 2, prefix: 3}
+  gateway:
+    diagnostics: {expose: true}
 `, llama, strings.Join(endpoints, `", "`), weightQueue)
 }
 

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kvgate/kvgate/internal/auth"
 	"github.com/kvgate/kvgate/internal/openai"
 	"github.com/kvgate/kvgate/internal/proxy"
 	"github.com/kvgate/kvgate/internal/route"
@@ -28,8 +29,18 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	rid := proxy.RequestID(r.Header)
 	w.Header().Set("X-Request-Id", rid)
+	// Before anything else: an unauthenticated client learns nothing, not
+	// even which paths exist.
+	id, aref := g.Authenticate(r.Header)
+	if aref != nil {
+		// Debug: scanners probing the front door would flood Info, and the
+		// refusals are counted (kvgate_auth_requests_total).
+		g.log.Debug("request not authenticated", "request_id", rid, "status", aref.Status, "remote", r.RemoteAddr)
+		aref.Write(w)
+		return
+	}
 	if r.URL.Path == "/v1/models" || strings.HasPrefix(r.URL.Path, "/v1/models/") {
-		g.serveModels(w, r)
+		g.serveModels(w, r, id)
 		return
 	}
 	if !proxy.Proxied(r.URL.Path) {
@@ -96,7 +107,8 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	// Admission and the pick, which reserves the chosen endpoint's slot.
 	rt, ref := g.Route(r.Context(), route.Request{RequestID: rid, Model: model, Prompt: prompt, BodyBytes: size, Start: start,
-		Objective: r.Header.Get(proxy.ObjectiveHeader), Explain: r.Header.Get("X-Kvgate-Explain") == "1", Header: r.Header.Get, User: user})
+		Objective: r.Header.Get(proxy.ObjectiveHeader), Explain: r.Header.Get("X-Kvgate-Explain") == "1", Header: r.Header.Get, User: user,
+		Identity: id})
 	if ref != nil {
 		ref.Write(w) // counted by Route
 		return
@@ -146,8 +158,13 @@ func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Re
 	}
 	sched := rt.Scheduler()
 	retry := "" // why the last attempt failed, counted when the next one starts
+	withheld := proxy.IsControlHeader
+	if g.AuthEnabled() {
+		// The client's credentials were for the gateway, not the model server.
+		withheld = func(name string) bool { return proxy.IsControlHeader(name) || auth.IsCredential(name) }
+	}
 	res := proxy.Forward(w, &proxy.Job{Targets: targets, Transport: rt.Transport(), Body: body, Request: r, Ctx: ctx,
-		RequestID: rid, Withheld: proxy.IsControlHeader, RetryStatus: retryStatus, MidStreamMessage: "the model server failed mid-response",
+		RequestID: rid, Withheld: withheld, RetryStatus: retryStatus, MidStreamMessage: "the model server failed mid-response",
 		WaitFirstByte: true, FirstByteTimeout: rt.FirstByteTimeout, IdleTimeout: rt.StreamIdleTimeout, WriteTimeout: rt.ClientWriteTimeout,
 		Acquire: func(i int) (func(), bool) {
 			if i == 0 {
@@ -181,19 +198,22 @@ func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Re
 			g.log.Warn("endpoint failed before its first byte; trying the next", "request_id", rid, "endpoint", e.Target, "err", e.Err)
 		},
 		OnCommit: func(_, _ int, h http.Header) {
-			h.Set("X-Kvgate-Endpoint", rt.Served())
+			if rt.Expose {
+				h.Set("X-Kvgate-Endpoint", rt.Served())
+			}
 			h.Set("X-Kvgate-Scheduler", sched)
 			if rt.Scores != "" {
 				h.Set("X-Kvgate-Scores", rt.Scores)
 			}
 		},
 		OnFirstByte: func(_ int, sse bool) { rt.FirstByte(sse) },
+		Replace:     func(status int) *proxy.Refusal { return serverError(status, rid) },
 	})
 	if !res.Committed {
 		// Every endpoint down or failing is the pool unavailable: worth a retry
 		// soon, as AWS's gateway and kvgate global answer it.
 		ref := res.Unserved("route timeout exceeded before an endpoint answered",
-			&proxy.Refusal{Status: http.StatusServiceUnavailable, Type: openai.TypeServer, Message: "no endpoint could serve the request; retry later", RetryAfter: 1})
+			&proxy.Refusal{Status: http.StatusServiceUnavailable, Type: openai.TypeServer, Message: "no endpoint could serve the request; retry later (request id " + rid + ")", RetryAfter: 1})
 		if ref == nil {
 			rt.Finish(route.Outcome{Unanswered: true}) // the client went away: 499
 			return
@@ -205,6 +225,12 @@ func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Re
 		rt.Finish(route.Outcome{Status: ref.Status, Unanswered: true, EndpointsFailed: ref.Status == http.StatusServiceUnavailable})
 		ref.Write(w)
 		return
+	}
+	if res.Replaced != nil {
+		// What the model server said stays here: the client gets the status
+		// and the request id to quote.
+		g.log.Warn("endpoint answered with a server error; relayed as the gateway's own", "request_id", rid, "err", res.Err,
+			"body", string(res.Replaced))
 	}
 	o := route.Outcome{Status: res.Status, ClientGone: res.ClientGone, StreamError: res.Code == proxy.CodeStreamError,
 		PromptTokens: res.Usage.Prompt, CompletionTokens: res.Usage.Completion, UsageSeen: res.Usage.Seen && res.Code == proxy.Code(res.Status)}
@@ -218,6 +244,21 @@ func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Re
 		// connection so the client cannot take a truncated body for a whole one.
 		panic(http.ErrAbortHandler)
 	}
+}
+
+// serverError is the answer to a model server's 5xx, in place of its own,
+// whose body may carry a stack trace, addresses or a sidecar's wording: the
+// status, and the request id the log knows it by.
+func serverError(status int, rid string) *proxy.Refusal {
+	if status < 500 {
+		return nil
+	}
+	ref := &proxy.Refusal{Status: status, Type: openai.TypeServer,
+		Message: fmt.Sprintf("the model server failed to answer (%d %s); request id %s", status, http.StatusText(status), rid)}
+	if status == http.StatusServiceUnavailable {
+		ref.RetryAfter = 1
+	}
+	return ref
 }
 
 // retryStatus: a model server's 5xx is worth another endpoint.

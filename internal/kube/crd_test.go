@@ -300,6 +300,34 @@ func TestCRDValidation(t *testing.T) {
 	refuse("spec.schedulers", lots, "must have at most 100 items")
 	cases[len(cases)-1].spec["bbr"] = map[string]any{"enabled": true}
 
+	// auth, tls, diagnostics, buffers (issue 21)
+	hash := "sha256:" + strings.Repeat("ab", 32)
+	refuse("spec.gateway.maxBufferedBytes", 1<<20-1, atLeast+"1048576")
+	accept("spec.gateway.maxBufferedBytes", 1<<20)
+	refuse("spec.auth", map[string]any{}, "no authentication configured")
+	accept("spec.auth", map[string]any{"apiKeys": []any{map[string]any{"tenant": "a", "hash": hash}}})
+	accept("spec.auth", map[string]any{"allowAnonymous": true})
+	refuse("spec.auth.apiKeys", []any{map[string]any{"tenant": "a", "hash": "sk-live-raw-key"}}, match)
+	cases[len(cases)-1].field = "spec.auth.apiKeys[0].hash"
+	refuse("spec.auth.jwt", map[string]any{"jwksURI": "ftp://idp/keys"}, match)
+	cases[len(cases)-1].field = "spec.auth.jwt.jwksURI"
+	refuse("spec.auth.jwt", map[string]any{"jwksURI": "https://idp/keys", "refreshInterval": "500ms"}, "must be at least 1s")
+	cases[len(cases)-1].field = "spec.auth.jwt.refreshInterval"
+	accept("spec.auth.jwt", map[string]any{"jwksURI": "https://idp/keys", "audiences": []any{"kvgate"}, "requiredClaims": []any{map[string]any{"name": "scope", "values": []any{"inference"}}}})
+	refuse("spec.schedulers[0].allowedTenants", []any{"acme"}, v1alpha1.MsgAllowedTenants)
+	cases[len(cases)-1].apiField = "spec.schedulers"
+	accept("spec.tls", map[string]any{"certFile": "/c", "keyFile": "/k", "minVersion": "1.3"})
+	accept("spec.tls", map[string]any{"secretName": "kvgate-tls"})
+	refuse("spec.tls", map[string]any{"secretName": "s", "certFile": "/c", "keyFile": "/k"}, "set secretName or certFile and keyFile, not both")
+	refuse("spec.tls", map[string]any{"certFile": "/c"}, "certFile and keyFile go together")
+	refuse("spec.tls.minVersion", "1.1", enum)
+	cases[len(cases)-1].spec = setField(cases[len(cases)-1].spec, "spec.tls.secretName", "s")
+	refuse("spec.schedulers[0].backendTLS", map[string]any{"caFile": "/ca"}, "applies only with appProtocol https")
+	cases = append(cases, crdCase{name: "backendTLS with https accepted",
+		spec: setField(setField(base(), "spec.schedulers[0].appProtocol", "https"), "spec.schedulers[0].backendTLS", map[string]any{"caFile": "/ca", "serverName": "vllm"})})
+	refuse("spec.gateway.diagnostics", map[string]any{"expose": true, "tenants": []any{"ops", "ops"}}, `Duplicate value: "ops"`)
+	cases[len(cases)-1].field = "spec.gateway.diagnostics.tenants[1]"
+
 	// objectives
 	objective := func(name string, priority int) map[string]any {
 		return map[string]any{"name": name, "priority": priority}

@@ -15,6 +15,7 @@ const (
 	TypeServer         = "server_error"
 	TypeOverloaded     = "overloaded_error"
 	TypeRateLimit      = "rate_limit_error"
+	TypePermission     = "permission_error"
 )
 
 // ErrorBody is the JSON body of every error response:

@@ -108,7 +108,15 @@ type Job struct {
 	// OnFirstByte runs when the answer's first bytes are read, before they
 	// are written.
 	OnFirstByte func(i int, sse bool)
+	// Replace, when set, may return the caller's own error to send instead of
+	// the answer chosen (a model server's 5xx, whose body may carry its
+	// stack, addresses or a sidecar's wording); nil relays it. The answer's
+	// first bytes go to Result.Replaced, for the log.
+	Replace func(status int) *Refusal
 }
+
+// replacedLog bounds the head of a replaced answer kept for the log.
+const replacedLog = 2 << 10
 
 // midStreamTimeout ends an event stream cut by Ctx's deadline.
 const midStreamTimeout = "route timeout exceeded mid-response"
@@ -175,6 +183,9 @@ type Result struct {
 	// http.ErrAbortHandler, so that the client cannot take a truncated body
 	// for a whole one.
 	Abort bool
+	// Replaced holds the first bytes of an answer Job.Replace replaced (Err
+	// names its target and status).
+	Replaced []byte
 
 	bodyErr  error // the client's, reading its request body
 	shutdown bool  // the server stopping ended the request
@@ -238,6 +249,11 @@ func Forward(w http.ResponseWriter, j *Job) Result {
 			continue
 		}
 		defer release() // deferred: a hook that panics still releases
+		if j.Replace != nil {
+			if ref := j.Replace(a.resp.StatusCode); ref != nil {
+				return j.replace(w, i, a, *bufp, ref)
+			}
+		}
 		return j.relay(ctx, w, i, a, *bufp)
 	}
 	res.Err = lastErr
@@ -246,6 +262,27 @@ func Forward(w http.ResponseWriter, j *Job) Result {
 	res.shutdown = shutdown(j.Request)
 	res.bodyErr = j.Body.ClientError()
 	return res
+}
+
+// replace answers with ref instead of target i's answer a, keeping the
+// answer's head for the log.
+func (j *Job) replace(w http.ResponseWriter, i int, a answer, buf []byte, ref *Refusal) Result {
+	head := make([]byte, 0, replacedLog)
+	if a.n > 0 {
+		head = append(head, buf[:min(a.n, replacedLog)]...)
+	}
+	if rest := replacedLog - len(head); rest > 0 && a.err == nil {
+		more, _ := io.ReadAll(io.LimitReader(a.resp.Body, int64(rest)))
+		head = append(head, more...)
+	}
+	_ = a.resp.Body.Close()
+	a.cancel()
+	if j.OnCommit != nil {
+		j.OnCommit(i, ref.Status, w.Header())
+	}
+	ref.Write(w)
+	return Result{Committed: true, Target: i, Status: ref.Status, Code: Code(ref.Status), Replaced: head,
+		Err: &AttemptError{Target: j.Targets[i].Name, Status: a.resp.StatusCode}}
 }
 
 // Unserved is the answer to a request no target served, or nil when the

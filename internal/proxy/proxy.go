@@ -123,6 +123,8 @@ type Refusal struct {
 	// Close asks the client to open a new connection: the request's body
 	// was not read to its end.
 	Close bool
+	// Challenge is the WWW-Authenticate value of a refusal for credentials.
+	Challenge string
 }
 
 func (e *Refusal) Error() string { return strconv.Itoa(e.Status) + ": " + e.Message }
@@ -134,6 +136,9 @@ func (e *Refusal) Write(w http.ResponseWriter) {
 	}
 	if e.Close {
 		w.Header().Set("Connection", "close")
+	}
+	if e.Challenge != "" {
+		w.Header().Set("WWW-Authenticate", e.Challenge)
 	}
 	openai.WriteError(w, e.Status, e.Type, e.Message)
 }

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/kvgate/kvgate/internal/auth"
 	"github.com/kvgate/kvgate/internal/fleet"
 	"github.com/kvgate/kvgate/internal/openai"
 	"github.com/kvgate/kvgate/internal/peers"
@@ -46,6 +47,8 @@ type Request struct {
 	// User is the body's "user" field, for a scheduler that takes session
 	// keys from it (WantsUser).
 	User string
+	// Identity is who sent the request (Authenticate); nil without spec.auth.
+	Identity *auth.Identity
 }
 
 // Route is one request's pick, held from the decision to the end of the response.
@@ -59,8 +62,12 @@ type Route struct {
 	// Endpoints are the ranked addresses: the first is reserved for the request,
 	// the others are fallbacks for the data plane's retries.
 	Endpoints []string
-	// Scores renders the candidates' scores, when the request asked (Explain).
+	// Scores renders the candidates' scores, when the request asked (Explain)
+	// and may read them (Expose).
 	Scores string
+	// Expose says whether the client may read routing internals, such as the
+	// address of the endpoint that served (spec.gateway.diagnostics).
+	Expose bool
 	// RetryBuffer is how much of a request body may be kept to send it again
 	// to a fallback (spec.gateway.retryBufferBytes).
 	RetryBuffer int64
@@ -176,6 +183,10 @@ func (g *Router) Route(ctx context.Context, req Request) (*Route, *proxy.Refusal
 		g.CountRefused(http.StatusNotFound)
 		return nil, &proxy.Refusal{Status: http.StatusNotFound, Type: openai.TypeNotFound, Message: NoMatchingModel}
 	}
+	if !allowed(p, req.Identity) {
+		g.count(p.name, req.Model, "", "403")
+		return nil, notAllowed(req.Model)
+	}
 	if t := p.spec.Timeout(); t > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithDeadline(ctx, req.Start.Add(t))
@@ -218,7 +229,8 @@ func (g *Router) Route(ctx context.Context, req Request) (*Route, *proxy.Refusal
 	ranked := d.decision.Ranked
 	r := &Route{g: g, p: p, model: req.Model, start: req.Start, served: d.first, limit: limit,
 		promptTokens: int(req.BodyBytes / 4), Endpoints: make([]string, 0, len(ranked)+1), RetryBuffer: rt.gw.RetryBuffer(),
-		FirstByteTimeout: rt.gw.FirstByte(), StreamIdleTimeout: rt.gw.StreamIdle(), ClientWriteTimeout: rt.gw.ClientWrite()}
+		FirstByteTimeout: rt.gw.FirstByte(), StreamIdleTimeout: rt.gw.StreamIdle(), ClientWriteTimeout: rt.gw.ClientWrite(),
+		Expose: exposes(rt.gw, req.Identity)}
 	// The dispatch is counted before anything else: until it is, concurrent
 	// picks see the endpoint as it was and herd onto it.
 	r.own = r.promptTokens
@@ -231,7 +243,7 @@ func (g *Router) Route(ctx context.Context, req Request) (*Route, *proxy.Refusal
 	}
 	r.ticket = g.fleet.Dispatched(d.first.addr, r.promptTokens, r.own)
 	g.touch()
-	if req.Explain {
+	if req.Explain && r.Expose {
 		r.Scores = explain(d.decision)
 		now := g.now()
 		for _, e := range p.endpoints {

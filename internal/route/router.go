@@ -95,6 +95,8 @@ type routes struct {
 	schedulers []*scheduler
 	maxBody    int64
 	gw         v1alpha1.GatewaySpec
+	// auth is spec.auth built; nil serves anyone.
+	auth *authState
 	// promptLimit is how much of a prompt the schedulers' prefix indexes hash, 0 when
 	// none does.
 	promptLimit int
@@ -243,6 +245,9 @@ func New(opts Options) *Router {
 func (g *Router) Close() {
 	g.fleet.Close()
 	g.stopFleet()
+	if rt := g.routes.Load(); rt != nil && rt.auth != nil {
+		rt.auth.a.Close()
+	}
 }
 
 // Metrics returns the router's metrics.
@@ -274,6 +279,18 @@ func (g *Router) Apply(cfg *v1alpha1.InferenceGatewayConfig) error {
 		// Nobody waits without a limit, so priorities never come into play.
 		g.log.Warn("spec.objectives has no effect without spec.gateway.maxInFlightPerEndpoint: with no limit no request waits or is shed")
 	}
+	// Built before the lock: a new JWKS is fetched (bounded by its timeout).
+	as, freshAuth, err := g.buildAuth(cfg.Spec.Auth)
+	if err != nil {
+		return err
+	}
+	applied := false
+	defer func() {
+		if freshAuth && !applied {
+			as.a.Close()
+		}
+	}()
+	rt.auth = as
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	// A scheduler whose settings did not change (only its endpoints: pods came
@@ -386,6 +403,12 @@ func (g *Router) Apply(cfg *v1alpha1.InferenceGatewayConfig) error {
 	g.fleet.SetConfig(g.fleetConfig(gw))
 	g.fleet.Sync(g.fleetCtx, targets)
 	old := g.routes.Swap(rt)
+	applied = true
+	if old != nil && old.auth != nil && old.auth != rt.auth {
+		// Requests that already passed it do not need it again; its JWKS
+		// refresh stops.
+		old.auth.a.Close()
+	}
 	g.lastErr, g.lastReload = nil, time.Now()
 	g.started.CompareAndSwap(0, g.lastReload.Unix())
 	g.m.ConfigAccepted.Set(1)

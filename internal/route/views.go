@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/api/v1alpha1"
+	"github.com/kvgate/kvgate/internal/auth"
 	"github.com/kvgate/kvgate/internal/engine"
 	"github.com/kvgate/kvgate/internal/fleet"
 	"github.com/kvgate/kvgate/internal/latency"
@@ -89,9 +90,10 @@ func (g *Router) FleetView() []SchedulerView {
 	return out
 }
 
-// Models lists every model and adapter the configuration routes, in the OpenAI
+// Models lists every model and adapter the configuration routes to a request
+// of this identity (all of them with id nil and no allowedTenants), in the OpenAI
 // list's terms.
-func (g *Router) Models() []openai.Model {
+func (g *Router) Models(id *auth.Identity) []openai.Model {
 	var data []openai.Model
 	if rt := g.routes.Load(); rt != nil {
 		// A file has no creation time: its models were made when the router
@@ -101,6 +103,9 @@ func (g *Router) Models() []openai.Model {
 			created = g.started.Load()
 		}
 		for _, p := range rt.schedulers {
+			if !allowed(p, id) {
+				continue // a tenant sees only the models it may use
+			}
 			data = append(data, openai.Model{ID: p.spec.ModelName, Object: "model", Created: created, OwnedBy: "kvgate"})
 			for _, a := range p.spec.LoRAAdapters {
 				data = append(data, openai.Model{ID: a, Object: "model", Created: created, OwnedBy: "kvgate", Parent: &p.spec.ModelName})

@@ -1,0 +1,107 @@
+package route
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"reflect"
+
+	"github.com/kvgate/kvgate/api/v1alpha1"
+	"github.com/kvgate/kvgate/internal/auth"
+	"github.com/kvgate/kvgate/internal/openai"
+	"github.com/kvgate/kvgate/internal/proxy"
+)
+
+// authState is a configuration's spec.auth, built: the Authenticator and the
+// spec it came from, so that a reload that leaves spec.auth alone keeps it
+// (and its JWKS) rather than fetching the keys again.
+type authState struct {
+	spec *v1alpha1.AuthSpec
+	a    *auth.Authenticator
+}
+
+// buildAuth returns the authenticator spec asks for: the current one when
+// spec is unchanged, nil without spec. fresh says it was built here, for the
+// caller to close if the configuration is not applied. A new JWT
+// authenticator that could not load its keys replaces a working one only at
+// startup: on a reload it is an error, and the one serving keeps its keys
+// rather than every token failing.
+func (g *Router) buildAuth(spec *v1alpha1.AuthSpec) (st *authState, fresh bool, err error) {
+	var cur *authState
+	if rt := g.routes.Load(); rt != nil {
+		cur = rt.auth
+	}
+	if cur != nil && reflect.DeepEqual(cur.spec, spec) {
+		return cur, false, nil
+	}
+	if spec == nil {
+		return nil, false, nil
+	}
+	a, err := auth.New(g.fleetCtx, auth.FromSpec(spec), auth.Options{Logger: g.log, Registerer: g.m.Registry})
+	if err != nil {
+		return nil, false, fmt.Errorf("spec.auth: %w", err)
+	}
+	if rerr := a.Ready(); rerr != nil && cur != nil && cur.a.Ready() == nil {
+		a.Close()
+		return nil, false, fmt.Errorf("spec.auth.jwt: the new JWKS could not be loaded, the previous configuration keeps serving: %w", rerr)
+	}
+	return &authState{spec: spec.DeepCopy(), a: a}, true, nil
+}
+
+// Authenticate checks a request's credentials against the configuration's
+// spec.auth: its identity, nil when the configuration has none (anyone is
+// served), or the refusal to answer (401 or 403, with WWW-Authenticate).
+func (g *Router) Authenticate(h http.Header) (*auth.Identity, *proxy.Refusal) {
+	rt := g.routes.Load()
+	if rt == nil || rt.auth == nil {
+		return nil, nil
+	}
+	id, err := rt.auth.a.AuthenticateHeader(h)
+	if err != nil {
+		var ae *auth.Error
+		if !errors.As(err, &ae) {
+			ae = &auth.Error{Reason: auth.ReasonInvalid} // fail closed
+		}
+		g.CountRefused(ae.StatusCode())
+		return nil, &proxy.Refusal{Status: ae.StatusCode(), Type: ae.Type(), Message: ae.Message(), Challenge: ae.Challenge()}
+	}
+	return &id, nil
+}
+
+// AuthEnabled says whether the configuration authenticates requests: a
+// front then strips the credentials (auth.IsCredential) before the request
+// goes upstream.
+func (g *Router) AuthEnabled() bool {
+	rt := g.routes.Load()
+	return rt != nil && rt.auth != nil
+}
+
+// Exposes says whether a request of this identity may read routing
+// internals (spec.gateway.diagnostics): the endpoint's address and, when
+// asked, every candidate's scores.
+func (g *Router) Exposes(id *auth.Identity) bool {
+	rt := g.routes.Load()
+	return rt != nil && exposes(rt.gw, id)
+}
+
+func exposes(gw v1alpha1.GatewaySpec, id *auth.Identity) bool {
+	if id == nil {
+		return gw.ExposesTo("", false)
+	}
+	return gw.ExposesTo(id.Tenant, id.Method != auth.MethodAnonymous)
+}
+
+// allowed says whether p serves a request of this identity
+// (allowedTenants); Validate made sure spec.auth is set when that is.
+func allowed(p *scheduler, id *auth.Identity) bool {
+	if len(p.spec.AllowedTenants) == 0 {
+		return true
+	}
+	return id != nil && id.Method != auth.MethodAnonymous && p.spec.Serves(id.Tenant)
+}
+
+// notAllowed is the refusal of a model the tenant may not use.
+func notAllowed(model string) *proxy.Refusal {
+	return &proxy.Refusal{Status: http.StatusForbidden, Type: openai.TypePermission,
+		Message: fmt.Sprintf("the model %q is not available to this tenant", model)}
+}
