@@ -5,6 +5,7 @@ package serving
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -13,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kvgate/kvgate/internal/openai"
 	"github.com/kvgate/kvgate/internal/proxy"
 )
 
@@ -42,26 +44,87 @@ func Listen(api, admin string) (net.Listener, net.Listener, error) {
 // Once Closing, each response asks its client to reconnect (Connection:
 // close), so that keep-alive connections end between requests rather than
 // under one; Abort ends the requests still running with proxy.ErrShutdown.
+// The errors net/http answers itself (a malformed request, its framing, a
+// header over MaxHeaderBytes) are OpenAI JSON errors like the handler's.
 type API struct {
 	*http.Server
-	closing atomic.Bool
-	abort   context.CancelCauseFunc
+	// TLS, when set, is asked for every new connection: a configuration
+	// makes it TLS (HTTP/2 or HTTP/1.1 by ALPN, as NextProtos offer), nil
+	// plain HTTP. A plain HTTP request on a TLS connection gets a 400.
+	TLS func() *tls.Config
+	// HandshakeTimeout bounds a TLS handshake (default
+	// DefaultHandshakeTimeout).
+	HandshakeTimeout time.Duration
+	closing          atomic.Bool
+	abort            context.CancelCauseFunc
+	log              *slog.Logger
 }
+
+// Header limits: a request whose header is over HeaderLimit is answered 431
+// by the handler, having been read whole; net/http reads headers up to
+// MaxHeaderBytes (Go's default), beyond which it answers 431 itself.
+const (
+	HeaderLimit    = 64 << 10
+	MaxHeaderBytes = 1 << 20
+)
+
+type connKey struct{}
 
 // NewAPI serves h.
 func NewAPI(h http.Handler, log *slog.Logger) *API {
 	base, abort := context.WithCancelCause(context.Background())
-	a := &API{abort: abort}
-	a.Server = &http.Server{ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10,
+	a := &API{abort: abort, log: log}
+	a.Server = &http.Server{ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: MaxHeaderBytes,
 		ErrorLog:    slog.NewLogLogger(log.Handler(), slog.LevelDebug),
 		BaseContext: func(net.Listener) context.Context { return base },
+		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
+			if pc := protocolConn(c); pc != nil {
+				return context.WithValue(ctx, connKey{}, pc)
+			}
+			return ctx
+		},
+		ConnState: func(c net.Conn, st http.ConnState) {
+			// Between requests, writes are net/http's own again.
+			if pc := protocolConn(c); pc != nil && st == http.StateIdle {
+				pc.handling.Store(false)
+			}
+		},
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if pc, ok := r.Context().Value(connKey{}).(*conn); ok {
+				pc.handling.Store(true)
+			}
 			if a.closing.Load() {
 				w.Header().Set("Connection", "close")
+			}
+			if n := headerBytes(r); n > HeaderLimit {
+				openai.WriteError(w, http.StatusRequestHeaderFieldsTooLarge, openai.TypeInvalidRequest,
+					fmt.Sprintf("the request's header fields are too large: %d bytes, at most %d", n, HeaderLimit))
+				return
 			}
 			h.ServeHTTP(w, r)
 		})}
 	return a
+}
+
+// Serve serves HTTP on ln, each connection TLS or plain as a.TLS says.
+func (a *API) Serve(ln net.Listener) error {
+	timeout := a.HandshakeTimeout
+	if timeout <= 0 {
+		timeout = DefaultHandshakeTimeout
+	}
+	return a.Server.Serve(newListener(ln, a.TLS, timeout, a.log))
+}
+
+// headerBytes is about what the request's head took on the wire: the
+// request line and each header field.
+func headerBytes(r *http.Request) int {
+	n := len(r.Method) + len(r.RequestURI) + len(r.Proto) + len(r.Host) + 4
+	for k, vs := range r.Header {
+		for _, v := range vs {
+			n += len(k) + len(v) + 4
+		}
+	}
+	return n
 }
 
 // Closing makes every response from now on close its connection.
