@@ -54,6 +54,9 @@ type Gateway struct {
 	meshMu   sync.Mutex
 	mesh     *peers.Mesh
 	meshSpec *v1alpha1.SharedStateSpec
+	// tls is the API listener's TLS (kvgate serve), nil where spec.tls is
+	// not served.
+	tls *listenerTLS
 }
 
 // New returns a gateway with no configuration; it answers 503 until Apply.

@@ -57,10 +57,17 @@ const (
 // Apply installs a configuration (route.Router.Apply) and, on the first one
 // that names a shared state (or with the flag's), links this replica to its
 // peers. The link is read at start: a later change is logged, not applied.
+// Where spec.tls is served, its certificate files are read first: files
+// that do not load refuse the whole configuration.
 func (g *Gateway) Apply(cfg *v1alpha1.InferenceGatewayConfig) error {
+	commitTLS, err := g.prepareTLS(cfg)
+	if err != nil {
+		return err
+	}
 	if err := g.Router.Apply(cfg); err != nil {
 		return err
 	}
+	commitTLS()
 	g.linkPeers(cfg)
 	return nil
 }

@@ -56,6 +56,9 @@ func Run(ctx context.Context, o ServerOptions) error {
 	o.Gateway.Logger = log
 	g := New(o.Gateway)
 	defer g.Close()
+	if o.Frontend == nil {
+		g.serveTLS()
+	}
 	var initial []byte
 	schedulers := 0
 	if o.Source == nil {
@@ -83,7 +86,9 @@ func Run(ctx context.Context, o ServerOptions) error {
 	watchCtx, stopWatch := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopWatch()
 	sourceDone := make(chan struct{})
-	var api Frontend = serving.NewAPI(g, log)
+	httpAPI := serving.NewAPI(g, log)
+	httpAPI.TLS = g.TLSConfig
+	var api Frontend = httpAPI
 	if o.Frontend != nil {
 		if api, err = o.Frontend(watchCtx, g); err != nil {
 			_ = apiLn.Close()
