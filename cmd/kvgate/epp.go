@@ -10,9 +10,11 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/kvgate/kvgate/internal/certs"
 	"github.com/kvgate/kvgate/internal/extproc"
 	"github.com/kvgate/kvgate/internal/gateway"
 	"github.com/kvgate/kvgate/internal/kube"
+	"github.com/kvgate/kvgate/internal/telemetry"
 )
 
 func newEPPCmd() *cobra.Command {
@@ -87,7 +89,10 @@ with --bbr-configmaps, from ConfigMaps labelled inference.networking.k8s.io/bbr-
 				}
 			}
 			if secure {
-				cfg, err := extproc.TLSConfig(certDir)
+				// The certificate's metrics join the gateway's on /metrics.
+				metrics := telemetry.NewGateway()
+				o.Server.Gateway.Metrics = metrics
+				cfg, err := extproc.ServingTLS(certDir, log, certs.NewMetrics(metrics.Registry))
 				if err != nil {
 					return err
 				}
