@@ -41,6 +41,9 @@ func (g *Gateway) TLSConfig() *tls.Config {
 	return g.tls.cfg.Load()
 }
 
+// ServesTLS says whether the gateway serves spec.tls (kvgate serve).
+func (g *Gateway) ServesTLS() bool { return g.tls != nil }
+
 // SetCertificate installs the certificate of the Secret spec.tls names
 // (tls.crt and tls.key). One that does not load, or a Secret the
 // configuration does not name, changes nothing.

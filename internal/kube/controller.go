@@ -79,6 +79,9 @@ type Reconciler struct {
 	// kick, when set, re-runs the reconcile on demand (on winning the Lease, on
 	// the InferencePool resource appearing).
 	kick <-chan event.GenericEvent
+	// secrets follows the Secret spec.tls names, when the gateway serves
+	// spec.tls (Certificates).
+	secrets *secretWatch
 
 	mu       sync.Mutex
 	serving  *v1alpha1.InferenceGatewayConfig // the accepted spec, endpoints unresolved; nil before the first
@@ -176,6 +179,10 @@ func (r *Reconciler) reconcile(ctx context.Context) (reconcile.Result, error) {
 		latest, problems = decode(obj)
 	}
 	r.Log.Debug("reconcile", "config", r.Target, "found", found, "generation", obj.GetGeneration(), "problems", problems)
+	if r.secrets != nil {
+		// The Secret of what the gateway runs, however this reconcile ends.
+		defer func() { r.secrets.follow(tlsSecret(r.applied)) }()
+	}
 	// The newest generation is served when it is valid and the gateway takes
 	// it; else the one served before goes on, following the pods of now.
 	var statuses []v1alpha1.SchedulerStatus
@@ -389,8 +396,7 @@ func (r *Reconciler) status(latest *v1alpha1.InferenceGatewayConfig, obj *unstru
 		ready = metav1.Condition{Type: "Ready", Status: metav1.ConditionFalse, Reason: "NoReadyEndpoints", ObservedGeneration: servedGen,
 			Message: trim(strings.Join(empty, "; ") + served)}
 	}
-	st.Conditions = append(st.Conditions, ready)
-	return st
+	return r.withTLS(st, ready)
 }
 
 // resolve fills each scheduler's endpoints from the ready pods it selects and

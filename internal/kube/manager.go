@@ -114,6 +114,9 @@ func Start(ctx context.Context, cfg *rest.Config, o Options) error {
 			o.Log.Warn("the status lease was not released in 5s; the next replica takes status over when it expires")
 		}
 	}()
+	if sink, ok := o.Gateway.(Certificates); ok && sink.ServesTLS() {
+		r.secrets = &secretWatch{ctx: ctx, cs: cs, ns: o.Target.Namespace, sink: sink, log: o.Log, kick: func() { poke(kick) }}
+	}
 	if o.LeaderElection {
 		var elected atomic.Bool
 		r.Leader = elected.Load

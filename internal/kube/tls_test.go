@@ -1,0 +1,206 @@
+package kube
+
+import (
+	"context"
+	"crypto/tls"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/kvgate/kvgate/api/v1alpha1"
+	"github.com/kvgate/kvgate/internal/certs/certstest"
+	"github.com/kvgate/kvgate/internal/gateway"
+	"github.com/kvgate/kvgate/internal/logtest"
+	"github.com/kvgate/kvgate/internal/waittest"
+)
+
+// TestTLSSecret: kvgate serve in Kubernetes with spec.tls.secretName, against
+// a real kube-apiserver. With the Secret missing the listener refuses
+// handshakes (and answers plain HTTP 400, never the API) and status says
+// why; the Secret created, the API is served over TLS; rotated under
+// traffic, new connections get the new certificate and no request fails; a
+// broken Secret, then a deleted one, keep the certificate serving, each
+// reported in status.
+func TestTLSSecret(t *testing.T) {
+	k := startCluster(t)
+	const ns = "tls"
+	k.namespace(t, ns)
+	ips, port := servers(t, 1)
+	k.pod(t, ns, "m-0", ips[0], true, map[string]string{"app": "m"})
+	target := types.NamespacedName{Namespace: ns, Name: "kvgate"}
+	cfg := igwc(ns, "kvgate", v1alpha1.SchedulerSpec{Name: "m", ModelName: model, TargetPort: int32(port),
+		ModelSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "m"}}})
+	cfg.Spec.TLS = &v1alpha1.TLSSpec{SecretName: "api-tls"}
+	ctx := context.Background()
+	if err := k.c.Create(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+
+	logs := &logtest.Buffer{}
+	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	ready := make(chan gateway.Addrs, 1)
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- gateway.Run(runCtx, gateway.ServerOptions{Listen: "127.0.0.1:0", AdminListen: "127.0.0.1:0", DrainTimeout: 5 * time.Second, Ready: ready, Logger: log,
+			Source: func(ctx context.Context, g *gateway.Gateway) error {
+				return Start(ctx, k.cfg, Options{Target: target, Gateway: g, Log: log, LeaderElection: true})
+			}})
+	}()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+		if t.Failed() {
+			t.Logf("kvgate log:\n%s", logs.String())
+		}
+	})
+	addrs := <-ready
+
+	caOld, caNew := certstest.NewCA(t, "old"), certstest.NewCA(t, "new")
+	roots := certstest.Pool(caOld, caNew)
+	first, second := caOld.Issue(t), caNew.Issue(t)
+	serial := func() (string, error) {
+		c, err := tls.Dial("tcp", addrs.API, &tls.Config{RootCAs: roots})
+		if err != nil {
+			return "", err
+		}
+		defer func() { _ = c.Close() }()
+		return c.ConnectionState().PeerCertificates[0].SerialNumber.String(), nil
+	}
+	tlsCond := func(reason, text string) func() bool {
+		return func() bool {
+			c := condition(k.status(t, ns, "kvgate"), TLSCondition)
+			return c.Reason == reason && strings.Contains(c.Message, text)
+		}
+	}
+
+	waittest.Until(t, 10*time.Second, "status: the Secret is missing", func() bool {
+		st := k.status(t, ns, "kvgate")
+		return tlsCond("SecretNotFound", "handshakes are refused")() && condition(st, "Ready").Reason == "NoCertificate"
+	})
+	if s, err := serial(); err == nil {
+		t.Fatalf("a handshake succeeded with no Secret: serial %s", s)
+	}
+	resp, err := http.Post("http://"+addrs.API+"/v1/chat/completions", "application/json", strings.NewReader(`{"model":"`+model+`"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(body), "HTTPS") {
+		t.Fatalf("plain HTTP with TLS asked: %d %s", resp.StatusCode, body)
+	}
+
+	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "api-tls"}, Type: corev1.SecretTypeTLS,
+		Data: map[string][]byte{corev1.TLSCertKey: first.CertPEM, corev1.TLSPrivateKeyKey: first.KeyPEM}}
+	if err := k.c.Create(ctx, secret); err != nil {
+		t.Fatal(err)
+	}
+	waittest.Until(t, 10*time.Second, "the Secret's certificate served", func() bool {
+		s, err := serial()
+		return err == nil && s == first.Serial.String()
+	})
+	waittest.Until(t, 10*time.Second, "status: the certificate loaded", func() bool {
+		return tlsCond("CertificateLoaded", first.Serial.String())() && condition(k.status(t, ns, "kvgate"), "Ready").Status == metav1.ConditionTrue
+	})
+
+	// Traffic while the Secret is rotated.
+	tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}, ForceAttemptHTTP2: true}
+	fresh := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}, DisableKeepAlives: true}
+	defer tr.CloseIdleConnections()
+	var ok, failed atomic.Int64
+	var failures sync.Map
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for _, rt := range []http.RoundTripper{tr, fresh, fresh} {
+		client := &http.Client{Transport: rt, Timeout: 10 * time.Second}
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				resp, err := client.Post("https://"+addrs.API+"/v1/chat/completions", "application/json",
+					strings.NewReader(`{"model":"`+model+`","messages":[{"role":"user","content":"hi"}],"max_tokens":2}`))
+				if err != nil {
+					failed.Add(1)
+					failures.Store(err.Error(), true)
+					continue
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+				_ = resp.Body.Close()
+				if resp.StatusCode != http.StatusOK {
+					failed.Add(1)
+					failures.Store(resp.Status, true)
+					continue
+				}
+				ok.Add(1)
+			}
+		})
+	}
+	waittest.Until(t, 10*time.Second, "traffic", func() bool { return ok.Load() >= 20 })
+	k.setSecret(t, ns, "api-tls", second.CertPEM, second.KeyPEM)
+	waittest.Until(t, 10*time.Second, "the rotated certificate served", func() bool {
+		s, err := serial()
+		return err == nil && s == second.Serial.String()
+	})
+	before := ok.Load()
+	waittest.Until(t, 10*time.Second, "traffic after the rotation", func() bool { return ok.Load() >= before+20 })
+	close(stop)
+	wg.Wait()
+	failures.Range(func(k, _ any) bool {
+		t.Errorf("failure: %s", k)
+		return true
+	})
+	if failed.Load() != 0 {
+		t.Fatalf("%d of %d requests failed across the rotation", failed.Load(), failed.Load()+ok.Load())
+	}
+
+	for _, step := range []struct {
+		name, reason, text string
+		change             func()
+	}{
+		{"broken", "InvalidSecret", "keeps serving", func() { k.setSecret(t, ns, "api-tls", []byte("not PEM"), second.KeyPEM) }},
+		{"deleted", "SecretNotFound", "keeps serving", func() {
+			if err := k.c.Delete(ctx, secret); err != nil {
+				t.Fatal(err)
+			}
+		}},
+	} {
+		t.Run(step.name, func(t *testing.T) {
+			step.change()
+			waittest.Until(t, 10*time.Second, "status: "+step.reason, tlsCond(step.reason, step.text))
+			if c := condition(k.status(t, ns, "kvgate"), "Ready"); c.Status != metav1.ConditionTrue {
+				t.Fatalf("Ready %s (%s) while a certificate serves", c.Status, c.Message)
+			}
+			if s, err := serial(); err != nil || s != second.Serial.String() {
+				t.Fatalf("serving %s, %v; want the last good certificate %s", s, err, second.Serial)
+			}
+		})
+	}
+}
+
+// setSecret replaces a TLS Secret's certificate and key.
+func (k *cluster) setSecret(t *testing.T, ns, name string, certPEM, keyPEM []byte) {
+	t.Helper()
+	var s corev1.Secret
+	if err := k.c.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: name}, &s); err != nil {
+		t.Fatal(err)
+	}
+	s.Data = map[string][]byte{corev1.TLSCertKey: certPEM, corev1.TLSPrivateKeyKey: keyPEM}
+	if err := k.c.Update(context.Background(), &s); err != nil {
+		t.Fatal(err)
+	}
+}
