@@ -155,6 +155,20 @@ func allows(role rbacv1.Role, group, resource string, verbs ...string) bool {
 	return true
 }
 
+// secretNames lists the Secrets a Role grants by name, and whether it
+// grants any Secret at all.
+func secretNames(role rbacv1.Role) ([]string, bool) {
+	var names []string
+	granted := false
+	for _, r := range role.Rules {
+		if slices.Contains(r.APIGroups, "") && slices.Contains(r.Resources, "secrets") {
+			granted = true
+			names = append(names, r.ResourceNames...)
+		}
+	}
+	return names, granted
+}
+
 // helmCmd runs helm with its caches and configuration in the test's own
 // folder, not the user's.
 func helmCmd(t *testing.T, helm string, args ...string) *exec.Cmd {
@@ -191,6 +205,27 @@ func TestHelmChart(t *testing.T) {
 			one(t, objs, "Role", &role)
 			if !allows(role, "", "events", "create", "patch") || !allows(role, "events.k8s.io", "events", "create", "patch") {
 				t.Errorf("the Role does not let kvgate create and patch core and events.k8s.io events: %+v", role.Rules)
+			}
+			if names, ok := secretNames(role); ok {
+				t.Errorf("no TLS, and the Role grants Secrets %v", names)
+			}
+		},
+	}, {
+		name: "a TLS Secret: the Role reads that one", flags: []string{"--set", "tls.secretName=api-tls"}, want: base,
+		check: func(t *testing.T, objs []*unstructured.Unstructured) {
+			var role rbacv1.Role
+			one(t, objs, "Role", &role)
+			if names, _ := secretNames(role); !slices.Equal(names, []string{"api-tls"}) || !allows(role, "", "secrets", "get", "list", "watch") {
+				t.Errorf("the Role grants Secrets %v (%+v), want get, list and watch on api-tls only", names, role.Rules)
+			}
+		},
+	}, {
+		name: "the chart's config names a TLS Secret", flags: []string{"--set-json", `config.spec.tls={"secretName":"from-spec"}`}, want: base,
+		check: func(t *testing.T, objs []*unstructured.Unstructured) {
+			var role rbacv1.Role
+			one(t, objs, "Role", &role)
+			if names, _ := secretNames(role); !slices.Equal(names, []string{"from-spec"}) {
+				t.Errorf("the Role grants Secrets %v, want from-spec", names)
 			}
 		},
 	}, {

@@ -13,13 +13,17 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 
 	"github.com/kvgate/kvgate/api/v1alpha1"
 	"github.com/kvgate/kvgate/internal/certs/certstest"
 	"github.com/kvgate/kvgate/internal/gateway"
 	"github.com/kvgate/kvgate/internal/logtest"
+	"github.com/kvgate/kvgate/internal/testenv"
 	"github.com/kvgate/kvgate/internal/waittest"
 )
 
@@ -202,5 +206,93 @@ func (k *cluster) setSecret(t *testing.T, ns, name string, certPEM, keyPEM []byt
 	s.Data = map[string][]byte{corev1.TLSCertKey: certPEM, corev1.TLSPrivateKeyKey: keyPEM}
 	if err := k.c.Update(context.Background(), &s); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// certSink records the certificates handed to a gateway.
+type certSink struct {
+	mu  sync.Mutex
+	got map[string][]byte
+}
+
+func (s *certSink) SetCertificate(secret string, certPEM, _ []byte) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.got[secret] = certPEM
+	return nil
+}
+
+func (s *certSink) ServesTLS() bool { return true }
+
+func (s *certSink) cert(secret string) []byte {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.got[secret]
+}
+
+// TestTLSSecretRBAC: with the Role the Helm chart renders for tls.secretName,
+// and nothing more, kvgate reads its Secret (listed and watched by name) and
+// no other; another name is reported as unreadable.
+func TestTLSSecretRBAC(t *testing.T) {
+	helm := testenv.Require(t, testenv.Helm)
+	k := startCluster(t)
+	const ns = "rbac"
+	k.namespace(t, ns)
+	out, err := helmCmd(t, helm, "template", "kvgate", chartDir, "--namespace", ns, "--set", "tls.secretName=api-tls").Output()
+	if err != nil {
+		t.Fatalf("helm template: %v\n%s", err, out)
+	}
+	for _, o := range decodeYAML(t, "helm template", out) {
+		switch o.GetKind() {
+		case "ServiceAccount", "Role", "RoleBinding":
+			o.SetNamespace(ns)
+			if err := k.c.Create(context.Background(), o); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	leaf := certstest.NewCA(t, "ca").Issue(t)
+	for _, name := range []string{"api-tls", "other"} {
+		s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}, Type: corev1.SecretTypeTLS,
+			Data: map[string][]byte{corev1.TLSCertKey: leaf.CertPEM, corev1.TLSPrivateKeyKey: leaf.KeyPEM}}
+		if err := k.c.Create(context.Background(), s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	as := rest.CopyConfig(k.cfg)
+	as.Impersonate = rest.ImpersonationConfig{UserName: "system:serviceaccount:" + ns + ":kvgate"}
+	cs, err := kubernetes.NewForConfig(as)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	// The grant is by name: the whole namespace's Secrets stay closed.
+	if _, err := cs.CoreV1().Secrets(ns).List(ctx, metav1.ListOptions{}); !apierrors.IsForbidden(err) {
+		t.Fatalf("listing every Secret as kvgate: %v, want forbidden", err)
+	}
+	for _, tc := range []struct {
+		name, reason string
+		loads        bool
+	}{
+		{"api-tls", "CertificateLoaded", true},
+		{"other", "SecretUnreadable", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sink := &certSink{got: map[string][]byte{}}
+			w := &secretWatch{ctx: ctx, cs: cs, ns: ns, sink: sink, log: quiet, kick: func() {}}
+			w.follow(tc.name)
+			defer w.follow("")
+			waittest.Until(t, 10*time.Second, "status "+tc.reason, func() bool {
+				c, _ := w.condition()
+				return c != nil && c.Reason == tc.reason
+			})
+			if got := sink.cert(tc.name) != nil; got != tc.loads {
+				t.Fatalf("certificate handed over %t, want %t", got, tc.loads)
+			}
+			if c, _ := w.condition(); !tc.loads && !strings.Contains(c.Message, "may not read") {
+				t.Fatalf("message %q does not say kvgate may not read it", c.Message)
+			}
+		})
 	}
 }

@@ -22,3 +22,7 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "kvgate.redisSecret" -}}
 {{- if .Values.sharedState.existingSecret }}{{ .Values.sharedState.existingSecret }}{{ else if include "kvgate.bundledRedis" . }}{{ .Release.Name }}-redis{{ end -}}
 {{- end -}}
+{{- /* The API listener's TLS Secret: tls.secretName, else the chart-made config's spec.tls.secretName. */ -}}
+{{- define "kvgate.tlsSecret" -}}
+{{- .Values.tls.secretName | default (dig "tls" "secretName" "" (.Values.config.spec | default dict)) -}}
+{{- end -}}
