@@ -257,6 +257,21 @@ func TestTLSListener(t *testing.T) {
 			}
 		})
 	}
+	t.Run("h2 header over the limit", func(t *testing.T) {
+		tr := &http.Transport{TLSClientConfig: fx.client(), ForceAttemptHTTP2: true}
+		defer tr.CloseIdleConnections()
+		req, _ := http.NewRequest(http.MethodGet, "https://"+s.addr+"/", nil)
+		req.Header.Set("X-Big", strings.Repeat("a", 100_000))
+		resp, err := (&http.Client{Transport: tr, Timeout: 10 * time.Second}).Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		if resp.Proto != "HTTP/2.0" || resp.StatusCode != 431 || resp.Header.Get("Content-Type") != "application/json" || !strings.Contains(string(body), "too large") {
+			t.Fatalf("%s %d %q: %q", resp.Proto, resp.StatusCode, resp.Header.Get("Content-Type"), body)
+		}
+	})
 	t.Run("versions", func(t *testing.T) {
 		for _, tc := range []struct {
 			name     string
