@@ -54,6 +54,8 @@ func (g *Gateway) AdminHandler() http.Handler {
 				msg += ": the last one was rejected: " + err.Error()
 			}
 			http.Error(w, msg, http.StatusServiceUnavailable)
+		case g.awaitingCertificate() != "":
+			http.Error(w, g.awaitingCertificate(), http.StatusServiceUnavailable)
 		case len(g.Unready()) > 0 && r.URL.Query().Get("endpoints") == "all":
 			// Opt-in: a load balancer in front of one model's replicas may
 			// prefer to send nothing to one that cannot serve it.

@@ -41,6 +41,22 @@ func (g *Gateway) TLSConfig() *tls.Config {
 	return g.tls.cfg.Load()
 }
 
+// awaitingCertificate says why the API listener refuses every handshake
+// (spec.tls names a Secret whose certificate has not loaded), "" when it
+// does not: a replica that cannot serve is not ready.
+func (g *Gateway) awaitingCertificate() string {
+	if g.tls == nil {
+		return ""
+	}
+	t := g.tls
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.secret == "" || t.store.Certificate() != nil {
+		return ""
+	}
+	return fmt.Sprintf("no TLS certificate: Secret %q (spec.tls.secretName) has not loaded; TLS handshakes are refused", t.secret)
+}
+
 // ServesTLS says whether the gateway serves spec.tls (kvgate serve).
 func (g *Gateway) ServesTLS() bool { return g.tls != nil }
 

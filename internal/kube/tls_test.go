@@ -96,6 +96,17 @@ func TestTLSSecret(t *testing.T) {
 	if s, err := serial(); err == nil {
 		t.Fatalf("a handshake succeeded with no Secret: serial %s", s)
 	}
+	readyz := func() int {
+		resp, err := http.Get("http://" + addrs.Admin + "/readyz")
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = resp.Body.Close()
+		return resp.StatusCode
+	}
+	if code := readyz(); code != http.StatusServiceUnavailable {
+		t.Fatalf("/readyz %d with no certificate, want 503", code)
+	}
 	resp, err := http.Post("http://"+addrs.API+"/v1/chat/completions", "application/json", strings.NewReader(`{"model":"`+model+`"}`))
 	if err != nil {
 		t.Fatal(err)
@@ -115,6 +126,9 @@ func TestTLSSecret(t *testing.T) {
 		s, err := serial()
 		return err == nil && s == first.Serial.String()
 	})
+	if code := readyz(); code != http.StatusOK {
+		t.Fatalf("/readyz %d with the certificate loaded", code)
+	}
 	waittest.Until(t, 10*time.Second, "status: the certificate loaded", func() bool {
 		return tlsCond("CertificateLoaded", first.Serial.String())() && condition(k.status(t, ns, "kvgate"), "Ready").Status == metav1.ConditionTrue
 	})
