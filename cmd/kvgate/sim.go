@@ -18,6 +18,7 @@ func newSimCmd() *cobra.Command {
 	var (
 		fleetFile, listen, admin, logLevel string
 		cpuProfile                         string
+		tlsCert, tlsKey                    string
 		spec                               simserver.ServerSpec
 		seed                               uint64
 		engine                             string
@@ -53,6 +54,15 @@ a paged KV cache with prefix caching, and LoRA slots (docs/simulator.md).`,
 			if err != nil {
 				return err
 			}
+			if tlsCert != "" || tlsKey != "" {
+				cfg, err := simserver.CertFiles(tlsCert, tlsKey)
+				if err != nil {
+					return fmt.Errorf("--tls-cert, --tls-key: %w", err)
+				}
+				for i := range opts {
+					opts[i].TLS = cfg
+				}
+			}
 			fleet, err := simserver.NewFleet(opts, addrs, fs.Admin)
 			if err != nil {
 				return err
@@ -60,7 +70,7 @@ a paged KV cache with prefix caching, and LoRA slots (docs/simulator.md).`,
 			out := cmd.OutOrStdout()
 			for _, s := range fleet.Servers {
 				c := s.Engine()
-				fmt.Fprintf(out, "kvgate sim: %s serving on http://%s (%s x%d, %s, %s metrics)\n", s.Name(), s.Addr(), c.GPU, c.TensorParallel, c.ModelSize, dialectOf(s))
+				fmt.Fprintf(out, "kvgate sim: %s serving on %s://%s (%s x%d, %s, %s metrics)\n", s.Name(), s.Scheme(), s.Addr(), c.GPU, c.TensorParallel, c.ModelSize, dialectOf(s))
 			}
 			if a := fleet.AdminAddr(); a != "" {
 				fmt.Fprintf(out, "kvgate sim: admin API on http://%s/admin/servers\n", a)
@@ -95,6 +105,8 @@ a paged KV cache with prefix caching, and LoRA slots (docs/simulator.md).`,
 	f.IntVar(&spec.NumGPUBlocks, "num-gpu-blocks", 0, "KV cache size in 16-token blocks (default: derived from GPU memory)")
 	f.IntVar(&spec.OutputMedian, "output-median", 0, "median output length when neither max_tokens nor ignore_eos decides it (default 200)")
 	f.Uint64Var(&seed, "seed", 0, "seed for output lengths, answers and faults")
+	f.StringVar(&tlsCert, "tls-cert", "", "serve HTTPS with this PEM certificate (with --tls-key; every server of a fleet), reread when it changes")
+	f.StringVar(&tlsKey, "tls-key", "", "the PEM private key of --tls-cert")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	f.StringVar(&cpuProfile, "cpu-profile", "", "write a Go CPU profile to this file until the process stops")
 	cmd.AddCommand(newSimCalibrateCmd())

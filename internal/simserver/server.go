@@ -8,6 +8,7 @@ package simserver
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -42,6 +43,10 @@ type Options struct {
 	MaxBodyBytes int64
 	Faults       Faults
 	Logger       *slog.Logger
+	// TLS, when set, serves HTTPS (HTTP/1.1 and h2 by ALPN) instead of plain
+	// HTTP and h2c, as a model server behind appProtocol https; it needs
+	// Certificates or GetCertificate (CertFiles builds one from files).
+	TLS *tls.Config
 }
 
 // Server is one simulated model server.
@@ -300,13 +305,21 @@ func (s *Server) Listen(addr string) error {
 	s.ln = ln
 	s.addr = ln.Addr().String()
 	// HTTP/1.1 and HTTP/2 without TLS (h2c, prior knowledge) on the same port, as
-	// model servers behind a gateway with appProtocol kubernetes.io/h2c are served.
+	// model servers behind a gateway with appProtocol kubernetes.io/h2c are served;
+	// with TLS, HTTP/1.1 and h2 as the client's ALPN asks.
 	var protocols http.Protocols
 	protocols.SetHTTP1(true)
-	protocols.SetUnencryptedHTTP2(true)
+	if s.opts.TLS != nil {
+		protocols.SetHTTP2(true)
+	} else {
+		protocols.SetUnencryptedHTTP2(true)
+	}
 	s.httpSrv = &http.Server{
 		Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second, ConnState: s.trackConn, Protocols: &protocols,
 		ConnContext: func(ctx context.Context, c net.Conn) context.Context { return context.WithValue(ctx, connKey{}, c) },
+		TLSConfig:   s.opts.TLS,
+		// Handshake failures (a client that refused the certificate) are the server's log lines.
+		ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
 	}
 	s.mu.Unlock()
 	if s.faults.RefuseConnections {
@@ -347,7 +360,12 @@ func (s *Server) Serve(ctx context.Context) error {
 }
 
 func (s *Server) serveOn(ln net.Listener) {
-	if err := s.httpSrv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) && !errors.Is(err, net.ErrClosed) {
+	serve := s.httpSrv.Serve
+	if s.opts.TLS != nil {
+		// The certificate comes from TLSConfig, not from files here.
+		serve = func(ln net.Listener) error { return s.httpSrv.ServeTLS(ln, "", "") }
+	}
+	if err := serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) && !errors.Is(err, net.ErrClosed) {
 		s.log.Error("serve", "err", err)
 	}
 }
