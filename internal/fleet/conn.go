@@ -3,6 +3,7 @@ package fleet
 import (
 	"bufio"
 	"bytes"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -26,6 +27,9 @@ type scrapeConn struct {
 	c      net.Conn
 	br     *bufio.Reader
 	closed bool
+	// tls is what c was dialed with (nil: plain TCP); a scrape asking for
+	// another dials anew. Only the scraper's goroutine uses it.
+	tls ClientTLS
 }
 
 func newScrapeConn(addr string) *scrapeConn {
@@ -43,11 +47,23 @@ func (s *scrapeConn) close() {
 	}
 }
 
-// get reads the exposition into dst, within timeout.
-func (s *scrapeConn) get(timeout time.Duration, dst *bytes.Buffer) error {
+// get reads the exposition into dst, within timeout, over TLS when tc is set.
+func (s *scrapeConn) get(timeout time.Duration, dst *bytes.Buffer, tc ClientTLS) error {
 	deadline := time.Now().Add(timeout)
+	if tc != s.tls {
+		s.mu.Lock()
+		c := s.c
+		s.mu.Unlock()
+		if c != nil {
+			s.drop(c)
+		}
+		s.tls = tc
+	}
 	c, err := s.conn(deadline)
 	if err != nil {
+		if answered(err) {
+			return err
+		}
 		return unreachable{err}
 	}
 	if err := s.roundTrip(c, deadline, dst); err != nil {
@@ -72,6 +88,11 @@ func (s *scrapeConn) conn(deadline time.Time) (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
+	if s.tls != nil {
+		if c, err = s.handshake(c, deadline); err != nil {
+			return nil, err
+		}
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
@@ -85,6 +106,51 @@ func (s *scrapeConn) conn(deadline time.Time) (net.Conn, error) {
 		s.br.Reset(c)
 	}
 	return c, nil
+}
+
+// handshake secures raw with the scrape's TLS, offering HTTP/1.1 only (the
+// scrape speaks nothing else). raw is held as the connection meanwhile, so
+// that a stop aborts the handshake.
+func (s *scrapeConn) handshake(raw net.Conn, deadline time.Time) (net.Conn, error) {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		_ = raw.Close()
+		return nil, errors.New("scraper stopped")
+	}
+	s.c = raw
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		if s.c == raw {
+			s.c = nil
+		}
+		s.mu.Unlock()
+	}()
+	cfg := s.tls.ClientConfig(s.addr)
+	cfg.NextProtos = []string{"http/1.1"}
+	c := tls.Client(raw, cfg)
+	if err := raw.SetDeadline(deadline); err != nil {
+		_ = raw.Close()
+		return nil, err
+	}
+	if err := c.Handshake(); err != nil {
+		_ = raw.Close()
+		return nil, fmt.Errorf("TLS handshake (server name %q): %w", cfg.ServerName, err)
+	}
+	return c, nil
+}
+
+// answered says whether a failed handshake got an answer from the endpoint:
+// a certificate refused, an alert, or something that is not TLS (a plain
+// HTTP server). The process is up, unlike one that never answered.
+func answered(err error) bool {
+	var (
+		verify *tls.CertificateVerificationError
+		alert  tls.AlertError
+		record tls.RecordHeaderError
+	)
+	return errors.As(err, &verify) || errors.As(err, &alert) || errors.As(err, &record)
 }
 
 func (s *scrapeConn) roundTrip(c net.Conn, deadline time.Time, dst *bytes.Buffer) error {

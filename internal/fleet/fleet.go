@@ -7,6 +7,7 @@ package fleet
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -114,6 +115,16 @@ func (f *Fleet) SetConfig(cfg Config) {
 type Target struct {
 	Addr string
 	Map  *engine.Map
+	// TLS, when set, scrapes the endpoint over TLS (appProtocol https).
+	TLS ClientTLS
+}
+
+// ClientTLS gives the TLS configuration of each new connection to an
+// endpoint, so that what it checks (a CA bundle reread as it rotates) may
+// change from one connection to the next. A configuration returned is the
+// caller's to change.
+type ClientTLS interface {
+	ClientConfig(addr string) *tls.Config
 }
 
 type endpoint struct {
@@ -123,6 +134,7 @@ type endpoint struct {
 
 	mu    sync.Mutex
 	want  *engine.Map // configured; nil detects
+	tls   ClientTLS   // configured; nil scrapes over plain HTTP
 	acct  Accounting
 	peers Load // the other replicas' (SetPeerLoad)
 	// heard is when a scrape's result last came, this replica's or a peer's
@@ -334,11 +346,11 @@ type Ticket struct {
 
 // Sync makes the fleet scrape exactly targets: scrapers start for new addresses
 // and stop, with their state purged, for addresses that left; a changed metric
-// map applies from the next scrape.
+// map or TLS applies from the next scrape.
 func (f *Fleet) Sync(ctx context.Context, targets []Target) {
-	want := make(map[string]*engine.Map, len(targets))
+	want := make(map[string]Target, len(targets))
 	for _, t := range targets {
-		want[t.Addr] = t.Map
+		want[t.Addr] = t
 	}
 	f.mu.Lock()
 	var stopped []*endpoint
@@ -349,15 +361,15 @@ func (f *Fleet) Sync(ctx context.Context, targets []Target) {
 			delete(f.endpoints, a)
 		}
 	}
-	for a, d := range want {
+	for a, t := range want {
 		if e, ok := f.endpoints[a]; ok {
 			e.mu.Lock()
-			e.want = d
+			e.want, e.tls = t.Map, t.TLS
 			e.mu.Unlock()
 			continue
 		}
 		ectx, cancel := context.WithCancel(ctx)
-		e := &endpoint{addr: a, cancel: cancel, done: make(chan struct{}), want: d}
+		e := &endpoint{addr: a, cancel: cancel, done: make(chan struct{}), want: t.Map, tls: t.TLS}
 		f.endpoints[a] = e
 		if f.cfg.Load().External {
 			close(e.done)
@@ -500,12 +512,12 @@ func fetch(e *endpoint, sc *scrapeConn, timeout time.Duration) (engine.Metrics, 
 	buf := exposition.Get().(*bytes.Buffer)
 	defer exposition.Put(buf)
 	buf.Reset()
-	if err := sc.get(timeout, buf); err != nil {
+	e.mu.Lock()
+	m, tc := e.want, e.tls
+	e.mu.Unlock()
+	if err := sc.get(timeout, buf, tc); err != nil {
 		return engine.Metrics{}, "", err
 	}
-	e.mu.Lock()
-	m := e.want
-	e.mu.Unlock()
 	return m.Parse(buf)
 }
 
