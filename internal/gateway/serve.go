@@ -154,7 +154,7 @@ func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Re
 	defer rt.Finish(route.Outcome{})
 	targets := make([]proxy.Target, len(rt.Endpoints))
 	for i, addr := range rt.Endpoints {
-		targets[i] = proxy.Target{Name: addr, URL: &url.URL{Scheme: "http", Host: addr}}
+		targets[i] = proxy.Target{Name: addr, URL: &url.URL{Scheme: rt.Scheme(), Host: addr}}
 	}
 	sched := rt.Scheduler()
 	retry := "" // why the last attempt failed, counted when the next one starts

@@ -129,6 +129,9 @@ type scheduler struct {
 	// sessions remembers which endpoint served each session last, when
 	// the scheduler has sessionAffinity.
 	sessions *sessionMap
+	// tls checks the model servers' certificates (appProtocol https; nil
+	// otherwise), for requests and scrapes alike.
+	tls *backendTLS
 }
 
 // priorEvery bounds how often a scheduler recomputes its pool's median speed.
@@ -305,14 +308,20 @@ func (g *Router) Apply(cfg *v1alpha1.InferenceGatewayConfig) error {
 	for i, sc := range cfg.Spec.Schedulers {
 		var p *scheduler
 		if old := prev[sc.Name]; old != nil && sameSettings(old.spec, sc) {
-			p = &scheduler{name: sc.Name, spec: sc, picker: old.picker, transport: old.transport}
+			p = &scheduler{name: sc.Name, spec: sc, picker: old.picker, transport: old.transport, tls: old.tls}
 			kept[old.transport] = true
 		} else {
 			picker, err := newPicker(sc, g.opts.Profile, g.opts.Seed+uint64(i))
 			if err != nil {
 				return fmt.Errorf("scheduler %s: %w", sc.Name, err)
 			}
-			p = &scheduler{name: sc.Name, spec: sc, picker: picker, transport: newTransport(gw, sc.H2C())}
+			var bt *backendTLS
+			if sc.HTTPS() {
+				if bt, err = newBackendTLS(sc.BackendTLS, fmt.Sprintf("spec.schedulers[%d].backendTLS", i), g.log.With("scheduler", sc.Name)); err != nil {
+					return fmt.Errorf("scheduler %s: %w", sc.Name, err)
+				}
+			}
+			p = &scheduler{name: sc.Name, spec: sc, picker: picker, transport: newTransport(gw, sc.H2C(), bt), tls: bt}
 		}
 		// What the pool learned of its speed outlives a reload, as the
 		// endpoints' own models do.
@@ -385,7 +394,11 @@ func (g *Router) Apply(cfg *v1alpha1.InferenceGatewayConfig) error {
 			m = engine.Refusing(err)
 		}
 		for _, e := range p.endpoints {
-			targets = append(targets, fleet.Target{Addr: e.addr, Map: m})
+			t := fleet.Target{Addr: e.addr, Map: m}
+			if p.tls != nil {
+				t.TLS = p.tls
+			}
+			targets = append(targets, t)
 			inUse[e.addr] = true
 		}
 	}
@@ -443,8 +456,9 @@ func (g *Router) RecordRejected(err error) {
 func (g *Router) Drain() { g.draining.Store(true) }
 
 // newTransport builds the upstream transport of a scheduler, sized for thousands of
-// concurrent streams.
-func newTransport(gw v1alpha1.GatewaySpec, h2c bool) *http.Transport {
+// concurrent streams; with bt, https URLs are dialed over TLS checked by it,
+// HTTP/2 when the server offers it by ALPN, else HTTP/1.1.
+func newTransport(gw v1alpha1.GatewaySpec, h2c bool, bt *backendTLS) *http.Transport {
 	d := &net.Dialer{Timeout: gw.Connect(), KeepAlive: 30 * time.Second}
 	t := &http.Transport{
 		DialContext:         d.DialContext,
@@ -463,6 +477,10 @@ func newTransport(gw v1alpha1.GatewaySpec, h2c bool) *http.Transport {
 		var p http.Protocols
 		p.SetUnencryptedHTTP2(true)
 		t.Protocols = &p
+	}
+	if bt != nil {
+		t.DialTLSContext = bt.dialTLS(d, gw.Connect())
+		t.ForceAttemptHTTP2 = true // a custom TLS dialer turns HTTP/2 off otherwise
 	}
 	return t
 }
