@@ -65,8 +65,8 @@ func (b *backendTLS) ClientConfig(addr string) *tls.Config {
 }
 
 // dialTLS connects to addr and completes the handshake within the connect
-// timeout, offering h2 and HTTP/1.1. A failure names the endpoint and the
-// server name checked; the caller logs it, clients never see it.
+// timeout, offering h2 and HTTP/1.1. A failure says the server name checked;
+// the caller logs it with the endpoint, clients never see it.
 func (b *backendTLS) dialTLS(d *net.Dialer, timeout time.Duration) func(ctx context.Context, network, addr string) (net.Conn, error) {
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
 		if timeout > 0 {
@@ -83,7 +83,7 @@ func (b *backendTLS) dialTLS(d *net.Dialer, timeout time.Duration) func(ctx cont
 		c := tls.Client(raw, cfg)
 		if err := c.HandshakeContext(ctx); err != nil {
 			_ = raw.Close()
-			return nil, fmt.Errorf("TLS handshake with %s (server name %q): %w", addr, cfg.ServerName, err)
+			return nil, fmt.Errorf("TLS handshake (server name %q): %w", cfg.ServerName, err)
 		}
 		return c, nil
 	}
