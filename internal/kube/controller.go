@@ -527,8 +527,14 @@ func (r *Reconciler) sourceOf(ctx context.Context, ns string, sc *v1alpha1.Sched
 	}
 	slices.Sort(src.ports)
 	src.ports = slices.Compact(src.ports)
-	switch proto := string(pool.Spec.AppProtocol); proto {
-	case "", v1alpha1.AppProtocolHTTP, v1alpha1.AppProtocolH2C:
+	switch proto := string(pool.Spec.AppProtocol); {
+	case sc.HTTPS() && (proto == "" || proto == v1alpha1.AppProtocolHTTP):
+		// An InferencePool cannot say https (its API has http, its default, and
+		// h2c); TLS under its HTTP is the scheduler's to say, as a
+		// BackendTLSPolicy is for other gateways.
+	case sc.HTTPS() && proto == v1alpha1.AppProtocolH2C:
+		return pending("InvalidInferencePool", "InferencePool %q: appProtocol %s is HTTP/2 without TLS, but the scheduler's appProtocol is https", sc.PoolRef, proto)
+	case proto == "" || proto == v1alpha1.AppProtocolHTTP || proto == v1alpha1.AppProtocolH2C:
 		src.appProtocol = proto
 	default:
 		return pending("InvalidInferencePool", "InferencePool %q: appProtocol %q is not %s or %s", sc.PoolRef, proto, v1alpha1.AppProtocolHTTP, v1alpha1.AppProtocolH2C)
