@@ -201,6 +201,11 @@ func TestHelmChart(t *testing.T) {
 	}{{
 		name: "defaults", want: append(base, "PodDisruptionBudget"), absent: []string{"CustomResourceDefinition", "ServiceMonitor"},
 		check: func(t *testing.T, objs []*unstructured.Unstructured) {
+			var d appsv1.Deployment
+			named(t, objs, "Deployment", "kvgate", &d)
+			if v, m := d.Spec.Template.Spec.Volumes, d.Spec.Template.Spec.Containers[0].VolumeMounts; len(v) != 0 || len(m) != 0 {
+				t.Errorf("volumes %+v and mounts %+v by default", v, m)
+			}
 			var role rbacv1.Role
 			one(t, objs, "Role", &role)
 			if !allows(role, "", "events", "create", "patch") || !allows(role, "events.k8s.io", "events", "create", "patch") {
@@ -315,6 +320,22 @@ func TestHelmChart(t *testing.T) {
 						t.Errorf("Service %s exposes the admin port as %s", o.GetName(), typ)
 					}
 				}
+			}
+		},
+	}, {
+		name: "extra volumes: a CA bundle for backendTLS",
+		flags: []string{"--set-json", `extraVolumes=[{"name":"model-ca","configMap":{"name":"model-ca"}}]`,
+			"--set-json", `extraVolumeMounts=[{"name":"model-ca","mountPath":"/etc/kvgate/model-ca","readOnly":true}]`},
+		want: base,
+		check: func(t *testing.T, objs []*unstructured.Unstructured) {
+			var d appsv1.Deployment
+			named(t, objs, "Deployment", "kvgate", &d)
+			pod := d.Spec.Template.Spec
+			if len(pod.Volumes) != 1 || pod.Volumes[0].ConfigMap == nil || pod.Volumes[0].ConfigMap.Name != "model-ca" {
+				t.Errorf("volumes %+v, want the model-ca ConfigMap", pod.Volumes)
+			}
+			if m := pod.Containers[0].VolumeMounts; len(m) != 1 || m[0].Name != "model-ca" || m[0].MountPath != "/etc/kvgate/model-ca" || !m[0].ReadOnly {
+				t.Errorf("kvgate's mounts %+v, want model-ca read-only at /etc/kvgate/model-ca", m)
 			}
 		},
 	}, {
