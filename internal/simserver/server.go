@@ -317,7 +317,8 @@ func (s *Server) Listen(addr string) error {
 	s.httpSrv = &http.Server{
 		Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second, ConnState: s.trackConn, Protocols: &protocols,
 		ConnContext: func(ctx context.Context, c net.Conn) context.Context { return context.WithValue(ctx, connKey{}, c) },
-		TLSConfig:   s.opts.TLS,
+		// Its own copy: the server adds its ALPN protocols to it, and servers may share one.
+		TLSConfig: s.opts.TLS.Clone(),
 		// Handshake failures (a client that refused the certificate) are the server's log lines.
 		ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
 	}
