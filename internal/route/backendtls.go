@@ -47,6 +47,24 @@ func newBackendTLS(spec *v1alpha1.BackendTLSSpec, field string, log *slog.Logger
 	return b, nil
 }
 
+// backendTLSOf loads the backend TLS of every https scheduler that is not
+// kept from prev, by name, before Apply changes anything: a CA file that
+// fails refuses the configuration as a whole.
+func (g *Router) backendTLSOf(schedulers []v1alpha1.SchedulerSpec, prev map[string]*scheduler) (map[string]*backendTLS, error) {
+	out := map[string]*backendTLS{}
+	for i, sc := range schedulers {
+		if old := prev[sc.Name]; !sc.HTTPS() || old != nil && sameSettings(old.spec, sc) {
+			continue
+		}
+		bt, err := newBackendTLS(sc.BackendTLS, fmt.Sprintf("spec.schedulers[%d].backendTLS", i), g.log.With("scheduler", sc.Name))
+		if err != nil {
+			return nil, fmt.Errorf("scheduler %s: %w", sc.Name, err)
+		}
+		out[sc.Name] = bt
+	}
+	return out, nil
+}
+
 // ClientConfig is the configuration of one new connection to addr (host:port).
 // The caller may set NextProtos on it: it is its own.
 func (b *backendTLS) ClientConfig(addr string) *tls.Config {

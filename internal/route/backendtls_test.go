@@ -59,14 +59,20 @@ func TestApplyRefusesBadCAFile(t *testing.T) {
 			if err := g.Apply(prev); err != nil {
 				t.Fatal(err)
 			}
+			// A scheduler added before the one refused leaves no trace either.
 			bad := prev.DeepCopy()
+			bad.Spec.BBR.Enabled = true
 			bad.Spec.Schedulers[0].BackendTLS.CAFile = tc.file
+			bad.Spec.Schedulers = append([]v1alpha1.SchedulerSpec{schedulerSpec("t", "other", "10.0.0.9:8000")}, bad.Spec.Schedulers...)
 			err := g.Apply(bad)
-			if err == nil || !strings.Contains(err.Error(), "spec.schedulers[0].backendTLS.caFile") || !strings.Contains(err.Error(), tc.want) {
+			if err == nil || !strings.Contains(err.Error(), "spec.schedulers[1].backendTLS.caFile") || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("Apply: %v; want the field named and %q", err, tc.want)
 			}
 			if got := g.routes.Load(); got.cfg != prev || got.schedulers[0].tls.ca.path != good {
 				t.Errorf("the previous configuration no longer serves")
+			}
+			if len(g.endpoints) != 1 {
+				t.Errorf("endpoints of the refused configuration kept: %d, want 1", len(g.endpoints))
 			}
 		})
 	}

@@ -304,6 +304,10 @@ func (g *Router) Apply(cfg *v1alpha1.InferenceGatewayConfig) error {
 			prev[p.name] = p
 		}
 	}
+	tlsOf, err := g.backendTLSOf(cfg.Spec.Schedulers, prev)
+	if err != nil {
+		return err
+	}
 	kept := map[*http.Transport]bool{}
 	for i, sc := range cfg.Spec.Schedulers {
 		var p *scheduler
@@ -315,12 +319,7 @@ func (g *Router) Apply(cfg *v1alpha1.InferenceGatewayConfig) error {
 			if err != nil {
 				return fmt.Errorf("scheduler %s: %w", sc.Name, err)
 			}
-			var bt *backendTLS
-			if sc.HTTPS() {
-				if bt, err = newBackendTLS(sc.BackendTLS, fmt.Sprintf("spec.schedulers[%d].backendTLS", i), g.log.With("scheduler", sc.Name)); err != nil {
-					return fmt.Errorf("scheduler %s: %w", sc.Name, err)
-				}
-			}
+			bt := tlsOf[sc.Name]
 			p = &scheduler{name: sc.Name, spec: sc, picker: picker, transport: newTransport(gw, sc.H2C(), bt), tls: bt}
 		}
 		// What the pool learned of its speed outlives a reload, as the
