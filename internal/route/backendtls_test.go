@@ -7,6 +7,7 @@ import (
 	"crypto/x509"
 	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -158,7 +159,8 @@ func TestCABundleRotation(t *testing.T) {
 
 // TestBackendTLSDial: the transport of an https scheduler checks the
 // certificate against the bundle for the configured server name, else the
-// endpoint's IP address; a refusal is an error saying why.
+// endpoint's IP address, and speaks h2 when the server offers it by ALPN,
+// else HTTP/1.1; a refusal is an error saying why.
 func TestBackendTLSDial(t *testing.T) {
 	dir := t.TempDir()
 	ca := simtest.NewCA(t, "models")
@@ -167,19 +169,27 @@ func TestBackendTLSDial(t *testing.T) {
 	dnsOnly := simtest.Start(t, simserver.Options{TLS: &tls.Config{Certificates: []tls.Certificate{ca.Issue(t, "vllm.models.svc")}}})
 	ipSAN := simtest.Start(t, simserver.Options{TLS: &tls.Config{Certificates: []tls.Certificate{ca.Issue(t, "127.0.0.1")}}})
 	plain := simtest.Start(t, simserver.Options{})
+	// A server that speaks HTTP/1.1 only over TLS (httptest offers no h2 unless asked).
+	h1 := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte(`{"data":[]}`)) }))
+	h1.TLS = &tls.Config{Certificates: []tls.Certificate{ca.Issue(t, "vllm.models.svc")}}
+	h1.StartTLS()
+	defer h1.Close()
+	h1Addr := strings.TrimPrefix(h1.URL, "https://")
 	for _, tc := range []struct {
 		name       string
 		addr       string
 		caFile     string
 		serverName string
 		want       string // "" succeeds
+		major      int    // the HTTP version it succeeds with
 	}{
-		{"service name configured", dnsOnly.Addr(), caFile, "vllm.models.svc", ""},
-		{"IP address by default", ipSAN.Addr(), caFile, "", ""},
-		{"IP address not in the certificate", dnsOnly.Addr(), caFile, "", "doesn't contain any IP SANs"},
-		{"another name", dnsOnly.Addr(), caFile, "sglang.models.svc", "not sglang.models.svc"},
-		{"system CAs", ipSAN.Addr(), "", "", "certificate signed by unknown authority"},
-		{"plain HTTP server", plain.Addr(), caFile, "", "does not look like a TLS handshake"},
+		{"service name configured", dnsOnly.Addr(), caFile, "vllm.models.svc", "", 2},
+		{"IP address by default", ipSAN.Addr(), caFile, "", "", 2},
+		{"HTTP/1.1 when the server offers no h2", h1Addr, caFile, "vllm.models.svc", "", 1},
+		{"IP address not in the certificate", dnsOnly.Addr(), caFile, "", "doesn't contain any IP SANs", 0},
+		{"another name", dnsOnly.Addr(), caFile, "sglang.models.svc", "not sglang.models.svc", 0},
+		{"system CAs", ipSAN.Addr(), "", "", "certificate signed by unknown authority", 0},
+		{"plain HTTP server", plain.Addr(), caFile, "", "does not look like a TLS handshake", 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			bt, err := newBackendTLS(&v1alpha1.BackendTLSSpec{CAFile: tc.caFile, ServerName: tc.serverName}, "backendTLS", slog.New(slog.DiscardHandler))
@@ -195,8 +205,8 @@ func TestBackendTLSDial(t *testing.T) {
 					t.Fatal(err)
 				}
 				_ = resp.Body.Close()
-				if resp.StatusCode != http.StatusOK || resp.ProtoMajor != 2 {
-					t.Errorf("%s over HTTP/%d; want 200 over h2", resp.Status, resp.ProtoMajor)
+				if resp.StatusCode != http.StatusOK || resp.ProtoMajor != tc.major {
+					t.Errorf("%s over HTTP/%d; want 200 over HTTP/%d", resp.Status, resp.ProtoMajor, tc.major)
 				}
 				return
 			}
