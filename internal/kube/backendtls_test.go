@@ -22,7 +22,8 @@ import (
 // (whose appProtocol is http, its default: the InferencePool API has no
 // https) reaches the pool's pods over TLS, checked for the service name the
 // certificate carries; a pool that says h2c, HTTP/2 without TLS, contradicts
-// it and leaves the scheduler pending with the reason.
+// it and leaves the scheduler pending with the reason. A CA file that is not
+// there refuses the configuration with the field named.
 func TestPoolOverTLS(t *testing.T) {
 	k := startCluster(t)
 	const ns = "tls"
@@ -61,6 +62,24 @@ func TestPoolOverTLS(t *testing.T) {
 		st := k.status(t, ns, "gw")
 		return condition(st, "Ready").Status == "True" && st.ReadyEndpoints == 1
 	})
+
+	// A CA file that is not there refuses the edit, naming the field; the
+	// last accepted configuration keeps serving over TLS.
+	key := types.NamespacedName{Namespace: ns, Name: "gw"}
+	k.edit(t, key, func(c *v1alpha1.InferenceGatewayConfig) {
+		c.Spec.Schedulers[0].BackendTLS = &v1alpha1.BackendTLSSpec{CAFile: caFile + ".missing", ServerName: "vllm.tls.svc"}
+	})
+	waittest.Until(t, 10*time.Second, "the edit refused", func() bool {
+		a := condition(k.status(t, ns, "gw"), "Accepted")
+		return a.Status == "False" && strings.Contains(a.Message, "spec.schedulers[0].backendTLS.caFile")
+	})
+	if got := spread(t, r.url, 3); got[addr] != 3 {
+		t.Errorf("after the refused edit: %v", got)
+	}
+	k.edit(t, key, func(c *v1alpha1.InferenceGatewayConfig) {
+		c.Spec.Schedulers[0].BackendTLS = &v1alpha1.BackendTLSSpec{CAFile: caFile, ServerName: "vllm.tls.svc"}
+	})
+	waittest.Until(t, 10*time.Second, "the fix accepted", func() bool { return condition(k.status(t, ns, "gw"), "Accepted").Status == "True" })
 
 	var got unstructured.Unstructured
 	got.SetGroupVersionKind(pool.GroupVersionKind())
