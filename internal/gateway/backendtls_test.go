@@ -39,6 +39,7 @@ kind: InferenceGatewayConfig
 metadata: {name: tls}
 spec:
   bbr: {enabled: true}
+  gateway: {diagnostics: {expose: true}}
   schedulers:
   - name: llama
     modelName: %s
