@@ -27,28 +27,52 @@ func malformed(format string, args ...any) error {
 // scanChunk is how much Scan reads at a time.
 const scanChunk = 16 << 10
 
+// spillAt is how much a scan with Want.Spill keeps in its buffer before it
+// hands the bytes it no longer needs to Spill.
+const spillAt = 512 << 10
+
+// maxPinned bounds a key or a model or user value, which a scan holds whole
+// while it reads it: no real one comes near.
+const maxPinned = 64 << 10
+
 // Scanned is what Scan found at the head of a body.
 type Scanned struct {
 	Model      string
 	ModelFound bool
 	// Prompt is the raw JSON of the first prompt-bearing value ("messages",
 	// "prompt" or "input"), cut to the limit Scan was given. It aliases the
-	// consumed buffer: it is valid until that buffer is next written.
+	// consumed buffer (or, with Spill, a copy): valid until that buffer is next
+	// written.
 	Prompt []byte
 	// User is the top-level "user" string (OpenAI's end-user id), when the
 	// scan was asked for it (Want.User) and found it.
 	User string
+	// Rest checks the part of the body the scan left unread, when it stopped
+	// before the end of the top-level object: every later byte must go
+	// through it (Guard.Check, or GuardReader) before it goes upstream. nil
+	// when the scan read the whole object, or failed.
+	Rest *Guard
 }
 
 // Want says what a scan reads a body for.
 type Want struct {
 	// PromptLimit is how many bytes of the prompt's head to keep; 0: none.
 	PromptLimit int
-	// ModelKnown: the model came another way (a header); do not look for it.
-	ModelKnown bool
+	// HeaderModel is the model a header named, which routes the request. The
+	// scan does not wait for the body's model, but a body that names another
+	// one is refused (a ConflictError), here or in Rest.
+	HeaderModel string
 	// User: find the top-level "user" field too, within promptSearch bytes of
 	// the model (it usually follows the prompt, which is then read whole).
 	User bool
+	// Spill, when set, takes the consumed bytes the scan no longer needs to
+	// look at, in order, once its buffer holds spillAt bytes; they leave the
+	// buffer, which then holds only the last of the consumed bytes. p is valid
+	// only during the call. An error ends the scan with it. The buffer must be
+	// empty when the scan starts.
+	Spill func(p []byte) error
+	// spillAt overrides the package's spillAt (tests).
+	spillAt int
 }
 
 // promptSearch bounds how far past a leading model Scan looks for the prompt.
@@ -58,8 +82,13 @@ const promptSearch = 1 << 20
 // it consumed to consumed, so that the caller can send consumed and then the rest
 // of r on unchanged. Routing needs the top-level "model" string and, for prefix
 // affinity, the first promptLimit bytes of the prompt; promptLimit 0 stops at the
-// model. The first "model" key wins (a body naming the model twice is not checked
-// further: the rest of it is never read).
+// model.
+//
+// One model per body: Go's encoding/json takes the last of duplicate keys and
+// matches them without regard to case, Python's takes the last exact one, and
+// kvgate routes by one. A top-level key that any of them reads as "model" but
+// is not exactly "model", or a second one, is refused (ConflictError) — here,
+// or by Scanned.Rest in the part of the body that streams on unread.
 //
 // The prompt is kept as raw JSON, escapes and all: the prefix index only needs the
 // same conversation to give the same bytes, and a chat's messages array grows by
@@ -74,35 +103,53 @@ func Scan(r io.Reader, consumed *bytes.Buffer, promptLimit int) (Scanned, error)
 	return ScanFor(r, consumed, Want{PromptLimit: promptLimit})
 }
 
-// ScanPrompt is Scan for a caller that already knows the model (from a header):
-// it does not look for one and stops as soon as it holds the prompt's head.
-func ScanPrompt(r io.Reader, consumed *bytes.Buffer, promptLimit int) (Scanned, error) {
-	return ScanFor(r, consumed, Want{PromptLimit: promptLimit, ModelKnown: true})
-}
-
 // ScanFor is Scan reading for what w says.
 func ScanFor(r io.Reader, consumed *bytes.Buffer, w Want) (Scanned, error) {
-	promptLimit, modelKnown := w.PromptLimit, w.ModelKnown
-	s := scanner{r: r, buf: consumed, base: consumed.Len(), promptLimit: promptLimit, promptStart: -1, promptEnd: -1, modelFound: modelKnown,
-		wantUser: w.User}
+	s := scanner{r: r, buf: consumed, base: consumed.Len(), promptLimit: w.PromptLimit, promptStart: -1, promptEnd: -1,
+		header: w.HeaderModel, modelFound: w.HeaderModel != "", wantUser: w.User, spill: w.Spill, spillAt: spillAt, pin: -1}
+	if w.spillAt > 0 {
+		s.spillAt = w.spillAt
+	}
 	s.pos = s.base
-	if modelKnown {
-		// Nothing but a prompt is wanted: give up on one that has not begun
-		// within promptSearch bytes rather than hold a body without one.
+	s.mark = mark{at: s.base, state: gStart}
+	if s.header != "" {
+		// The header routes: give up on a prompt that has not begun within
+		// promptSearch bytes rather than hold a body without one.
 		s.stopAt = s.base + promptSearch
 	}
-	err := s.run()
+	var err error
+	if !s.done() {
+		err = s.run()
+	}
+	stopped := errors.Is(err, errEnough) || err == nil && !s.closed
 	if errors.Is(err, errEnough) {
 		err = nil
 	}
-	out := Scanned{Model: s.model, ModelFound: s.modelFound && !modelKnown, User: s.user}
-	if s.promptStart >= 0 {
-		data := s.buf.Bytes()
-		end := len(data)
+	out := Scanned{Model: s.model, ModelFound: s.bodyModel, User: s.user}
+	if s.header != "" {
+		out.Model = s.header
+	}
+	switch {
+	case s.promptCopy != nil:
+		out.Prompt = s.promptCopy
+	case s.promptStart >= 0:
+		end := s.pos
 		if s.promptEnd >= 0 {
 			end = s.promptEnd
 		}
-		out.Prompt = data[s.promptStart:min(end, s.promptStart+promptLimit)]
+		out.Prompt = s.bytes(s.promptStart, min(end, s.promptStart+s.promptLimit))
+	}
+	if err == nil && stopped {
+		// The rest streams unread: it is checked as it goes, from the last
+		// point the scan holds, so that no top-level key escapes.
+		g := &Guard{state: s.mark.state, model: s.mark.model, seen: s.modelKeys > 0, expect: s.header}
+		if s.header == "" {
+			g.expect = s.model
+		}
+		if gerr := g.Check(s.bytes(s.mark.at, s.end())); gerr != nil {
+			return out, gerr
+		}
+		out.Rest = g
 	}
 	return out, err
 }
@@ -113,24 +160,56 @@ var errEnough = errors.New("enough of the body read")
 // promptKeys name the values the prefix index hashes.
 var promptKeys = []string{"messages", "prompt", "input"}
 
+// mark is a point of the top-level object a Guard can take over from.
+type mark struct {
+	at    int
+	state gstate
+	model bool // the value that follows is the body's model
+}
+
+// The scanner's offsets are absolute: counted from the start of the consumed
+// buffer as it was, spilled bytes included; off is where buf now begins.
 type scanner struct {
 	r    io.Reader
 	buf  *bytes.Buffer
-	base int  // where this body starts in buf
-	pos  int  // next byte of buf.Bytes() to look at
+	off  int  // absolute offset of buf.Bytes()[0]
+	base int  // where this body starts
+	pos  int  // next byte to look at
 	eof  bool // r is exhausted
 
+	spill   func([]byte) error
+	spillAt int
+	// pin is the start of a token being read whole (-1: none): it stays in
+	// the buffer.
+	pin int
+
+	header     string // the model a header names
 	model      string
-	modelFound bool
+	modelFound bool // the model is known (the body's, or the header's)
+	bodyModel  bool // the body named it
+	modelKeys  int
+	closed     bool // the top-level object ended
 
 	promptLimit            int
-	promptStart, promptEnd int // the prompt value's span in buf; -1 until seen
-	// stopAt, when positive, ends the scan once buf holds that many bytes.
+	promptStart, promptEnd int // the prompt value's span; -1 until seen
+	promptCopy             []byte
+	// stopAt, when positive, ends the scan once that many bytes were read.
 	stopAt int
+	// mark is where the last top-level step began, for a Guard to go on from.
+	mark mark
 
 	wantUser, userFound bool
 	user                string
 }
+
+// bytes returns the consumed bytes from absolute offset i to j.
+func (s *scanner) bytes(i, j int) []byte { return s.buf.Bytes()[i-s.off : j-s.off] }
+
+// at returns the byte at absolute offset i.
+func (s *scanner) at(i int) byte { return s.buf.Bytes()[i-s.off] }
+
+// end is the absolute offset just past the consumed bytes.
+func (s *scanner) end() int { return s.off + s.buf.Len() }
 
 // done says whether the scan holds everything it was asked for.
 func (s *scanner) done() bool {
@@ -139,11 +218,16 @@ func (s *scanner) done() bool {
 
 // more reads the next chunk of the body into the buffer.
 func (s *scanner) more() error {
-	if s.stopAt > 0 && s.buf.Len() >= s.stopAt {
+	if s.stopAt > 0 && s.end() >= s.stopAt {
 		return errEnough
 	}
 	if s.eof {
 		return malformed("unexpected end of body")
+	}
+	if s.spill != nil && s.buf.Len() >= s.spillAt {
+		if err := s.release(); err != nil {
+			return err
+		}
 	}
 	s.buf.Grow(scanChunk)
 	b := s.buf.AvailableBuffer()[:scanChunk]
@@ -159,12 +243,45 @@ func (s *scanner) more() error {
 	return nil
 }
 
+// release spills the bytes before the earliest one the scan may still look
+// at: the token being read, the prompt's head (copied out once complete), and
+// while the scan may stop early, the point a Guard would go on from.
+func (s *scanner) release() error {
+	keep := s.pos
+	if s.pin >= 0 {
+		keep = min(keep, s.pin)
+	}
+	if s.promptStart >= 0 && s.promptCopy == nil {
+		if s.promptEnd < 0 && s.pos < s.promptStart+s.promptLimit {
+			keep = min(keep, s.promptStart)
+		} else if keep > s.promptStart {
+			end := s.pos
+			if s.promptEnd >= 0 {
+				end = s.promptEnd
+			}
+			s.promptCopy = bytes.Clone(s.bytes(s.promptStart, min(end, s.promptStart+s.promptLimit)))
+		}
+	}
+	if s.stopAt > 0 {
+		keep = min(keep, s.mark.at)
+	}
+	if keep <= s.off {
+		return nil
+	}
+	if err := s.spill(s.bytes(s.off, keep)); err != nil {
+		return err
+	}
+	s.buf.Next(keep - s.off)
+	s.off = keep
+	return nil
+}
+
 // peek returns the next non-space byte without consuming it.
 func (s *scanner) peek() (byte, error) {
 	for {
 		data := s.buf.Bytes()
-		for s.pos < len(data) {
-			switch c := data[s.pos]; c {
+		for s.pos-s.off < len(data) {
+			switch c := data[s.pos-s.off]; c {
 			case ' ', '\t', '\n', '\r':
 				s.pos++
 			default:
@@ -198,31 +315,48 @@ func (s *scanner) run() error {
 		return ErrNotObject
 	}
 	s.pos++
+	s.mark = mark{at: s.pos, state: gKey}
 	if c, err = s.peek(); err != nil {
 		return err
 	}
 	if c == '}' {
 		s.pos++
+		s.closed = true
 		return nil
 	}
 	for {
-		key, err := s.str()
+		raw, long, err := s.key()
 		if err != nil {
 			return err
 		}
+		k := keyOther
+		if !long {
+			k = classify(raw)
+		}
+		if k == keyModel || k == keyModelVariant {
+			s.modelKeys++
+			if err := modelKey(raw, k, s.modelKeys > 1); err != nil {
+				return err
+			}
+		}
+		s.mark = mark{at: s.pos, state: gColon, model: k == keyModel}
 		if err := s.expect(':'); err != nil {
 			return err
 		}
+		s.mark = mark{at: s.pos, state: gValue, model: k == keyModel}
 		switch {
-		case !s.modelFound && keyIs(key, "model"):
+		case k == keyModel:
 			if err := s.readModel(); err != nil {
 				return err
 			}
+			s.mark = mark{at: s.pos, state: gAfter}
 			if s.done() {
 				return nil
 			}
-			s.stopAt = s.pos + promptSearch
-		case s.promptLimit > 0 && s.promptStart < 0 && isPromptKey(key):
+			if s.stopAt == 0 {
+				s.stopAt = s.pos + promptSearch
+			}
+		case s.promptLimit > 0 && s.promptStart < 0 && k == keyPrompt:
 			if _, err := s.peek(); err != nil {
 				return err
 			}
@@ -234,13 +368,15 @@ func (s *scanner) run() error {
 				return err
 			}
 			s.promptEnd = s.pos
+			s.mark = mark{at: s.pos, state: gAfter}
 			if s.done() {
 				return nil
 			}
-		case s.wantUser && !s.userFound && keyIs(key, "user"):
+		case s.wantUser && !s.userFound && k == keyUser:
 			if err := s.readUser(); err != nil {
 				return err
 			}
+			s.mark = mark{at: s.pos, state: gAfter}
 			if s.done() {
 				return nil
 			}
@@ -248,6 +384,7 @@ func (s *scanner) run() error {
 			if err := s.skipValue(); err != nil {
 				return err
 			}
+			s.mark = mark{at: s.pos, state: gAfter}
 		}
 		c, err := s.peek()
 		if err != nil {
@@ -256,7 +393,9 @@ func (s *scanner) run() error {
 		s.pos++
 		switch c {
 		case ',':
+			s.mark = mark{at: s.pos, state: gKey}
 		case '}':
+			s.closed = true
 			return nil
 		default:
 			return malformed("expected ',' or '}' at byte %d, found %q", s.pos-1-s.base, c)
@@ -264,19 +403,60 @@ func (s *scanner) run() error {
 	}
 }
 
+// key reads a top-level key. One too long to be a key routing reads is
+// skipped, not held: long reports it.
+func (s *scanner) key() (raw []byte, long bool, err error) {
+	if _, err := s.peek(); err != nil {
+		return nil, false, err
+	}
+	raw, err = s.str(true)
+	if errors.Is(err, errLong) {
+		_, err = s.strRest(-1)
+		return nil, true, err
+	}
+	return raw, false, err
+}
+
+// modelKey checks a top-level key that decoders read as the model: it must be
+// the only one, spelled "model" (escapes aside).
+func modelKey(raw []byte, k keyKind, again bool) error {
+	switch {
+	case again:
+		return &ConflictError{Reason: "the body names its model more than once; send a single \"model\" key"}
+	case k == keyModelVariant:
+		return &ConflictError{Reason: fmt.Sprintf("the body's model key must be spelled \"model\", not %s", raw)}
+	}
+	return nil
+}
+
 func (s *scanner) readModel() error {
 	ok, err := s.readString("model", &s.model)
 	if err == nil && !ok {
 		return ErrModelNotString
 	}
-	s.modelFound = ok
-	return err
+	if err != nil {
+		return err
+	}
+	if s.header != "" && s.model != s.header {
+		return headerConflict(s.header, s.model)
+	}
+	s.modelFound, s.bodyModel = true, true
+	return nil
+}
+
+// headerConflict refuses a body that names a model the header does not.
+func headerConflict(header, body string) error {
+	return &ConflictError{Reason: fmt.Sprintf("the x-gateway-model-name header names model %q but the body names %q; send one model", header, body)}
 }
 
 // readUser reads the user field: a string, else it is skipped (the model
 // server judges it).
 func (s *scanner) readUser() error {
 	ok, err := s.readString("user", &s.user)
+	if errors.Is(err, errLong) {
+		_, err = s.strRest(-1)
+		return err
+	}
 	if err == nil && !ok {
 		return s.skipValue()
 	}
@@ -291,8 +471,11 @@ func (s *scanner) readString(key string, dst *string) (bool, error) {
 	if err != nil || c != '"' {
 		return false, err
 	}
-	raw, err := s.str()
+	raw, err := s.str(true)
 	if err != nil {
+		if errors.Is(err, errLong) && key == "model" {
+			return false, malformed("the model name is over %d bytes", maxPinned)
+		}
 		return false, err
 	}
 	if err := json.Unmarshal(raw, dst); err != nil {
@@ -301,34 +484,35 @@ func (s *scanner) readString(key string, dst *string) (bool, error) {
 	return true, nil
 }
 
-func isPromptKey(raw []byte) bool {
-	for _, k := range promptKeys {
-		if keyIs(raw, k) {
-			return true
-		}
-	}
-	return false
-}
+// errLong is a string too long to hold whole (maxPinned); the scan is left
+// inside it.
+var errLong = errors.New("string too long to hold")
 
-// keyIs reports whether a raw key (with quotes) is name, escapes decoded.
-func keyIs(raw []byte, name string) bool {
-	if bytes.IndexByte(raw, '\\') < 0 {
-		return len(raw) == len(name)+2 && string(raw[1:len(raw)-1]) == name
-	}
-	var k string
-	return json.Unmarshal(raw, &k) == nil && k == name
-}
-
-// str consumes a string and returns it with its quotes, escapes undecoded. The
-// returned slice is valid until the next read.
-func (s *scanner) str() ([]byte, error) {
+// str consumes a string and, with keep, returns it with its quotes, escapes
+// undecoded: valid until the next read, and held whole while it is read
+// (errLong past maxPinned, the scan left inside it: strRest goes on). Without
+// keep it returns nothing and holds nothing.
+func (s *scanner) str(keep bool) ([]byte, error) {
 	if err := s.expect('"'); err != nil {
 		return nil, err
 	}
-	start := s.pos - 1
+	start := -1
+	if keep {
+		start = s.pos - 1
+	}
+	return s.strRest(start)
+}
+
+// strRest consumes the rest of a string the scan is inside, held from start
+// when start is not -1.
+func (s *scanner) strRest(start int) ([]byte, error) {
+	if start >= 0 {
+		s.pin = start
+		defer func() { s.pin = -1 }()
+	}
 	for {
 		data := s.buf.Bytes()
-		i := s.pos
+		i := s.pos - s.off
 		for i < len(data) {
 			j := bytes.IndexAny(data[i:], "\"\\")
 			if j < 0 {
@@ -343,10 +527,16 @@ func (s *scanner) str() ([]byte, error) {
 				i += 2
 				continue
 			}
-			s.pos = i + 1
-			return data[start:s.pos], nil
+			s.pos = s.off + i + 1
+			if start < 0 {
+				return nil, nil
+			}
+			return s.bytes(start, s.pos), nil
 		}
-		s.pos = i
+		s.pos = s.off + i
+		if start >= 0 && s.pos-start > maxPinned {
+			return nil, errLong
+		}
 		if err := s.more(); err != nil {
 			return nil, err
 		}
@@ -361,7 +551,7 @@ func (s *scanner) skipValue() error {
 	}
 	switch {
 	case c == '"':
-		_, err := s.str()
+		_, err := s.str(false)
 		return err
 	case c == '{' || c == '[':
 		return s.skipNested()
@@ -382,7 +572,7 @@ func (s *scanner) skipNested() error {
 		}
 		switch c {
 		case '"':
-			if _, err := s.str(); err != nil {
+			if _, err := s.str(false); err != nil {
 				return err
 			}
 			continue
@@ -398,21 +588,22 @@ func (s *scanner) skipNested() error {
 	}
 }
 
-// skipLiteral consumes a number, true, false or null, and checks it.
+// skipLiteral consumes a number, true, false or null, and checks it when it
+// is short enough to be still in the buffer whole.
 func (s *scanner) skipLiteral() error {
 	start := s.pos
 	for {
 		data := s.buf.Bytes()
-		for s.pos < len(data) {
-			switch c := data[s.pos]; {
+		for s.pos-s.off < len(data) {
+			switch c := data[s.pos-s.off]; {
 			case c >= 'a' && c <= 'z', c >= '0' && c <= '9', c == '-', c == '+', c == '.', c == 'E':
 				s.pos++
 			default:
-				return s.checkLiteral(data[start:s.pos])
+				return s.checkLiteral(start)
 			}
 		}
 		if s.eof {
-			return s.checkLiteral(data[start:s.pos])
+			return s.checkLiteral(start)
 		}
 		if err := s.more(); err != nil {
 			return err
@@ -420,9 +611,12 @@ func (s *scanner) skipLiteral() error {
 	}
 }
 
-func (s *scanner) checkLiteral(lit []byte) error {
-	if !json.Valid(lit) {
-		return malformed("invalid literal %q at byte %d", lit, s.pos-s.base-len(lit))
+func (s *scanner) checkLiteral(start int) error {
+	if start < s.off {
+		return nil // spilled: the model server judges it
+	}
+	if lit := s.bytes(start, s.pos); !json.Valid(lit) {
+		return malformed("invalid literal %q at byte %d", lit, start-s.base)
 	}
 	return nil
 }

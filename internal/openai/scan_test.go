@@ -28,7 +28,7 @@ func TestScan(t *testing.T) {
 		{"truncated before model", `{"messages":[`, "", false, true, true},
 		{"garbage", `{"a":tru}`, "", false, true, true},
 		{"empty", ``, "", false, true, true},
-		{"first key wins", `{"model":"a","model":"b"}`, "a", true, false, false},
+		{"a second model refused", `{"model":"a","model":"b"}`, "", false, false, true},
 		{"escaped", `{"model":"a\"b\u00e9"}`, "a\"bé", true, false, false},
 		{"escaped key", `{"mod\u0065l":"k"}`, "k", true, false, false},
 		{"whitespace only", "  \n ", "", false, true, true},
@@ -38,7 +38,7 @@ func TestScan(t *testing.T) {
 			var consumed bytes.Buffer
 			r := strings.NewReader(tc.body)
 			got, err := Scan(r, &consumed, 0)
-			if (err != nil) != tc.err || got.Model != tc.model || got.ModelFound != tc.found {
+			if (err != nil) != tc.err || (err == nil && (got.Model != tc.model || got.ModelFound != tc.found)) {
 				t.Fatalf("got %q %v %v", got.Model, got.ModelFound, err)
 			}
 			var se *SyntaxError
@@ -105,25 +105,26 @@ func TestScanPrompt(t *testing.T) {
 }
 
 // TestScanPromptKnownModel: with the model known from a header, the scan stops
-// at the prompt's head even when a model key would come later, and reports no
-// model of its own.
+// at the prompt's head even when a model key would come later (left to Rest),
+// and reports the body's model only when it read it.
 func TestScanPromptKnownModel(t *testing.T) {
 	long := `"` + strings.Repeat("abcdefgh", 100_000) + `"`
 	for _, tc := range []struct {
 		name, body, prompt string
+		inBody             bool
 		maxRead            int
 	}{
-		{"model last", `{"prompt":` + long + `,"model":"m"}`, long[:1000], 64 << 10},
-		{"model first", `{"model":"m","prompt":` + long + `}`, long[:1000], 64 << 10},
-		{"no prompt", `{"model":"m","max_tokens":3}`, "", 0},
-		{"no prompt within the search bound", `{"tools":[` + long + `,` + long + `],"prompt":"late"}`, "", promptSearch + scanChunk},
+		{"model last", `{"prompt":` + long + `,"model":"m"}`, long[:1000], false, 64 << 10},
+		{"model first", `{"model":"m","prompt":` + long + `}`, long[:1000], true, 64 << 10},
+		{"no prompt", `{"model":"m","max_tokens":3}`, "", true, 0},
+		{"no prompt within the search bound", `{"tools":[` + long + `,` + long + `],"prompt":"late"}`, "", false, promptSearch + scanChunk},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var consumed bytes.Buffer
 			r := strings.NewReader(tc.body)
-			got, err := ScanPrompt(r, &consumed, 1000)
-			if err != nil || got.ModelFound || got.Model != "" || string(got.Prompt) != tc.prompt {
-				t.Fatalf("got model %q (found %v) prompt %.40q err %v; want no model, prompt %.40q", got.Model, got.ModelFound, got.Prompt, err, tc.prompt)
+			got, err := ScanFor(r, &consumed, Want{PromptLimit: 1000, HeaderModel: "m"})
+			if err != nil || got.ModelFound != tc.inBody || got.Model != "m" || string(got.Prompt) != tc.prompt {
+				t.Fatalf("got model %q (in the body %v) prompt %.40q err %v; want m (%v), prompt %.40q", got.Model, got.ModelFound, got.Prompt, err, tc.inBody, tc.prompt)
 			}
 			if tc.maxRead > 0 && consumed.Len() > tc.maxRead {
 				t.Errorf("read %d bytes, want at most %d", consumed.Len(), tc.maxRead)

@@ -20,7 +20,7 @@ func TestScanUser(t *testing.T) {
 	}{
 		{"user after the prompt", `{"model":"m","messages":[{"content":"` + long + `"}],"user":"u-1"}`, Want{PromptLimit: 16, User: true}, "m", "u-1", `[{"content":"xxx`},
 		{"user before the model", `{"user":"u\u0032","model":"m","prompt":"hi"}`, Want{PromptLimit: 16, User: true}, "m", "u2", `"hi"`},
-		{"model known", `{"messages":[],"user":"u-3"}`, Want{ModelKnown: true, User: true}, "", "u-3", ""},
+		{"model known", `{"messages":[],"user":"u-3"}`, Want{HeaderModel: "h", User: true}, "h", "u-3", ""},
 		{"no user", `{"model":"m","messages":[]}`, Want{PromptLimit: 16, User: true}, "m", "", "[]"},
 		{"user not a string", `{"model":"m","user":{"id":1},"messages":[]}`, Want{PromptLimit: 16, User: true}, "m", "", "[]"},
 		{"not asked", `{"model":"m","messages":[],"user":"u-4"}`, Want{PromptLimit: 16}, "m", "", "[]"},
