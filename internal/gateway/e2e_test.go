@@ -62,10 +62,11 @@ func TestRoutesByModelAcrossPools(t *testing.T) {
 			}
 		}
 	}
-	// The header overrides the body.
-	resp, _, _ := call(t, "POST", base+"/v1/chat/completions", chat("whatever"), "X-Gateway-Model-Name", qwen)
-	if resp.StatusCode != 404 || resp.Header.Get("X-Kvgate-Scheduler") != "qwen" {
-		t.Errorf("header override: %d via %q (qwen's server rejects the body's model)", resp.StatusCode, resp.Header.Get("X-Kvgate-Scheduler"))
+	// The header routes a body that names no model; one that names another
+	// is refused (integrity_test.go).
+	resp, _, _ := call(t, "POST", base+"/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}]}`, "X-Gateway-Model-Name", qwen)
+	if resp.StatusCode != 400 || resp.Header.Get("X-Kvgate-Scheduler") != "qwen" {
+		t.Errorf("header model: %d via %q (qwen's server rejects a body without a model)", resp.StatusCode, resp.Header.Get("X-Kvgate-Scheduler"))
 	}
 	if got := counter(t, g, "kvgate_requests_total", "scheduler", "qwen", "code", "200"); got != 4 {
 		t.Errorf("kvgate_requests_total{qwen,200} = %v, want 4", got)

@@ -49,6 +49,8 @@ type Gateway struct {
 	log  *slog.Logger
 	// watcher gives up on endpoints that freeze while requests wait on them.
 	watcher watcher
+	// bodies bounds the request bytes held in memory (bodies.go).
+	bodies bodyMemory
 	// mesh links the replica to its peers, from the first configuration
 	// with a shared state.
 	meshMu   sync.Mutex

@@ -172,7 +172,7 @@ func TestClientInputStaysClient(t *testing.T) {
 	for i := range 20 {
 		call(t, "POST", base+"/v1/chat/completions", chat("random-model-"+strings.Repeat("x", i)))
 	}
-	resp, _, _ := call(t, "POST", base+"/v1/chat/completions", chat("m"), "X-Gateway-Model-Name", "\xff\xfe")
+	resp, _, _ := call(t, "POST", base+"/v1/chat/completions", `{"messages":[]}`, "X-Gateway-Model-Name", "\xff\xfe")
 	if resp.StatusCode != 404 {
 		t.Errorf("invalid UTF-8 model header: %d", resp.StatusCode)
 	}

@@ -64,46 +64,59 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	_ = http.NewResponseController(w).SetReadDeadline(start.Add(g.opts.BodyReadTimeout))
 	body := http.MaxBytesReader(w, r.Body, maxBody)
 
-	// The model: the header overrides, else the body, read only up to the model.
+	// The model: the body's, read only as far as routing needs, or the header's
+	// when the body names none. The body may not name another (nor name one
+	// twice): what the model server runs is what was routed. Its head is held
+	// once, reserved from the gateway's budget for bodies as it grows.
 	head := headPool.Get().(*bytes.Buffer)
 	head.Reset()
 	defer func() {
-		// A body whose model came late may have grown the buffer large; keep only
+		// A body whose model came late may have grown the buffer; keep only
 		// modest buffers for reuse.
-		if head.Cap() <= 1<<20 {
+		if head.Cap() <= 2<<20 {
 			headPool.Put(head)
 		}
 	}()
+	hold := g.bodies.hold(g.MaxBuffered(), g.Metrics())
+	defer hold.Done()
+	var parts [][]byte // the head's bytes the scan let go of, in order
+	spill := func(p []byte) error {
+		if !hold.Reserve(int64(len(p))) {
+			return errOverBudget
+		}
+		parts = append(parts, bytes.Clone(p))
+		return nil
+	}
 	model := r.Header.Get("X-Gateway-Model-Name")
-	var prompt []byte
-	var user string
-	wantUser := g.WantsUser()
-	if model == "" || promptLimit > 0 || wantUser {
-		// With the model in a header, only the prompt's head (and the user)
-		// is needed.
-		sc, err := openai.ScanFor(body, head, openai.Want{PromptLimit: promptLimit, ModelKnown: model != "", User: wantUser})
-		user = sc.User
-		if model == "" {
-			if ref, ok := proxy.BodyError(err); ok {
-				g.log.Debug("reading request body", "request_id", rid, "err", err)
-				g.refuse(w, nil, ref)
-				return
-			}
-			if !sc.ModelFound {
-				g.refuse(w, nil, &proxy.Refusal{Status: http.StatusBadRequest, Type: openai.TypeInvalidRequest, Message: route.NoMatchingModel})
-				return
-			}
-			model = sc.Model
+	sc, err := openai.ScanFor(body, head, openai.Want{PromptLimit: promptLimit, HeaderModel: model, User: g.WantsUser(), Spill: spill})
+	if err == nil && !hold.Reserve(int64(head.Len())) {
+		err = errOverBudget
+	}
+	if errors.Is(err, errOverBudget) {
+		g.Metrics().BufferRefused.Inc()
+		g.refuse(w, nil, overBudget)
+		return
+	}
+	if ref, ok := proxy.BodyError(err); ok {
+		g.log.Debug("reading request body", "request_id", rid, "err", err)
+		g.refuse(w, nil, ref)
+		return
+	}
+	if model == "" {
+		if !sc.ModelFound {
+			g.refuse(w, nil, &proxy.Refusal{Status: http.StatusBadRequest, Type: openai.TypeInvalidRequest, Message: route.NoMatchingModel})
+			return
 		}
-		// With the model in a header the body is the model server's business: a
-		// body the scan cannot read only goes without prefix affinity.
-		if err == nil {
-			prompt = sc.Prompt
-		}
+		model = sc.Model
+	}
+	prompt, user := sc.Prompt, sc.User
+	headLen := int64(head.Len())
+	for _, p := range parts {
+		headLen += int64(len(p))
 	}
 	size := r.ContentLength
 	if size < 0 {
-		size = int64(head.Len())
+		size = headLen
 	}
 	// Admission and the pick, which reserves the chosen endpoint's slot.
 	rt, ref := g.Route(r.Context(), route.Request{RequestID: rid, Model: model, Prompt: prompt, BodyBytes: size, Start: start,
@@ -119,11 +132,17 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel = context.WithDeadline(ctx, at)
 		defer cancel()
 	}
-	rb := proxy.NewReplayBody(head.Bytes(), body, rt.RetryBuffer)
+	// The rest streams on, checked for another model as it goes.
+	rb := proxy.NewReplayParts(append(parts, head.Bytes()), openai.GuardReader(body, sc.Rest), rt.RetryBuffer)
+	restSize := int64(-1)
+	if r.ContentLength >= 0 {
+		restSize = r.ContentLength - headLen
+	}
+	rb.SetHold(hold, restSize)
 	switch {
-	case r.ContentLength == 0 && head.Len() == 0:
+	case r.ContentLength == 0 && headLen == 0:
 		rb.SetEmpty()
-	case r.ContentLength == int64(head.Len()) && head.Len() <= maxWholeBody:
+	case r.ContentLength == headLen && headLen <= maxWholeBody:
 		// A copy: the head buffer goes back to the pool when this handler returns,
 		// and the transport may still hold the body then.
 		rb.SetWhole(bytes.Clone(head.Bytes()))

@@ -157,6 +157,7 @@ func TooLarge(limit int64) *Refusal {
 func BodyError(err error) (r *Refusal, ok bool) {
 	var tooBig *http.MaxBytesError
 	var syntax *openai.SyntaxError
+	var conflict *openai.ConflictError
 	switch {
 	case err == nil:
 		return nil, false
@@ -165,7 +166,7 @@ func BodyError(err error) (r *Refusal, ok bool) {
 	case errors.Is(err, os.ErrDeadlineExceeded):
 		return &Refusal{Status: http.StatusRequestTimeout, Type: openai.TypeInvalidRequest,
 			Message: "the request body did not arrive in time", Close: true}, true
-	case errors.As(err, &syntax), errors.Is(err, openai.ErrNotObject), errors.Is(err, openai.ErrModelNotString):
+	case errors.As(err, &syntax), errors.As(err, &conflict), errors.Is(err, openai.ErrNotObject), errors.Is(err, openai.ErrModelNotString):
 		return &Refusal{Status: http.StatusBadRequest, Type: openai.TypeInvalidRequest, Message: err.Error()}, true
 	}
 	return &Refusal{Status: http.StatusBadRequest, Type: openai.TypeInvalidRequest,

@@ -13,8 +13,11 @@ import (
 // it, up to limit. Once more than that has streamed, the body can no longer be
 // replayed and the request is not retried.
 type ReplayBody struct {
-	mu   sync.Mutex
-	head []byte
+	mu sync.Mutex
+	// head is the part read while looking for the model, in the pieces it
+	// was held in (not copied together: a late model's body is held once).
+	head     [][]byte
+	headLen  int
 	// whole is the complete body when it is held in memory. Attempts send it
 	// from memory, which the transport writes in the same segment as the
 	// request's headers; any other body makes it flush the headers first, and
@@ -24,6 +27,10 @@ type ReplayBody struct {
 	recorded []byte
 	limit    int64
 	overflow bool
+	// hold, when set, is reserved for the recording as it grows; restSize,
+	// when known, sizes it in one step.
+	hold     *Hold
+	restSize int64
 	current  *replayReader
 	// clientErr is an error reading the client's body (too large, too slow,
 	// gone): a failure caused by the client, which no other target can fix.
@@ -35,7 +42,27 @@ var errDetached = errors.New("request body: a newer attempt took over")
 // NewReplayBody is a body of head, already read, then rest, of which up to
 // limit bytes are kept for replay.
 func NewReplayBody(head []byte, rest io.Reader, limit int64) *ReplayBody {
-	return &ReplayBody{head: head, rest: rest, limit: limit}
+	return NewReplayParts([][]byte{head}, rest, limit)
+}
+
+// NewReplayParts is NewReplayBody with a head held in several pieces, sent in
+// order.
+func NewReplayParts(head [][]byte, rest io.Reader, limit int64) *ReplayBody {
+	n := 0
+	for _, p := range head {
+		n += len(p)
+	}
+	return &ReplayBody{head: head, headLen: n, rest: rest, limit: limit}
+}
+
+// SetHold makes the recording for replay reserve its memory from h as it
+// grows; a reservation refused ends the recording (the body is then not
+// retried) rather than the request. restSize is the length of the rest when
+// known, else -1.
+func (b *ReplayBody) SetHold(h *Hold, restSize int64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.hold, b.restSize = h, restSize
 }
 
 // WholeBody is a body held whole in memory: always replayable.
@@ -124,6 +151,8 @@ func (b *ReplayBody) ClientError() error {
 type replayReader struct {
 	b        *ReplayBody
 	off      int // offset into head+recorded
+	part     int // the head's piece off is in, and where that piece begins
+	partOff  int
 	detached bool
 	closed   bool
 }
@@ -135,12 +164,16 @@ func (r *replayReader) Read(p []byte) (int, error) {
 	if r.detached || r.closed {
 		return 0, errDetached
 	}
-	if r.off < len(b.head) {
-		n := copy(p, b.head[r.off:])
+	if r.off < b.headLen {
+		for r.off-r.partOff >= len(b.head[r.part]) {
+			r.partOff += len(b.head[r.part])
+			r.part++
+		}
+		n := copy(p, b.head[r.part][r.off-r.partOff:])
 		r.off += n
 		return n, nil
 	}
-	if i := r.off - len(b.head); i < len(b.recorded) {
+	if i := r.off - b.headLen; i < len(b.recorded) {
 		n := copy(p, b.recorded[i:])
 		r.off += n
 		return n, nil
@@ -152,18 +185,46 @@ func (r *replayReader) Read(p []byte) (int, error) {
 	// attempt reads it, and recording must stay in order.
 	n, err := b.rest.Read(p)
 	if n > 0 && !b.overflow {
-		if int64(len(b.recorded)+n) > b.limit {
-			b.overflow = true
-			b.recorded = nil
-		} else {
-			b.recorded = append(b.recorded, p[:n]...)
-		}
+		b.record(p[:n])
 	}
 	r.off += n
 	if err != nil && !errors.Is(err, io.EOF) {
 		b.clientErr = err
 	}
 	return n, err
+}
+
+// record keeps p for replay, growing the recording within the limit and the
+// hold; past either the body can no longer be replayed.
+func (b *ReplayBody) record(p []byte) {
+	need := len(b.recorded) + len(p)
+	if int64(need) > b.limit {
+		b.stopRecording()
+		return
+	}
+	if need > cap(b.recorded) {
+		c := max(need, 2*cap(b.recorded), 32<<10)
+		if b.restSize >= 0 && b.hold != nil && cap(b.recorded) == 0 {
+			c = max(need, int(min(b.restSize, b.limit))) // the rest's length is known: one step
+		}
+		c = int(min(int64(c), b.limit))
+		if b.hold != nil && !b.hold.Reserve(int64(c-cap(b.recorded))) {
+			b.stopRecording()
+			return
+		}
+		grown := make([]byte, len(b.recorded), c)
+		copy(grown, b.recorded)
+		b.recorded = grown
+	}
+	b.recorded = append(b.recorded, p...)
+}
+
+func (b *ReplayBody) stopRecording() {
+	b.overflow = true
+	if b.hold != nil {
+		b.hold.Release(int64(cap(b.recorded)))
+	}
+	b.recorded = nil
 }
 
 func (r *replayReader) Close() error {

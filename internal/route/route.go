@@ -114,6 +114,15 @@ func (g *Router) BodyLimits() (maxBody int64, promptLimit int, configured bool) 
 	return 0, 0, false
 }
 
+// MaxBuffered bounds the request bytes held in memory across all requests
+// (spec.gateway.maxBufferedBytes); 0 before a configuration.
+func (g *Router) MaxBuffered() int64 {
+	if rt := g.routes.Load(); rt != nil {
+		return rt.gw.MaxBuffered()
+	}
+	return 0
+}
+
 // Ready says whether the router can route: it has a configuration, is not
 // draining, and every scheduler has a ready endpoint.
 func (g *Router) Ready() bool {

@@ -31,6 +31,8 @@ type Gateway struct {
 	InFlight       *prometheus.GaugeVec     // scheduler, endpoint
 	Reloads        *prometheus.CounterVec   // result
 	ConfigAccepted prometheus.Gauge
+	Buffered       prometheus.Gauge
+	BufferRefused  prometheus.Counter
 }
 
 // NewGateway creates and registers the gateway's metrics, with Go and process
@@ -94,9 +96,17 @@ func NewGateway() *Gateway {
 			Name: "kvgate_config_last_reload_successful",
 			Help: "1 when the last configuration read was accepted, 0 when it was rejected and the previous one still serves.",
 		}),
+		Buffered: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "kvgate_buffered_bytes",
+			Help: "Request body bytes held in memory now: the heads read to find the model and the bytes kept to replay bodies on a retry (bounded by spec.gateway.maxBufferedBytes).",
+		}),
+		BufferRefused: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvgate_buffer_refused_total",
+			Help: "Requests refused with 503 because holding their body's head would have taken the bytes held past spec.gateway.maxBufferedBytes.",
+		}),
 	}
 	g.Registry.MustRegister(g.Requests, g.Duration, g.TTFT, g.Decision, g.PrefixMatch, g.Tokens, g.Retries, g.Ejections, g.Shed, g.SLOMisses, g.StreamErrors,
-		g.InFlight, g.Reloads, g.ConfigAccepted,
+		g.InFlight, g.Reloads, g.ConfigAccepted, g.Buffered, g.BufferRefused,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return g
 }
