@@ -295,7 +295,10 @@ func (j *Job) replace(w http.ResponseWriter, i int, a answer, buf []byte, ref *R
 func (r *Result) Unserved(timeout string, failed *Refusal) *Refusal {
 	ref, bodyFailed := BodyError(r.bodyErr)
 	switch {
-	case bodyFailed && ref.Status != http.StatusBadRequest:
+	// A body that ended short of its length (the client closed its side) also
+	// cancels the context, but the client may still be reading: it is owed
+	// the 400, never the empty 200 of a handler that wrote nothing.
+	case bodyFailed && (ref.Status != http.StatusBadRequest || errors.Is(r.bodyErr, io.ErrUnexpectedEOF)):
 		return ref
 	case r.shutdown:
 		return &Refusal{Status: http.StatusServiceUnavailable, Type: openai.TypeServer, Message: "the gateway is shutting down; retry", RetryAfter: 1, Close: true}
@@ -375,6 +378,12 @@ func (j *Job) attempt(ctx context.Context, t Target, i int, body io.ReadCloser, 
 			_ = resp.Body.Close()
 			err = a.err
 		}
+	}
+	if err == nil && j.Body.ClientError() != nil {
+		// The client's body broke (short, or refused while it streamed): an
+		// answer to what the target got of it is not the client's.
+		_ = resp.Body.Close()
+		err = j.Body.ClientError()
 	}
 	if v != nil {
 		// Whichever came first holds: the answer, or the watcher giving up.

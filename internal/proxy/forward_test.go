@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -377,7 +378,10 @@ func TestUnserved(t *testing.T) {
 		{"client gone", Result{ClientGone: true}, 0, ""},
 		{"too large while the client left", Result{ClientGone: true, bodyErr: &http.MaxBytesError{Limit: 9}}, 413, "request body exceeds 9 bytes"},
 		{"stalled body", Result{ClientGone: true, TimedOut: true, bodyErr: os.ErrDeadlineExceeded}, 408, "the request body did not arrive in time"},
-		{"broken body, client gone", Result{ClientGone: true, bodyErr: io.ErrUnexpectedEOF}, 0, ""},
+		// A body short of its length cancels the context too, yet the client
+		// (which only closed its side) is owed an answer, not an empty 200.
+		{"short body, client half-closed", Result{ClientGone: true, bodyErr: io.ErrUnexpectedEOF}, 400, "the request body could not be read to its end"},
+		{"broken body, client gone", Result{ClientGone: true, bodyErr: syscall.ECONNRESET}, 0, ""},
 		{"broken body", Result{bodyErr: io.ErrUnexpectedEOF}, 400, "the request body could not be read to its end"},
 		{"timed out", Result{TimedOut: true}, 504, "late"},
 		{"failed", Result{Err: errors.New("dial tcp 10.0.0.1: refused")}, 502, "failed"},
