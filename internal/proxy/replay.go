@@ -16,8 +16,8 @@ type ReplayBody struct {
 	mu sync.Mutex
 	// head is the part read while looking for the model, in the pieces it
 	// was held in (not copied together: a late model's body is held once).
-	head     [][]byte
-	headLen  int
+	head    [][]byte
+	headLen int
 	// whole is the complete body when it is held in memory. Attempts send it
 	// from memory, which the transport writes in the same segment as the
 	// request's headers; any other body makes it flush the headers first, and
