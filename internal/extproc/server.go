@@ -165,6 +165,11 @@ type exchange struct {
 	reqBytes int64
 	eosAt    time.Time // when the body's last chunk arrived, until it is sent back
 	held     *bytes.Buffer
+	parts    [][]byte // the held bytes the scan let go of, sent before held
+	// guard checks the body the scan did not read for another model; guarded:
+	// it was set up (nil then: nothing left to check).
+	guard    *openai.Guard
+	guarded  bool
 	stash    *extprocv3.ProcessingRequest // a message read ahead by the body scan
 	route    *route.Route
 	identity *auth.Identity // who sent it (spec.auth); nil without
@@ -365,11 +370,21 @@ func (x *exchange) requestBody(b *extprocv3.HttpBody) error {
 	return x.echoRequest(b.GetBody(), b.GetEndOfStream())
 }
 
-// echoRequest passes one request chunk through.
+// echoRequest passes one request chunk through, once checked for another
+// model than the one routed.
 func (x *exchange) echoRequest(p []byte, eos bool) error {
 	x.reqBytes += int64(len(p))
 	if err := x.checkSize(); err != nil {
 		return err
+	}
+	if !x.guarded && x.s.opts.BBR == nil {
+		// Routed by the header before the body came: all of it is checked.
+		x.guard, x.guarded = openai.NewGuard(x.headers[ModelHeader]), true
+	}
+	if x.guard != nil {
+		if err := x.guard.Check(p); err != nil {
+			return x.refuse(bodyError(err), false)
+		}
 	}
 	x.reqEOS = eos
 	if err := sendBody(x.send, p, eos, true); err != nil {
@@ -425,32 +440,47 @@ func (x *exchange) scanAndDecide(first *extprocv3.HttpBody) error {
 	}
 	// When the header names the model, only the prompt's head (and the user,
 	// for sessions) is needed.
+	// A body that names its model twice, in another spelling, or another than
+	// the header's is refused, in both modes: the model server reads the body.
 	picking := x.s.opts.BBR == nil
-	sc, err := openai.ScanFor(r, x.held, openai.Want{PromptLimit: limit, ModelKnown: picking && x.headers[ModelHeader] != "",
-		User: picking && x.s.gw.WantsUser()})
+	header := ""
+	if picking {
+		header = x.headers[ModelHeader]
+	}
+	held := 0
+	spill := func(p []byte) error {
+		held += len(p)
+		x.parts = append(x.parts, bytes.Clone(p))
+		return nil
+	}
+	sc, err := openai.ScanFor(r, x.held, openai.Want{PromptLimit: limit, HeaderModel: header, User: picking && x.s.gw.WantsUser(), Spill: spill})
 	x.user = sc.User
 	if r.err != nil {
 		return r.err // the stream broke or sent something out of order
 	}
-	x.s.m.HeldBytes.Observe(float64(x.held.Len()))
+	x.guard, x.guarded = sc.Rest, true
+	if err == nil && x.guard != nil {
+		err = x.guard.Check(r.cur) // read ahead, sent on with the held bytes
+	}
+	x.s.m.HeldBytes.Observe(float64(held + x.held.Len()))
+	var conflict *openai.ConflictError
+	if errors.As(err, &conflict) {
+		return x.refuse(bodyError(err), false)
+	}
 	if x.s.opts.BBR != nil {
 		return x.routeBody(sc, err, r)
 	}
-	model := x.headers[ModelHeader]
-	var prompt []byte
+	if err != nil {
+		return x.refuse(bodyError(err), false)
+	}
+	model := header
 	if model == "" {
-		if err != nil {
-			return x.refuse(bodyError(err), false)
-		}
 		if !sc.ModelFound {
 			return x.refuse(&proxy.Refusal{Status: http.StatusBadRequest, Type: openai.TypeInvalidRequest, Message: route.NoMatchingModel}, false)
 		}
 		model = sc.Model
 	}
-	if err == nil {
-		prompt = sc.Prompt
-	}
-	if err := x.decide(model, prompt); err != nil {
+	if err := x.decide(model, sc.Prompt); err != nil {
 		return err
 	}
 	return x.release(r)
@@ -460,6 +490,12 @@ func (x *exchange) scanAndDecide(first *extprocv3.HttpBody) error {
 // they came; the message the scan read ahead, if any, is handled next.
 func (x *exchange) release(r *chunkReader) error {
 	eos := r.eos && !r.trailers
+	for _, p := range x.parts {
+		if err := sendBody(x.send, p, false, true); err != nil {
+			return err
+		}
+	}
+	x.parts = nil
 	if err := sendBody(x.send, x.held.Bytes(), eos && len(r.cur) == 0, true); err != nil {
 		return err
 	}

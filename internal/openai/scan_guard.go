@@ -90,6 +90,10 @@ type Guard struct {
 	err    error
 }
 
+// NewGuard checks a whole body, from its first byte, for a model other than
+// the one routed (from a header): a body that names none passes.
+func NewGuard(routed string) *Guard { return &Guard{expect: routed} }
+
 // Check reads the next bytes of the body; it returns a ConflictError once the
 // body names another model, and keeps returning it.
 func (g *Guard) Check(p []byte) error {
