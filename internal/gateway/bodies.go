@@ -26,11 +26,67 @@ var overBudget = &proxy.Refusal{Status: http.StatusServiceUnavailable, Type: ope
 // back to the OS after large ones: Go's heap keeps freed spans for minutes
 // when the gateway goes quiet, and a burst of 100 MB bodies would otherwise
 // leave the process that large long after.
+//
+// Heads are copied into chunks of chunkSize that go back to a pool when their
+// request ends: a body refused half-read, or served, leaves its chunks to the
+// next large head rather than to the garbage collector, whose slack (the heap
+// grows to twice what was live) would otherwise double the budget.
 type bodyMemory struct {
 	once   sync.Once
 	budget proxy.Budget
+	chunks sync.Pool // *[]byte of chunkSize
 	// pending: a return to the OS is scheduled.
 	pending atomic.Bool
+}
+
+// chunkSize is the piece a head is held in past the scan's buffer.
+const chunkSize = 256 << 10
+
+// headParts is a request's head past the scan's buffer, in chunks.
+type headParts struct {
+	m      *bodyMemory
+	hold   *proxy.Hold
+	chunks []*[]byte
+	parts  [][]byte // the filled part of each chunk
+}
+
+// add copies p into the chunks, reserving each new one from the budget.
+func (h *headParts) add(p []byte) error {
+	for len(p) > 0 {
+		if n := len(h.parts); n == 0 || len(h.parts[n-1]) == chunkSize {
+			if !h.hold.Reserve(chunkSize) {
+				return errOverBudget
+			}
+			c, _ := h.m.chunks.Get().(*[]byte)
+			if c == nil {
+				b := make([]byte, chunkSize)
+				c = &b
+			}
+			h.chunks = append(h.chunks, c)
+			h.parts = append(h.parts, (*c)[:0])
+		}
+		last := &h.parts[len(h.parts)-1]
+		n := copy((*last)[len(*last):chunkSize], p)
+		*last, p = (*last)[:len(*last)+n], p[n:]
+	}
+	return nil
+}
+
+// size is how many bytes the chunks hold.
+func (h *headParts) size() int64 {
+	n := int64(0)
+	for _, p := range h.parts {
+		n += int64(len(p))
+	}
+	return n
+}
+
+// done gives the chunks back for reuse: nothing may read them after.
+func (h *headParts) done() {
+	for _, c := range h.chunks {
+		h.m.chunks.Put(c)
+	}
+	h.chunks, h.parts = nil, nil
 }
 
 // freeAfter is how long after a large body's release the memory goes back to
@@ -48,6 +104,9 @@ func (b *bodyMemory) hold(limit int64, m *telemetry.Gateway) *proxy.Hold {
 			if released >= largeRelease && b.pending.CompareAndSwap(false, true) {
 				time.AfterFunc(freeAfter, func() {
 					b.pending.Store(false)
+					// Twice: the chunk pool keeps what one collection drops
+					// until the next.
+					debug.FreeOSMemory()
 					debug.FreeOSMemory()
 				})
 			}

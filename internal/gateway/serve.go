@@ -79,16 +79,12 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}()
 	hold := g.bodies.hold(g.MaxBuffered(), g.Metrics())
 	defer hold.Done()
-	var parts [][]byte // the head's bytes the scan let go of, in order
-	spill := func(p []byte) error {
-		if !hold.Reserve(int64(len(p))) {
-			return errOverBudget
-		}
-		parts = append(parts, bytes.Clone(p))
-		return nil
-	}
+	// The head's bytes the scan let go of, in order; the chunks go back to
+	// their pool after the last attempt's reader is detached (deferred later).
+	parts := &headParts{m: &g.bodies, hold: hold}
+	defer parts.done()
 	model := r.Header.Get("X-Gateway-Model-Name")
-	sc, err := openai.ScanFor(body, head, openai.Want{PromptLimit: promptLimit, HeaderModel: model, User: g.WantsUser(), Spill: spill})
+	sc, err := openai.ScanFor(body, head, openai.Want{PromptLimit: promptLimit, HeaderModel: model, User: g.WantsUser(), Spill: parts.add})
 	if err == nil && !hold.Reserve(int64(head.Len())) {
 		err = errOverBudget
 	}
@@ -110,10 +106,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		model = sc.Model
 	}
 	prompt, user := sc.Prompt, sc.User
-	headLen := int64(head.Len())
-	for _, p := range parts {
-		headLen += int64(len(p))
-	}
+	headLen := int64(head.Len()) + parts.size()
 	size := r.ContentLength
 	if size < 0 {
 		size = headLen
@@ -133,7 +126,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		defer cancel()
 	}
 	// The rest streams on, checked for another model as it goes.
-	rb := proxy.NewReplayParts(append(parts, head.Bytes()), openai.GuardReader(body, sc.Rest), rt.RetryBuffer)
+	rb := proxy.NewReplayParts(append(parts.parts, head.Bytes()), openai.GuardReader(body, sc.Rest), rt.RetryBuffer)
 	restSize := int64(-1)
 	if r.ContentLength >= 0 {
 		restSize = r.ContentLength - headLen
