@@ -273,4 +273,3 @@ func closedGate() <-chan struct{} {
 	close(c)
 	return c
 }
-
