@@ -157,9 +157,6 @@ func ScanFor(r io.Reader, consumed *bytes.Buffer, w Want) (Scanned, error) {
 // errEnough stops the scan once it holds what routing needs.
 var errEnough = errors.New("enough of the body read")
 
-// promptKeys name the values the prefix index hashes.
-var promptKeys = []string{"messages", "prompt", "input"}
-
 // mark is a point of the top-level object a Guard can take over from.
 type mark struct {
 	at    int
@@ -204,9 +201,6 @@ type scanner struct {
 
 // bytes returns the consumed bytes from absolute offset i to j.
 func (s *scanner) bytes(i, j int) []byte { return s.buf.Bytes()[i-s.off : j-s.off] }
-
-// at returns the byte at absolute offset i.
-func (s *scanner) at(i int) byte { return s.buf.Bytes()[i-s.off] }
 
 // end is the absolute offset just past the consumed bytes.
 func (s *scanner) end() int { return s.off + s.buf.Len() }

@@ -168,7 +168,7 @@ func (g *Guard) Check(p []byte) error {
 				}
 			}
 		case gLiteral:
-			if !(c == '-' || c == '+' || c == '.' || c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c == 'E') {
+			if !literal(c) {
 				g.state = gAfter
 				continue // c ends the literal: read it after
 			}
@@ -186,6 +186,11 @@ func (g *Guard) Check(p []byte) error {
 		i++
 	}
 	return g.err
+}
+
+// literal says whether c may be part of a number, true, false or null.
+func literal(c byte) bool {
+	return c == '-' || c == '+' || c == '.' || c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c == 'E'
 }
 
 func space(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }
