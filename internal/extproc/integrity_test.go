@@ -76,7 +76,8 @@ func TestOneModelPerRequest(t *testing.T) {
 					Type    string `json:"type"`
 				} `json:"error"`
 			}
-			if json.Unmarshal(ir.GetBody(), &e) != nil || e.Error.Type != "invalid_request_error" || !strings.Contains(e.Error.Message, tc.msg) {
+			if json.Unmarshal(ir.GetBody(), &e) != nil || e.Error.Type != "invalid_request_error" || !strings.Contains(e.Error.Message, tc.msg) ||
+				!bytes.Contains(ir.GetBody(), []byte(`"param":"model"`)) {
 				t.Fatalf("body %s, want an OpenAI error mentioning %q", ir.GetBody(), tc.msg)
 			}
 		})

@@ -596,7 +596,7 @@ func (x *exchange) refuse(e *proxy.Refusal, counted bool) error {
 	err := x.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ImmediateResponse{ImmediateResponse: &extprocv3.ImmediateResponse{
 		Status:  httpStatus(e.Status),
 		Headers: &extprocv3.HeaderMutation{SetHeaders: hdrs},
-		Body:    openai.ErrorJSON(e.Status, e.Type, e.Message),
+		Body:    e.JSON(),
 		Details: "kvgate_" + strings.ReplaceAll(strings.ToLower(http.StatusText(e.Status)), " ", "_"),
 	}}})
 	if err != nil {
@@ -741,8 +741,12 @@ func (x *exchange) checkSize() error {
 	return x.refuse(proxy.TooLarge(limit), false)
 }
 
-// bodyError turns a body the scan could not read into a refusal.
+// bodyError turns a body the scan could not read, or refused, into a refusal.
 func bodyError(err error) *proxy.Refusal {
+	if ref, ok := proxy.BodyError(err); ok && ref.Status == http.StatusBadRequest {
+		ref.Close = false // Envoy owns the client's connection
+		return ref
+	}
 	return &proxy.Refusal{Status: http.StatusBadRequest, Type: openai.TypeInvalidRequest, Message: err.Error()}
 }
 

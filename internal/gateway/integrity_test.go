@@ -118,8 +118,9 @@ func TestOneModelPerRequest(t *testing.T) {
 			if resp.StatusCode != tc.want {
 				t.Fatalf("status %d, want %d: %s", resp.StatusCode, tc.want, raw)
 			}
-			if tc.want != 200 && (json.Unmarshal(raw, &e) != nil || e.Error.Type != "invalid_request_error" || !strings.Contains(e.Error.Message, tc.msg)) {
-				t.Fatalf("error body %q, want an OpenAI error with %q", raw, tc.msg)
+			if tc.want != 200 && (json.Unmarshal(raw, &e) != nil || e.Error.Type != "invalid_request_error" || !strings.Contains(e.Error.Message, tc.msg) ||
+				!strings.Contains(string(raw), `"param":"model"`)) {
+				t.Fatalf("error body %q, want an OpenAI error on param model with %q", raw, tc.msg)
 			}
 		})
 	}

@@ -125,6 +125,8 @@ type Refusal struct {
 	Close bool
 	// Challenge is the WWW-Authenticate value of a refusal for credentials.
 	Challenge string
+	// Param names the request parameter at fault, if one is.
+	Param string
 }
 
 func (e *Refusal) Error() string { return strconv.Itoa(e.Status) + ": " + e.Message }
@@ -140,8 +142,11 @@ func (e *Refusal) Write(w http.ResponseWriter) {
 	if e.Challenge != "" {
 		w.Header().Set("WWW-Authenticate", e.Challenge)
 	}
-	openai.WriteError(w, e.Status, e.Type, e.Message)
+	openai.WriteErrorParam(w, e.Status, e.Type, e.Message, e.Param)
 }
+
+// JSON is the refusal's OpenAI error body.
+func (e *Refusal) JSON() []byte { return openai.ErrorJSONParam(e.Status, e.Type, e.Message, e.Param) }
 
 // TooLarge is the refusal of a body larger than limit bytes.
 func TooLarge(limit int64) *Refusal {
@@ -166,7 +171,9 @@ func BodyError(err error) (r *Refusal, ok bool) {
 	case errors.Is(err, os.ErrDeadlineExceeded):
 		return &Refusal{Status: http.StatusRequestTimeout, Type: openai.TypeInvalidRequest,
 			Message: "the request body did not arrive in time", Close: true}, true
-	case errors.As(err, &syntax), errors.As(err, &conflict), errors.Is(err, openai.ErrNotObject), errors.Is(err, openai.ErrModelNotString):
+	case errors.As(err, &conflict), errors.Is(err, openai.ErrModelNotString):
+		return &Refusal{Status: http.StatusBadRequest, Type: openai.TypeInvalidRequest, Message: err.Error(), Param: "model"}, true
+	case errors.As(err, &syntax), errors.Is(err, openai.ErrNotObject):
 		return &Refusal{Status: http.StatusBadRequest, Type: openai.TypeInvalidRequest, Message: err.Error()}, true
 	}
 	return &Refusal{Status: http.StatusBadRequest, Type: openai.TypeInvalidRequest,
