@@ -210,9 +210,12 @@ func (g *Guard) skipString(p []byte) int {
 		}
 		i += j
 		if p[i] == '\\' {
+			if i+1 < len(p) {
+				i += 2
+				continue
+			}
 			g.esc = true
-			i++
-			continue
+			return len(p)
 		}
 		if g.depth > 1 {
 			g.state = gNested

@@ -165,6 +165,12 @@ func FuzzModelScan(f *testing.F) {
 			spill = 8
 		}
 		model, sent, err := front(body, header, int(mode>>4&7)*3, chunk, spill)
+		var syntax *SyntaxError
+		if errors.As(err, &syntax) && json.Valid(body) {
+			// Refusing unreadable bodies is safe only if the scan never
+			// calls a valid one unreadable.
+			t.Fatalf("valid JSON refused as malformed: %v", err)
+		}
 		if err != nil {
 			return
 		}
@@ -188,4 +194,21 @@ func FuzzModelScan(f *testing.F) {
 			t.Fatalf("routed %q, json.Decoder reads %q", model, *st.Model)
 		}
 	})
+}
+
+// BenchmarkGuard256KB checks the rest of a 256 KB chat body streaming past a
+// scan that stopped at a leading model: the cost every such body now pays.
+func BenchmarkGuard256KB(b *testing.B) {
+	var content strings.Builder
+	for content.Len() < 256<<10 {
+		content.WriteString("The committee reviewed every clause of the agreement in detail. ")
+	}
+	rest := []byte(`,"messages":[{"role":"system","content":"be brief"},{"role":"user","content":"` + content.String() + `"}],"max_tokens":1,"stream":true,"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}]}`)
+	b.SetBytes(int64(len(rest)))
+	for b.Loop() {
+		g := &Guard{state: gAfter, seen: true, expect: "m", depth: 1}
+		if err := g.Check(rest); err != nil || g.state != gDone {
+			b.Fatal(err, g.state)
+		}
+	}
 }
