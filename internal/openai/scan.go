@@ -143,6 +143,9 @@ func ScanFor(r io.Reader, consumed *bytes.Buffer, w Want) (Scanned, error) {
 		// The rest streams unread: it is checked as it goes, from the last
 		// point the scan holds, so that no top-level key escapes.
 		g := &Guard{state: s.mark.state, model: s.mark.model, seen: s.modelKeys > 0, expect: s.header}
+		if g.state != gStart {
+			g.depth = 1 // inside the top-level object
+		}
 		if s.header == "" {
 			g.expect = s.model
 		}
