@@ -17,6 +17,7 @@ import (
 	"github.com/kvgate/kvgate/internal/peers"
 	"github.com/kvgate/kvgate/internal/route"
 	"github.com/kvgate/kvgate/internal/telemetry"
+	"github.com/kvgate/kvgate/internal/tracing"
 )
 
 // Options configure a Gateway.
@@ -38,6 +39,10 @@ type Options struct {
 	// SharedState links the replica to its peers (flags over the
 	// configuration's spec.gateway.sharedState).
 	SharedState SharedStateOptions
+	// Tracing exports a span per request (nil: none); AccessLog writes a
+	// line per request (nil: none).
+	Tracing   *tracing.Provider
+	AccessLog *tracing.AccessLog
 }
 
 // Gateway is the HTTP front of a routing core: ServeHTTP for the OpenAI API,

@@ -15,6 +15,7 @@ import (
 	"github.com/kvgate/kvgate/internal/openai"
 	"github.com/kvgate/kvgate/internal/proxy"
 	"github.com/kvgate/kvgate/internal/route"
+	"github.com/kvgate/kvgate/internal/tracing"
 )
 
 // headPool holds the buffers a request's body head is read into.
@@ -29,6 +30,12 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	rid := proxy.RequestID(r.Header)
 	w.Header().Set("X-Request-Id", rid)
+	// The request's span and access-log line (tracing.go); nil when both are off.
+	tr, r := tracing.Start(g.opts.Tracing, g.opts.AccessLog, r, start, rid)
+	if tr != nil {
+		w = tr.Wrap(w)
+		defer func() { tr.End(tracing.WrittenStatus(w)) }()
+	}
 	// Before anything else: an unauthenticated client learns nothing, not
 	// even which paths exist.
 	id, aref := g.Authenticate(r.Header)
@@ -114,7 +121,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// Admission and the pick, which reserves the chosen endpoint's slot.
 	rt, ref := g.Route(r.Context(), route.Request{RequestID: rid, Model: model, Prompt: prompt, BodyBytes: size, Start: start,
 		Objective: r.Header.Get(proxy.ObjectiveHeader), Explain: r.Header.Get("X-Kvgate-Explain") == "1", Header: r.Header.Get, User: user,
-		Identity: id})
+		Identity: id, Trace: routing(tr, model, id)})
 	if ref != nil {
 		ref.Write(w) // counted by Route
 		return
@@ -169,6 +176,8 @@ func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Re
 		targets[i] = proxy.Target{Name: addr, URL: &url.URL{Scheme: rt.Scheme(), Host: addr}}
 	}
 	sched := rt.Scheduler()
+	tr := g.traceOf(ctx)
+	routed(tr, rt)
 	retry := "" // why the last attempt failed, counted when the next one starts
 	withheld := proxy.IsControlHeader
 	if g.AuthEnabled() {
@@ -190,6 +199,7 @@ func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Re
 		},
 		Watch: func(ctx context.Context, i int, giveUp func(error)) { g.watcher.watch(ctx, rt, i, giveUp) },
 		OnFailure: func(i int, e *proxy.AttemptError) {
+			defer func() { tr.Failed(i, e.Status, retry, e) }() // retry, once set below
 			// An endpoint the fleet found down is not an outlier among healthy
 			// ones: counting its waits would keep it ejected once it is back.
 			if !errors.Is(e.Err, errEndpointLost) {
@@ -218,9 +228,11 @@ func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Re
 				h.Set("X-Kvgate-Scores", rt.Scores)
 			}
 		},
-		OnFirstByte: func(_ int, sse bool) { rt.FirstByte(sse) },
+		OnFirstByte: func(i int, sse bool) { rt.FirstByte(sse); tr.FirstByte(i) },
 		Replace:     func(status int) *proxy.Refusal { return serverError(status, rid) },
+		OnAttempt:   attempting(tr, targets),
 	})
+	forwarded(tr, rt, &res)
 	if !res.Committed {
 		// Every endpoint down or failing is the pool unavailable: worth a retry
 		// soon, as AWS's gateway and kvgate global answer it.

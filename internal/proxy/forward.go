@@ -113,6 +113,9 @@ type Job struct {
 	// stack, addresses or a sidecar's wording); nil relays it. The answer's
 	// first bytes go to Result.Replaced, for the log.
 	Replace func(status int) *Refusal
+	// OnAttempt, when set, runs with the request to target i just before it
+	// goes out: a caller may add headers (a trace's traceparent).
+	OnAttempt func(i int, req *http.Request)
 }
 
 // replacedLog bounds the head of a replaced answer kept for the log.
@@ -334,6 +337,9 @@ type answer struct {
 func (j *Job) attempt(ctx context.Context, t Target, i int, body io.ReadCloser, buf []byte) (answer, error) {
 	actx, cancel := context.WithCancel(ctx)
 	out := j.request(actx, t, body)
+	if j.OnAttempt != nil {
+		j.OnAttempt(i, out)
+	}
 	var v *verdict
 	if j.Watch != nil {
 		v = &verdict{}

@@ -49,6 +49,8 @@ type Request struct {
 	User string
 	// Identity is who sent the request (Authenticate); nil without spec.auth.
 	Identity *auth.Identity
+	// Trace keeps the decision for the request's span (Route.Decision).
+	Trace bool
 }
 
 // Route is one request's pick, held from the decision to the end of the response.
@@ -93,6 +95,7 @@ type Route struct {
 	ahead, running  float64
 	loads           float64 // 1: the adapter was not loaded there
 	own             int     // the prompt tokens not expected to be cached
+	decision        Decision
 }
 
 // Scheduler is the name of the scheduler that picked.
@@ -252,6 +255,9 @@ func (g *Router) Route(ctx context.Context, req Request) (*Route, *proxy.Refusal
 	}
 	r.ticket = g.fleet.Dispatched(d.first.addr, r.promptTokens, r.own)
 	g.touch()
+	if req.Trace {
+		r.decision = traced(d)
+	}
 	if req.Explain && r.Expose {
 		r.Scores = explain(d.decision)
 		now := g.now()
