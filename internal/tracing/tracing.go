@@ -89,15 +89,15 @@ func New(ctx context.Context, o Options) (*Provider, error) {
 	return &Provider{tp: tp, sdk: tp, Tracer: tp.Tracer(ScopeName), Propagator: propagation.TraceContext{}}, nil
 }
 
-// Enabled says whether spans may be exported.
-func (p *Provider) Enabled() bool { return p.sdk != nil }
+// Enabled says whether spans may be exported; a nil provider is disabled.
+func (p *Provider) Enabled() bool { return p != nil && p.sdk != nil }
 
 // TracerProvider is the provider itself, for libraries that take one.
 func (p *Provider) TracerProvider() trace.TracerProvider { return p.tp }
 
 // Flush exports the spans ended so far.
 func (p *Provider) Flush(ctx context.Context) error {
-	if p.sdk == nil {
+	if !p.Enabled() {
 		return nil
 	}
 	return p.sdk.ForceFlush(ctx)
@@ -106,7 +106,7 @@ func (p *Provider) Flush(ctx context.Context) error {
 // Shutdown flushes the queued spans, within ShutdownTimeout, and stops the
 // exporter.
 func (p *Provider) Shutdown(ctx context.Context) error {
-	if p.sdk == nil {
+	if !p.Enabled() {
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ShutdownTimeout)
