@@ -29,6 +29,7 @@ import (
 	"github.com/kvgate/kvgate/internal/auth"
 	"github.com/kvgate/kvgate/internal/openai"
 	"github.com/kvgate/kvgate/internal/proxy"
+	"github.com/kvgate/kvgate/internal/tracing"
 )
 
 // Admission is a rate limiter's answer for one request.
@@ -65,6 +66,10 @@ type Options struct {
 	// BodyReadTimeout bounds receiving a request body (default 60s, as in
 	// kvgate serve): a client that stops sending gets 408, not a held request.
 	BodyReadTimeout time.Duration
+	// Tracing exports a span per request (nil: none); AccessLog writes a
+	// line per request (nil: none).
+	Tracing   *tracing.Provider
+	AccessLog *tracing.AccessLog
 }
 
 // Router is the global router's data plane.
@@ -343,6 +348,12 @@ func (r *Router) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	start := time.Now()
 	rid := proxy.RequestID(req.Header)
 	w.Header().Set("X-Request-Id", rid)
+	// The request's span and access-log line (tracing.go); nil when both are off.
+	tr, req := tracing.Start(r.opts.Tracing, r.opts.AccessLog, req, start, rid)
+	if tr != nil {
+		w = tr.Wrap(w)
+		defer func() { tr.End(tracing.WrittenStatus(w)) }()
+	}
 	g := r.acquire()
 	defer g.release()
 	tenant := ""
@@ -465,7 +476,7 @@ func (r *Router) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	if len(order) > g.s.maxAttempts {
 		order = order[:g.s.maxAttempts]
 	}
-	st := &settlement{prompt: prompt, stream: fields.Stream != nil && *fields.Stream, objective: g.tobj[tenant]}
+	st := &settlement{prompt: prompt, stream: fields.Stream != nil && *fields.Stream, objective: g.tobj[tenant], tenant: tenant}
 	// Settled once the request is done — deferred, so that a relay that aborts
 	// the connection settles too — on a fresh context so that a client that
 	// went away still has its tokens counted. A request no member served gives
@@ -508,6 +519,7 @@ type settlement struct {
 	stream bool
 	// objective is the tenant's, sent to the members (x-gateway-inference-objective).
 	objective string
+	tenant    string // for the trace and the access log
 }
 
 // candidates lists the healthy members serving model with ready endpoints.
@@ -585,6 +597,8 @@ func (r *Router) forward(w http.ResponseWriter, req *http.Request, g *generation
 		timeout = s.firstByteTimeout
 	}
 	status := 0 // of the answer relayed
+	tr := r.traceOf(req.Context())
+	ranked(tr, model, st.tenant, len(cands), targets[0].Name)
 	res := proxy.Forward(w, &proxy.Job{
 		Targets: targets, Transport: r.opts.Transport, Body: proxy.WholeBody(body), Request: req, RequestID: rid,
 		Withheld: withheld, Header: header,
@@ -615,6 +629,7 @@ func (r *Router) forward(w http.ResponseWriter, req *http.Request, g *generation
 			go r.watch(ctx, member(k), s.heartbeat, timeout, giveUp)
 		},
 		OnFailure: func(k int, err *proxy.AttemptError) {
+			tr.Failed(k, err.Status, failedReason(err), err)
 			m := member(k)
 			if err.Status != 0 {
 				if err.Status >= 500 {
@@ -649,12 +664,15 @@ func (r *Router) forward(w http.ResponseWriter, req *http.Request, g *generation
 			h.Set("X-Kvgate-Member", m.cfg.Name)
 		},
 		OnFirstByte: func(k int, _ bool) {
+			tr.FirstByte(k)
 			// An error answer, relayed at its headers, has no first token.
 			if status < 500 && status != http.StatusTooManyRequests {
 				r.m.TTFT.WithLabelValues(member(k).cfg.Name).Observe(time.Since(start).Seconds())
 			}
 		},
+		OnAttempt: attempting(tr, targets),
 	})
+	served(tr, targets, &res)
 	if !res.Committed {
 		ref := res.Unserved("no member answered in time; retry later",
 			&proxy.Refusal{Status: http.StatusBadGateway, Type: openai.TypeServer, Message: "no member could serve the request; retry later"})
