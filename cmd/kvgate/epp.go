@@ -26,6 +26,7 @@ func newEPPCmd() *cobra.Command {
 		bbrConfigMaps       string
 		secure              bool
 		certDir             string
+		obs                 observeFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "epp",
@@ -88,6 +89,14 @@ with --bbr-configmaps, from ConfigMaps labelled inference.networking.k8s.io/bbr-
 					}
 				}
 			}
+			if !bbr {
+				tp, al, stop, err := obs.setup(cmd.Context(), "kvgate-epp", logFormat, log)
+				if err != nil {
+					return err
+				}
+				defer stop()
+				o.ExtProc.Tracing, o.ExtProc.AccessLog = tp, al
+			}
 			if secure {
 				// The certificate's metrics join the gateway's on /metrics.
 				metrics := telemetry.NewGateway()
@@ -120,5 +129,6 @@ with --bbr-configmaps, from ConfigMaps labelled inference.networking.k8s.io/bbr-
 	f.StringVar(&kubeconfig, "kubeconfig", "", "with --igwc or --bbr-configmaps: kubeconfig file (default: in-cluster, then $KUBECONFIG)")
 	f.BoolVar(&leaderElect, "leader-elect", true, "with --igwc: only the elected replica writes status (all replicas serve)")
 	sharedStateFlags(f, &o.Server.Gateway.SharedState)
+	obs.register(f, true)
 	return cmd
 }

@@ -16,6 +16,7 @@ func newGlobalCmd() *cobra.Command {
 		o                   global.ServerOptions
 		path                string
 		logLevel, logFormat string
+		obs                 observeFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "global",
@@ -36,6 +37,12 @@ serving.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.ConfigPath = path
 			o.Router.Logger = newLoggerFormat(logLevel, logFormat)
+			tp, al, stop, err := obs.setup(cmd.Context(), "kvgate-global", logFormat, o.Router.Logger)
+			if err != nil {
+				return err
+			}
+			defer stop()
+			o.Router.Tracing, o.Router.AccessLog = tp, al
 			hup := make(chan os.Signal, 1)
 			signal.Notify(hup, syscall.SIGHUP)
 			defer signal.Stop(hup)
@@ -52,5 +59,6 @@ serving.`,
 	f.DurationVar(&o.PreStop, "pre-stop", 5*time.Second, "after a stop signal, how long the API keeps accepting (with /readyz failing) before the drain")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	f.StringVar(&logFormat, "log-format", "text", "text or json")
+	obs.register(f, true)
 	return cmd
 }

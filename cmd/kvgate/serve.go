@@ -19,6 +19,7 @@ import (
 
 	"github.com/kvgate/kvgate/internal/gateway"
 	"github.com/kvgate/kvgate/internal/kube"
+	"github.com/kvgate/kvgate/internal/tracing"
 )
 
 func newServeCmd() *cobra.Command {
@@ -27,6 +28,7 @@ func newServeCmd() *cobra.Command {
 		logLevel, logFormat string
 		igwc, kubeconfig    string
 		leaderElect         bool
+		obs                 observeFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -47,6 +49,12 @@ pods become endpoints as they come and go, and the resource's status reports wha
 			if err := o.Gateway.SharedState.Validate(); err != nil {
 				return err
 			}
+			tp, al, stop, err := obs.setup(cmd.Context(), tracing.DefaultServiceName, logFormat, o.Logger)
+			if err != nil {
+				return err
+			}
+			defer stop()
+			o.Gateway.Tracing, o.Gateway.AccessLog = tp, al
 			hup := make(chan os.Signal, 1)
 			signal.Notify(hup, syscall.SIGHUP)
 			defer signal.Stop(hup)
@@ -80,6 +88,7 @@ pods become endpoints as they come and go, and the resource's status reports wha
 	f.StringVar(&kubeconfig, "kubeconfig", "", "with --igwc: kubeconfig file (default: in-cluster, then $KUBECONFIG)")
 	f.BoolVar(&leaderElect, "leader-elect", true, "with --igwc: only the elected replica writes status (all replicas serve)")
 	sharedStateFlags(f, &o.Gateway.SharedState)
+	obs.register(f, true)
 	return cmd
 }
 

@@ -28,6 +28,7 @@ import (
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -37,6 +38,7 @@ import (
 	"github.com/kvgate/kvgate/internal/proxy"
 	"github.com/kvgate/kvgate/internal/route"
 	"github.com/kvgate/kvgate/internal/telemetry"
+	"github.com/kvgate/kvgate/internal/tracing"
 )
 
 // Names of the Endpoint Picker protocol (GIE proposal 004).
@@ -87,6 +89,10 @@ type Options struct {
 	Fallbacks int
 	// BBR makes the server a Body-Based Router instead of an Endpoint Picker.
 	BBR *BBR
+	// Tracing exports a span per exchange (nil: none); AccessLog writes a
+	// line per request (nil: none).
+	Tracing   *tracing.Provider
+	AccessLog *tracing.AccessLog
 }
 
 // Server is the ext_proc service.
@@ -173,6 +179,7 @@ type exchange struct {
 	stash    *extprocv3.ProcessingRequest // a message read ahead by the body scan
 	route    *route.Route
 	identity *auth.Identity // who sent it (spec.auth); nil without
+	span     trace.Span     // nil untraced (tracing.go)
 
 	// Response direction.
 	status   int
@@ -185,7 +192,11 @@ var heldPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
 
 func (x *exchange) close() {
 	if x.route != nil {
-		x.route.Finish(x.finalOutcome())
+		o := x.finalOutcome()
+		x.route.Finish(o)
+		x.finish(&o)
+	} else if x.headers != nil && x.s.opts.BBR == nil {
+		x.finish(nil)
 	}
 	if x.held != nil && x.held.Cap() <= 1<<20 {
 		x.held.Reset()
@@ -309,6 +320,9 @@ func (x *exchange) requestHeaders(msg *extprocv3.ProcessingRequest, h *extprocv3
 	x.rid = x.headers[requestIDHeader]
 	if x.rid == "" || len(x.rid) > 128 {
 		x.rid, x.ridSet = proxy.NewRequestID(), true
+	}
+	if x.s.opts.BBR == nil {
+		x.startSpan()
 	}
 	if x.s.opts.BBR == nil {
 		// Before anything else, as kvgate serve does: Envoy answers the
@@ -523,7 +537,7 @@ func (x *exchange) decide(model string, prompt []byte) error {
 	}
 	rt, rerr := x.s.gw.Route(x.ctx, route.Request{RequestID: x.rid, Model: model, Prompt: prompt, BodyBytes: size, Subset: x.subset, Start: x.start,
 		Objective: x.headers[objectiveHeader], User: x.user, Header: func(name string) string { return x.headers[strings.ToLower(name)] },
-		Identity: x.identity})
+		Identity: x.identity, Trace: x.keepDecision()})
 	if rerr != nil {
 		if x.ctx.Err() != nil {
 			return x.ctx.Err()
@@ -536,7 +550,7 @@ func (x *exchange) decide(model string, prompt []byte) error {
 		eps = eps[:n+1]
 	}
 	dest := strings.Join(eps, ",")
-	set := []*corev3.HeaderValueOption{header(DestinationHeader, dest)}
+	set := append([]*corev3.HeaderValueOption{header(DestinationHeader, dest)}, x.traced(rt)...)
 	md, err := structpb.NewStruct(map[string]any{LBNamespace: map[string]any{DestinationHeader: dest}})
 	if err != nil {
 		return err
@@ -586,6 +600,7 @@ func (x *exchange) refuse(e *proxy.Refusal, counted bool) error {
 		x.route = nil
 	}
 	x.outcome("refused")
+	x.status = e.Status // the stream ends here: the trace's and access log's status
 	hdrs := []*corev3.HeaderValueOption{header("content-type", "application/json"), header(requestIDHeader, x.rid)}
 	if e.Status == http.StatusTooManyRequests || e.Status == http.StatusServiceUnavailable {
 		hdrs = append(hdrs, header("retry-after", "1"))
