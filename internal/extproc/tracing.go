@@ -42,7 +42,7 @@ func (x *exchange) traced(rt *route.Route) []*corev3.HeaderValueOption {
 	if x.span.IsRecording() {
 		d := rt.Decision()
 		x.span.SetAttributes(tracing.GenAIRequestModel.String(rt.Model()), tracing.Scheduler.String(rt.Scheduler()),
-			tracing.Candidates.Int(d.Candidates), tracing.Endpoint.String(d.Winner), tracing.Score.Float64(d.Score), tracing.Scores.String(d.Scores))
+			tracing.Candidates.Int(d.Candidates), tracing.Winner.String(d.Winner), tracing.Score.Float64(d.Score), tracing.Scores.String(d.Scores))
 	}
 	carrier := propagation.MapCarrier{}
 	x.s.opts.Tracing.Propagator.Inject(trace.ContextWithSpan(x.ctx, x.span), carrier)
@@ -70,6 +70,9 @@ func (x *exchange) finish(o *route.Outcome) {
 	if o != nil {
 		e.Status, e.InputTokens, e.OutputTokens = o.Status, o.PromptTokens, o.CompletionTokens
 		e.Failed = o.StreamError || o.Status >= 500
+	}
+	if e.Status < 0 {
+		e.Status = 0 // route.StatusUnseen: Envoy never showed the response
 	}
 	if x.span != nil {
 		if x.span.IsRecording() {

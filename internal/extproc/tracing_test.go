@@ -71,7 +71,7 @@ func TestTracingExchange(t *testing.T) {
 				t.Errorf("span has parent %s, want a root", span.ParentID())
 			}
 			for k, want := range map[string]any{"kvgate.scheduler": "llama", "gen_ai.request.model": llama, "kvgate.candidates": int64(2),
-				"kvgate.endpoint": dest[0], "http.response.status_code": int64(200)} {
+				"kvgate.winner": dest[0], "kvgate.endpoint": dest[0], "http.response.status_code": int64(200)} {
 				if got := span.Attr(k); got != want {
 					t.Errorf("span %s = %v, want %v", k, got, want)
 				}

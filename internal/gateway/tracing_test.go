@@ -186,7 +186,7 @@ func TestTracingRetriedStream(t *testing.T) {
 			for k, want := range map[string]any{
 				"http.request.method": "POST", "url.path": "/v1/chat/completions", "http.response.status_code": int64(200),
 				"gen_ai.operation.name": "chat", "gen_ai.request.model": llama, "kvgate.request_id": "trace-me",
-				"kvgate.scheduler": "p", "kvgate.endpoint": good, "kvgate.candidates": int64(2), "kvgate.retries": int64(1),
+				"kvgate.scheduler": "p", "kvgate.endpoint": good, "kvgate.winner": bad, "kvgate.candidates": int64(2), "kvgate.retries": int64(1),
 				"kvgate.retry.reason": "status",
 			} {
 				if got := req.Attr(k); got != want {

@@ -598,7 +598,11 @@ func (r *Router) forward(w http.ResponseWriter, req *http.Request, g *generation
 	}
 	status := 0 // of the answer relayed
 	tr := r.traceOf(req.Context())
-	ranked(tr, model, st.tenant, len(cands), targets[0].Name)
+	first := ""
+	if len(targets) > 0 {
+		first = targets[0].Name
+	}
+	ranked(tr, model, st.tenant, len(cands), first)
 	res := proxy.Forward(w, &proxy.Job{
 		Targets: targets, Transport: r.opts.Transport, Body: proxy.WholeBody(body), Request: req, RequestID: rid,
 		Withheld: withheld, Header: header,

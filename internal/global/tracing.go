@@ -24,7 +24,9 @@ func ranked(tr *tracing.Request, model, tenant string, candidates int, first str
 		return
 	}
 	tr.Entry.Model, tr.Entry.Tenant = model, tenant
-	tr.Decision(candidates, first, 0, "")
+	if first != "" {
+		tr.Decision(candidates, first, 0, "")
+	}
 }
 
 // attempting is the proxy's OnAttempt: a span per member tried, its

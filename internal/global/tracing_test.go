@@ -112,7 +112,7 @@ func TestTracingAcrossTiers(t *testing.T) {
 			if t2.ParentID() != "" {
 				t.Errorf("tier 2's request span has parent %s; want a root", t2.ParentID())
 			}
-			if t2.Attr("kvgate.endpoint") != "east" || t2Attempt.Attr("kvgate.endpoint") != "east" || t2.Attr("kvgate.candidates") != int64(1) ||
+			if t2.Attr("kvgate.endpoint") != "east" || t2.Attr("kvgate.winner") != "east" || t2Attempt.Attr("kvgate.endpoint") != "east" || t2.Attr("kvgate.candidates") != int64(1) ||
 				t2.Attr("http.response.status_code") != int64(200) || t2.Attr("gen_ai.request.model") != llama {
 				t.Errorf("tier 2's spans: endpoint %v/%v, candidates %v, status %v, model %v", t2.Attr("kvgate.endpoint"), t2Attempt.Attr("kvgate.endpoint"),
 					t2.Attr("kvgate.candidates"), t2.Attr("http.response.status_code"), t2.Attr("gen_ai.request.model"))

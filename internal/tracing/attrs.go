@@ -31,8 +31,9 @@ const (
 	Scheduler  = attribute.Key("kvgate.scheduler")
 	Candidates = attribute.Key("kvgate.candidates")
 	// Endpoint is the endpoint that served (request span) or was tried
-	// (attempt span).
+	// (attempt span); Winner the one the picker chose, tried first.
 	Endpoint = attribute.Key("kvgate.endpoint")
+	Winner   = attribute.Key("kvgate.winner")
 	// Score is the winner's total score; Scores every ranked candidate's,
 	// "addr total name=value ..., addr ...".
 	Score       = attribute.Key("kvgate.score")

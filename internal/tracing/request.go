@@ -76,9 +76,10 @@ func (t *Request) Decision(candidates int, winner string, score float64, scores 
 	if !t.Recording() {
 		return
 	}
-	t.span.SetAttributes(Candidates.Int(candidates), Endpoint.String(winner), Score.Float64(score))
+	t.span.SetAttributes(Candidates.Int(candidates), Winner.String(winner))
 	if scores != "" {
-		t.span.SetAttributes(Scores.String(scores))
+		// Tier 2 ranks members without scores.
+		t.span.SetAttributes(Score.Float64(score), Scores.String(scores))
 	}
 }
 
