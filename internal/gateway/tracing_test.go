@@ -259,3 +259,52 @@ func TestTracingRetriedStream(t *testing.T) {
 		})
 	}
 }
+
+// TestTracingOff: without --tracing the client's traceparent reaches the model
+// server unchanged, and the access log still has the request's line, with no
+// trace id.
+func TestTracingOff(t *testing.T) {
+	const tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	for _, tc := range []struct {
+		name      string
+		accessLog string
+		lines     int
+	}{{"access log on", "on", 1}, {"everything off", "off", 0}} {
+		t.Run(tc.name, func(t *testing.T) {
+			var seen headerSeen
+			good := startSimSeeing(t, llama, &seen)
+			var logged syncBuffer
+			al, err := tracing.NewAccessLog(slog.New(slog.NewJSONHandler(&logged, nil)), tc.accessLog)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, base := startGateway(t, gatewayConfig(scheduler("p", llama, good)), func(o *Options) { o.AccessLog = al })
+			resp, _, _ := call(t, "POST", base+"/v1/chat/completions", chat(llama), "Traceparent", tp, "X-Request-Id", "untraced")
+			if resp.StatusCode != 200 {
+				t.Fatalf("status %d", resp.StatusCode)
+			}
+			if got := seen.all(); len(got) != 1 || got[0] != tp {
+				t.Errorf("model server received traceparent %q, want the client's %q", got, tp)
+			}
+			var lines []map[string]any
+			waittest.Until(t, 5*time.Second, "the access log", func() bool {
+				lines = nil
+				for _, l := range bytes.Split(bytes.TrimSpace(logged.Bytes()), []byte("\n")) {
+					var m map[string]any
+					if json.Unmarshal(l, &m) == nil {
+						lines = append(lines, m)
+					}
+				}
+				return len(lines) >= tc.lines
+			})
+			if len(lines) != tc.lines {
+				t.Fatalf("%d access-log lines, want %d", len(lines), tc.lines)
+			}
+			for _, l := range lines {
+				if l["request_id"] != "untraced" || l["kvgate.endpoint"] != good || l["trace_id"] != nil {
+					t.Errorf("access log line %v", l)
+				}
+			}
+		})
+	}
+}

@@ -1,7 +1,11 @@
 package global
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
+	"log/slog"
+	"sync"
 	"testing"
 	"time"
 
@@ -15,6 +19,7 @@ import (
 	"github.com/kvgate/kvgate/internal/simserver/simtest"
 	"github.com/kvgate/kvgate/internal/tracing"
 	"github.com/kvgate/kvgate/internal/tracing/tracingtest"
+	"github.com/kvgate/kvgate/internal/waittest"
 )
 
 // startTracedTier1 is startTier1 with the gateway's spans exported by p.
@@ -57,7 +62,12 @@ func TestTracingAcrossTiers(t *testing.T) {
 				providers[name] = p
 			}
 			m := startTracedTier1(t, providers["kvgate"])
-			_, base := startRouter(t, routerConfig(steadyRouting(), m.member("east", 1)), Options{Tracing: providers["kvgate-global"]})
+			var logged lockedBuffer
+			al, err := tracing.NewAccessLog(slog.New(slog.NewJSONHandler(&logged, nil)), "on")
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, base := startRouter(t, routerConfig(steadyRouting(), m.member("east", 1)), Options{Tracing: providers["kvgate-global"], AccessLog: al})
 
 			client := sdk(base)
 			params := openai.ChatCompletionNewParams{Model: llama, Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("hello")}, MaxTokens: openai.Int(4)}
@@ -123,6 +133,32 @@ func TestTracingAcrossTiers(t *testing.T) {
 			if tc.stream && !t2Attempt.HasEvent(tracing.EventFirstToken) {
 				t.Errorf("tier 2's attempt has no first-token event")
 			}
+			// Tier 2's access-log line names the member and the trace.
+			var line map[string]any
+			waittest.Until(t, 5*time.Second, "tier 2's access-log line", func() bool { return json.Unmarshal(logged.Bytes(), &line) == nil })
+			for k, want := range map[string]any{"kvgate.endpoint": "east", "gen_ai.request.model": llama, "http.response.status_code": 200.0, "trace_id": t2.TraceID()} {
+				if line[k] != want {
+					t.Errorf("access log %s = %v, want %v", k, line[k], want)
+				}
+			}
 		})
 	}
+}
+
+// lockedBuffer serialises the access log's writes with the test's reads.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) Bytes() []byte {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return bytes.Clone(l.b.Bytes())
 }
