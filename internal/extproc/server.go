@@ -322,9 +322,7 @@ func (x *exchange) requestHeaders(msg *extprocv3.ProcessingRequest, h *extprocv3
 		x.rid, x.ridSet = proxy.NewRequestID(), true
 	}
 	if x.s.opts.BBR == nil {
-		x.startSpan()
-	}
-	if x.s.opts.BBR == nil {
+		x.startSpan() // refusals are traced too
 		// Before anything else, as kvgate serve does: Envoy answers the
 		// client with the refusal and the request goes nowhere.
 		id, ref := x.s.gw.Authenticate(httpHeader(h.GetHeaders()))
