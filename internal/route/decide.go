@@ -76,6 +76,7 @@ func (g *Router) decide(ctx context.Context, a decideArgs, sc *snapshotScratch, 
 		return d, code, msg
 	}
 	g.m.Decision.Observe(g.now().Sub(a.start).Seconds())
+	g.keepDecision(p, a.rid, a.model, d)
 	if n := g.decisions.Add(1); n%uint64(g.opts.DecisionLogEvery) == 0 && g.log.Enabled(ctx, slog.LevelDebug) {
 		g.log.Debug("decision", "request_id", a.rid, "scheduler", p.name, "model", a.model, "chosen", d.first.addr,
 			"candidates", explain(d.decision), "sampled_every", g.opts.DecisionLogEvery)

@@ -422,6 +422,9 @@ func (r *Route) FirstByte(streamed bool) {
 	r.g.fleet.FirstToken(r.ticket)
 	r.g.touch()
 	r.g.observeTTFT(r.p.name, now.Sub(r.start), streamed)
+	if streamed {
+		r.served.ttftMinute(now, now.Sub(r.start))
+	}
 	// A whole answer's first byte says nothing of its first token.
 	if streamed && !r.sentAt.IsZero() {
 		r.firstAt = now
@@ -502,6 +505,9 @@ func (r *Route) Finish(o Outcome) {
 		window = proxy.Code(http.StatusBadGateway)
 	}
 	r.g.countAs(r.p.name, r.model, endpoint, code, window)
+	if endpoint != "" {
+		r.served.countMinute(r.g.now())
+	}
 	// A whole stream's tokens after the first give its step time.
 	if !r.firstAt.IsZero() && o.UsageSeen && o.CompletionTokens > 1 && !o.StreamError && !o.ClientGone && o.Status < 300 {
 		step := r.g.now().Sub(r.firstAt).Seconds() / float64(o.CompletionTokens-1)

@@ -80,6 +80,8 @@ type Router struct {
 	// recents holds each scheduler's recent request window (*recent), for
 	// the load summary.
 	recents sync.Map
+	// decisionLogs holds each scheduler's last decisions (*decisionLog).
+	decisionLogs sync.Map
 	// peers links the router to the other replicas (SetPeers); share is its
 	// place among them.
 	peers atomic.Pointer[Peers]
@@ -194,6 +196,8 @@ type endpoint struct {
 	// slot there (Unix nanoseconds), for borrowWindow.
 	peers      atomic.Int64
 	admittedAt atomic.Int64
+	// minute is its last minute of requests, for the fleet page.
+	minute atomic.Pointer[lastMinute]
 }
 
 // tryAcquire takes an in-flight slot if the limit has room for one more (zero: no

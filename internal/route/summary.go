@@ -175,9 +175,13 @@ type recentCounts struct {
 	ttft                [ttftBins]uint32
 }
 
-func (r *recent) bucket(now time.Time) *recentBucketCounts {
+func (r *recent) bucket(now time.Time) *recentBucketCounts { return bucketAt(r.buckets[:], now) }
+
+// bucketAt is the recentBucket-long bucket of buckets that counts now,
+// cleared when it last counted an older slot.
+func bucketAt(buckets []recentBucketCounts, now time.Time) *recentBucketCounts {
 	slot := now.UnixNano() / int64(recentBucket)
-	b := &r.buckets[slot%recentBuckets]
+	b := &buckets[slot%int64(len(buckets))]
 	if old := b.slot.Load(); old != slot && b.slot.CompareAndSwap(old, slot) {
 		for _, c := range []*atomic.Int64{&b.total, &b.errors, &b.shed, &b.ttftCount, &b.done, &b.duration} {
 			c.Store(0)
@@ -208,13 +212,17 @@ func (r *recent) duration(now time.Time, d time.Duration) {
 }
 
 func (r *recent) ttft(now time.Time, d time.Duration) {
-	bin := 0
-	if d > ttftBase {
-		bin = min(ttftBins-1, int(math.Log(float64(d)/float64(ttftBase))/math.Log(ttftGrowth))+1)
-	}
 	b := r.bucket(now)
 	b.ttftCount.Add(1)
-	b.ttft[bin].Add(1)
+	b.ttft[ttftBin(d)].Add(1)
+}
+
+// ttftBin is the bin of the TTFT histograms that counts d.
+func ttftBin(d time.Duration) int {
+	if d <= ttftBase {
+		return 0
+	}
+	return min(ttftBins-1, int(math.Log(float64(d)/float64(ttftBase))/math.Log(ttftGrowth))+1)
 }
 
 // read sums the buckets still inside the window.

@@ -55,6 +55,8 @@ type EndpointView struct {
 	// Speed is what predictedLatency learned of the endpoint's answers
 	// (borrowed: its pool's median, while it has too few of its own).
 	Speed latency.Speed `json:"speed"`
+	// LastMinute is what this gateway saw of its requests over the last minute.
+	LastMinute EndpointMinute `json:"lastMinute"`
 }
 
 // FleetView is every scheduler's endpoints as the picker sees them now.
@@ -78,6 +80,7 @@ func (g *Router) FleetView() []SchedulerView {
 				ev.Speed = e.speed.Speed(p.poolSpeed())
 				ev.ConsecutiveFailures = int(e.out.failures.Load())
 				now := g.now()
+				ev.LastMinute = e.minuteView(now)
 				ev.ErrorRate = math.Round(e.errorRate(now)*1000) / 1000
 				if e.ejected(now) {
 					ev.EjectedForMs = float64(time.Unix(0, e.out.until.Load()).Sub(now).Microseconds()) / 1000
