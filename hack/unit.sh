@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # make unit: gets the real parts the tests run against — kube-apiserver and
-# etcd, helm, redis-server — then runs the tests with the race detector.
+# etcd, helm, redis-server, chromium — then runs the tests with the race detector.
 # A part that cannot be built or installed fails the run with the reason;
-# KVGATE_SKIP=kube,helm,redis (or all) runs without the parts it names, and
+# KVGATE_SKIP=kube,helm,redis,chromium (or all) runs without the parts it names, and
 # the run then says at its end what it did not test.
 #
 #   hack/unit.sh [PACKAGES...]     (default ./...)
@@ -12,8 +12,8 @@ cd "$(dirname "$0")/.."
 skip=${KVGATE_SKIP:-}
 IFS=, read -r -a skipped <<<"${skip// /}"
 for s in "${skipped[@]}"; do
-  case $s in kube | helm | redis | all) ;; *)
-    echo "unit: KVGATE_SKIP names '$s'; it takes kube, helm, redis or all" >&2
+  case $s in kube | helm | redis | chromium | all) ;; *)
+    echo "unit: KVGATE_SKIP names '$s'; it takes kube, helm, redis, chromium or all" >&2
     exit 2 ;;
   esac
 done
@@ -36,6 +36,10 @@ fi
 if wants redis; then
   KVGATE_REDIS_SERVER=$(./hack/redis.sh) || fail "redis-server" redis
   export KVGATE_REDIS_SERVER
+fi
+if wants chromium; then
+  KVGATE_CHROMIUM=$(./hack/chromium.sh) || fail "chromium" chromium
+  export KVGATE_CHROMIUM
 fi
 
 [ $# -gt 0 ] || set -- ./...

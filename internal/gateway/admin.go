@@ -39,7 +39,8 @@ func (g *Gateway) serveModels(w http.ResponseWriter, r *http.Request, who *auth.
 }
 
 // AdminHandler serves /metrics, /healthz, /readyz, /summary (the global router's
-// heartbeat), /debug/config, /debug/fleet, /debug/replicas and /debug/pprof.
+// heartbeat), /debug/config, /debug/fleet, /debug/replicas, /debug/pprof and the
+// fleet page (/ui/, ui.go).
 func (g *Gateway) AdminHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(g.Metrics().Registry, promhttp.HandlerOpts{}))
@@ -80,6 +81,7 @@ func (g *Gateway) AdminHandler() http.Handler {
 	mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
 	mux.HandleFunc("GET /debug/fleet", g.serveDebugFleet)
 	mux.HandleFunc("GET /debug/replicas", g.serveDebugReplicas)
+	g.routeUI(mux)
 	return mux
 }
 

@@ -17,7 +17,7 @@ import (
 )
 
 // SkipVar lists, comma-separated, the parts a run may do without ("kube",
-// "helm", "redis", or "all"). make test prints at its end what it skipped.
+// "helm", "redis", "chromium", or "all"). make test prints at its end what it skipped.
 const SkipVar = "KVGATE_SKIP"
 
 // Part is one real dependency of the tests.
@@ -40,8 +40,12 @@ var (
 		How: "run through make test (hack/redis.sh installs Debian's redis-server as root), put redis-server on PATH, or set KVGATE_REDIS_SERVER"}
 )
 
+// Chromium drives the fleet page's browser test (hack/chromium.sh).
+var Chromium = Part{Name: "chromium", Env: "KVGATE_CHROMIUM", Cmd: "chromium", What: "a Chromium binary",
+	How: "run through make test (hack/chromium.sh installs Debian's chromium as root), put chromium on PATH, or set KVGATE_CHROMIUM"}
+
 // Parts are the names KVGATE_SKIP accepts, besides "all".
-var Parts = []Part{Kube, Helm, Redis}
+var Parts = []Part{Kube, Helm, Redis, Chromium}
 
 // Require returns where p is — the value of p.Env, else p.Cmd found on PATH —
 // after checking that it exists. Without it the test fails, or skips when
