@@ -113,9 +113,12 @@ func TestFleetPage(t *testing.T) {
 
 		tab, closeTab := chromedp.NewContext(browserCtx)
 		t.Cleanup(closeTab)
-		// The page has rendered every endpoint, a decision and TTFT samples.
+		// The page has rendered every endpoint, a decision of each scheduler
+		// (chat's ranking its three endpoints, once the fleet has scraped
+		// them) and TTFT samples.
 		ready := `(() => { const eps = [...document.querySelectorAll("tr[data-endpoint]")].map(r => r.dataset.endpoint);
 			return eps.length >= 4 && document.querySelectorAll("details.decision[open] tr.win").length >= 2 &&
+				document.querySelectorAll("section[data-scheduler=chat] details.decision[open] tbody tr").length >= 3 &&
 				[...document.querySelectorAll("[data-num=p50]")].some(e => e.textContent !== "–"); })()`
 		if err := chromedp.Do(tab, chromedp.Navigate(admin.URL+"/ui/"), waitTrue(ready)); err != nil {
 			t.Fatalf("the page never showed every endpoint with a decision and TTFT: %v", err)
@@ -126,11 +129,11 @@ func TestFleetPage(t *testing.T) {
 				t.Errorf("endpoint %s not rendered; rendered %v", a, first.Endpoints)
 			}
 		}
-		if len(first.Decision) < 2 || !slices.ContainsFunc(first.Decision, func(r []string) bool { return strings.HasSuffix(r[0], "✓") }) {
-			t.Errorf("newest decision %q: want candidates with scores and the winner marked", first.Decision)
+		if len(first.Decision) != len(addrs) || !slices.ContainsFunc(first.Decision, func(r []string) bool { return strings.HasSuffix(r[0], "✓") }) {
+			t.Errorf("chat's newest decision %q: want its %d candidates with scores and the winner marked", first.Decision, len(addrs))
 		}
 		for _, row := range first.Decision {
-			if len(row) < 3 || !regexp.MustCompile(`^\d+\.\d+$`).MatchString(row[1]) {
+			if len(row) < 3 || !regexp.MustCompile(`^\d+\.\d{3}$`).MatchString(row[1]) {
 				t.Errorf("decision row %q: want a candidate, its score and per-scorer scores", row)
 			}
 		}
@@ -227,7 +230,7 @@ type pageState struct {
 	Endpoints []string   // the rendered endpoint rows
 	Numbers   []string   // every live figure ([data-num])
 	Newest    string     // the newest decision's key
-	Decision  [][]string // the newest decision's rows: candidate, score, per-scorer scores
+	Decision  [][]string // chat's newest decision's rows: candidate, score, per-scorer scores
 }
 
 // readPage reads the page's state and takes a laptop screenshot of it.
@@ -237,7 +240,7 @@ func readPage(t *testing.T, tab context.Context) (pageState, []byte) {
 		Endpoints: [...document.querySelectorAll("tr[data-endpoint]")].map(r => r.dataset.endpoint),
 		Numbers: [...document.querySelectorAll("[data-num]")].map(e => e.textContent),
 		Newest: document.querySelector("details.decision")?.dataset.decision || "",
-		Decision: [...document.querySelectorAll("details.decision[open]")].slice(0, 1).flatMap(d =>
+		Decision: [...document.querySelectorAll("section[data-scheduler=chat] details.decision[open]")].slice(0, 1).flatMap(d =>
 			[...d.querySelectorAll("tbody tr")].map(r => [...r.cells].map(c => c.textContent))),
 	})`))
 	if err != nil {

@@ -170,7 +170,7 @@ function decisionView(sched, d, newest) {
     ...names.map(n => el("th", {}, n)), predicted ? el("th", {}, "Predicted TTFT") : null);
   const rows = d.candidates.map((c, i) => el("tr", { class: c.address === d.winner ? "win" : null },
     cell("Candidate", (i + 1) + ". " + c.address + (c.address === d.winner ? " ✓" : "")),
-    cell("Score", num(c.score, 3)),
+    cell("Score", (c.score || 0).toFixed(3)),
     ...names.map(n => cell(n, c.scores && n in c.scores ? num(c.scores[n], 3) : "–")),
     predicted ? cell("Predicted TTFT", seconds(c.predictedTtftSeconds)) : null));
   for (const r of rows) r.firstChild.className = "addr";
