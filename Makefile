@@ -20,7 +20,7 @@ build:
 ## test: everything CI checks — unit and end-to-end tests with the race detector, then
 ## lint and a check that the generated CRD and deep-copy code match api/. Each of the
 ## three runs even when an earlier one failed; the run fails if any did.
-## KVGATE_SKIP=kube,helm,redis (or all) runs without those real parts and says so at the end.
+## KVGATE_SKIP=kube,helm,redis,chromium (or all) runs without those real parts and says so at the end.
 test:
 	@rc=0; $(MAKE) --no-print-directory -k unit lint verify-generate || rc=$$?; ./hack/skipped.sh; \
 	  if [ $$rc != 0 ]; then echo "make test: FAILED (see above)" >&2; \
