@@ -120,16 +120,19 @@ function chart(e) {
     "aria-label": "TTFT over the last minute at " + e.address });
   g.append(svg("line", { class: "grid", x1: 0, x2: W, y1: y(peak), y2: y(peak) }),
     svg("line", { class: "grid", x1: 0, x2: W, y1: y(0), y2: y(0) }));
-  for (const [key, cls] of [["p95", "p95"], ["p50", "p50"]]) {
-    let d = "";
-    let pen = false;
+  for (const key of ["p95", "p50"]) {
+    // Runs of seconds with samples are lines; a lone one is a dot.
+    let run = [];
+    const flush = () => {
+      if (run.length === 1) g.append(svg("circle", { class: "dot-" + key, cx: run[0][0], cy: run[0][1], r: 2 }));
+      if (run.length > 1) g.append(svg("path", { class: key, d: "M" + run.map(p => p.join(" ")).join("L") }));
+      run = [];
+    };
     series[key].forEach((v, i) => {
-      if (!series.samples[i]) { pen = false; return; }
-      d += (pen ? "L" : "M") + x(i).toFixed(1) + " " + y(v).toFixed(1);
-      pen = true;
+      if (!series.samples[i]) { flush(); return; }
+      run.push([x(i).toFixed(1), y(v).toFixed(1)]);
     });
-    // A lone point still shows as a dot.
-    if (d) g.append(svg("path", { class: cls, d: d.replace(/M([\d.]+) ([\d.]+)(?=M|$)/g, "M$1 $2h1") }));
+    flush();
   }
   if (!series.samples.some(n => n > 0)) {
     const none = svg("text", { x: W / 2, y: H / 2, "text-anchor": "middle" });
@@ -155,7 +158,7 @@ function margin(d) {
   const w = d.candidates.find(c => c.address === d.winner);
   const next = d.candidates.find(c => c.address !== d.winner);
   if (!w) return "";
-  return "  score " + num(w.score, 2) + (next ? " vs " + num(next.score, 2) : "");
+  return "  score " + w.score.toFixed(2) + (next ? " vs " + next.score.toFixed(2) : "");
 }
 
 function decisionKey(sched, d) { return sched + "|" + d.time + "|" + (d.requestId || ""); }
