@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	cdplog "github.com/chromedp/cdproto/log"
+	cdpruntime "github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
 	"github.com/openai/openai-go/v3"
 
@@ -111,7 +113,8 @@ func TestFleetPage(t *testing.T) {
 		stopTraffic := streamTraffic(t, api, map[string]int{llama: 5, qwen: 1})
 		t.Cleanup(stopTraffic)
 
-		tab, closeTab := chromedp.NewContext(browserCtx)
+		var errs pageErrors
+		tab, closeTab := chromedp.NewContext(browserCtx, chromedp.WithListener(errs.listen))
 		t.Cleanup(closeTab)
 		// The page has rendered every endpoint, a decision of each scheduler
 		// (chat's ranking its three endpoints, once the fleet has scraped
@@ -150,6 +153,10 @@ func TestFleetPage(t *testing.T) {
 		}
 		if first.Newest == second.Newest {
 			t.Errorf("newest decision unchanged after 3 s of traffic: %q", first.Newest)
+		}
+		// Nothing the policy blocked, no script error, no failed fetch.
+		if e := errs.all(); len(e) > 0 {
+			t.Errorf("the page logged errors: %q", e)
 		}
 		if path := os.Getenv("KVGATE_UI_SCREENSHOT"); path != "" {
 			// For the docs: half a minute of traffic draws the charts.
@@ -223,6 +230,40 @@ func TestFleetPage(t *testing.T) {
 			t.Errorf("names rendered as markup (injected %v, title %q); text %q", injected, title, text)
 		}
 	})
+}
+
+// pageErrors collects what a tab logs as an error (a policy violation, a
+// failed load) and its uncaught exceptions.
+type pageErrors struct {
+	mu   sync.Mutex
+	errs []string
+}
+
+func (p *pageErrors) listen(ev any) {
+	var msg string
+	switch ev := ev.(type) {
+	case *cdplog.EventEntryAdded:
+		if ev.Entry.Level != cdplog.EntryLevelError {
+			return
+		}
+		msg = fmt.Sprintf("%s: %s %s", ev.Entry.Source, ev.Entry.Text, ev.Entry.URL)
+	case *cdpruntime.EventExceptionThrown:
+		msg = "exception: " + ev.ExceptionDetails.Text
+		if ev.ExceptionDetails.Exception != nil {
+			msg += " " + ev.ExceptionDetails.Exception.Description
+		}
+	default:
+		return
+	}
+	p.mu.Lock()
+	p.errs = append(p.errs, msg)
+	p.mu.Unlock()
+}
+
+func (p *pageErrors) all() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.errs)
 }
 
 // pageState is what the test reads from the page's DOM.

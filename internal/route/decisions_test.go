@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -226,5 +227,36 @@ func BenchmarkDecisionKeep(b *testing.B) {
 			b.ReportMetric(float64(times[len(times)/2].Nanoseconds())/1e3, "p50-µs")
 			b.ReportMetric(float64(times[len(times)*99/100].Nanoseconds())/1e3, "p99-µs")
 		})
+	}
+}
+
+// TestDecisionLogConcurrent: decisions kept from many goroutines while the
+// log is read stay within the ring, each whole (run with -race).
+func TestDecisionLogConcurrent(t *testing.T) {
+	var l decisionLog
+	var clock atomic.Int64
+	clock.Store(time.Unix(1_000_000, 0).UnixNano())
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Go(func() {
+			for i := range 500 {
+				at := time.Unix(0, clock.Add(int64(decisionEvery/2)))
+				l.keep(at, fmt.Sprint(w, "-", i), llama, "10.0.0.1:8000", 3, candidates(3))
+			}
+		})
+	}
+	wg.Go(func() {
+		for range 200 {
+			for _, v := range l.views() {
+				if len(v.Candidates) != 3 || v.Winner != "10.0.0.1:8000" {
+					t.Errorf("a torn decision: %+v", v)
+					return
+				}
+			}
+		}
+	})
+	wg.Wait()
+	if n := len(l.views()); n != decisionLogSize {
+		t.Errorf("%d decisions kept, want the ring's %d", n, decisionLogSize)
 	}
 }
