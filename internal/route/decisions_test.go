@@ -260,3 +260,16 @@ func TestDecisionLogConcurrent(t *testing.T) {
 		t.Errorf("%d decisions kept, want the ring's %d", n, decisionLogSize)
 	}
 }
+
+// BenchmarkEndpointMinute times what a streamed request adds to its
+// endpoint's last minute: its TTFT at the first byte and its count at the end.
+func BenchmarkEndpointMinute(b *testing.B) {
+	var e endpoint
+	at := time.Now()
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		now := at.Add(time.Duration(i) * time.Microsecond) // a new second every million
+		e.ttftMinute(now, 40*time.Millisecond)
+		e.countMinute(now)
+	}
+}
