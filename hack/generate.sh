@@ -9,6 +9,9 @@
 #                          config/crd/inferencepool (optional: kubectl apply -k) and
 #                          deploy/helm/kvgate/files (rendered when
 #                          inferencePool.installCRD=true)
+#   deploy/grafana/kvgate.json, deploy/prometheus/kvgate-rules.yaml
+#                       -> the chart's copies in deploy/helm/kvgate/files (a chart
+#                          cannot read files outside its folder)
 #
 #   hack/generate.sh            writes them all
 #   hack/generate.sh --verify   changes nothing; fails naming each stale file
@@ -21,6 +24,8 @@ IGWC_DIR=config/crd/bases
 POOL_DIR=config/crd/inferencepool
 POOL_CRD=inference.networking.k8s.io_inferencepools.yaml
 CHART=deploy/helm/kvgate
+# Files under deploy/ the chart ships a copy of, in files/.
+COPIES=(grafana/kvgate.json prometheus/kvgate-rules.yaml)
 
 # crds IGWC_OUT POOL_OUT: both CRDs, each into its own folder.
 crds() {
@@ -34,6 +39,7 @@ if [ "${1:-}" != --verify ]; then
   cp "$IGWC_DIR"/*.yaml "$CHART/crds/"
   mkdir -p "$CHART/files"
   cp "$POOL_DIR/$POOL_CRD" "$CHART/files/"
+  for f in "${COPIES[@]}"; do mkdir -p "$CHART/files/$(dirname "$f")" && cp "deploy/$f" "$CHART/files/$f"; done
   exit 0
 fi
 
@@ -48,6 +54,9 @@ diff -r "$IGWC_DIR" "$CHART/crds" >&2 || say "$CHART/crds differs from $IGWC_DIR
 [ "$(ls "$tmp/pool")" = "$POOL_CRD" ] || say "controller-gen wrote $(ls "$tmp/pool" | xargs) for api/inferencepool, not $POOL_CRD alone"
 diff "$tmp/pool/$POOL_CRD" "$POOL_DIR/$POOL_CRD" >&2 || say "$POOL_DIR/$POOL_CRD is stale"
 cmp "$POOL_DIR/$POOL_CRD" "$CHART/files/$POOL_CRD" >&2 || say "$CHART/files/$POOL_CRD differs from $POOL_DIR/$POOL_CRD"
+for f in "${COPIES[@]}"; do
+  cmp "deploy/$f" "$CHART/files/$f" >&2 || say "$CHART/files/$f differs from deploy/$f"
+done
 
 # controller-gen writes deep-copy code only in place: keep the committed files,
 # regenerate, compare, and put the committed ones back.

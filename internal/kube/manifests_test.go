@@ -6,6 +6,7 @@ package kube
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -735,4 +736,82 @@ func TestKustomizeBase(t *testing.T) {
 		}
 		k.dryRun(t, "", crds[0])
 	})
+}
+
+// TestHelmChartDashboardAndRules renders the chart's optional Grafana dashboard
+// ConfigMap and PrometheusRule and checks they carry deploy/grafana's and
+// deploy/prometheus's files unchanged, with the labels their consumers select on.
+func TestHelmChartDashboardAndRules(t *testing.T) {
+	helm := testenv.Require(t, testenv.Helm)
+	dashboard, err := os.ReadFile(filepath.Join(repoRoot, "deploy", "grafana", "kvgate.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rulesFile, err := os.ReadFile(filepath.Join(repoRoot, "deploy", "prometheus", "kvgate-rules.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rules map[string]any
+	if err := yaml.Unmarshal(rulesFile, &rules); err != nil {
+		t.Fatal(err)
+	}
+	withRuleCRD := []string{"--api-versions", "monitoring.coreos.com/v1/PrometheusRule"}
+	for _, c := range []struct {
+		name             string
+		flags            []string
+		configMap, rules bool
+	}{
+		{name: "off by default", flags: withRuleCRD},
+		{name: "dashboard", flags: []string{"--set", "grafanaDashboard.enabled=true", "--set", "grafanaDashboard.namespace=monitoring",
+			"--set", "grafanaDashboard.annotations.grafana_folder=kvgate"}, configMap: true},
+		{name: "rules", flags: append([]string{"--set", "prometheusRule.enabled=true", "--set", "prometheusRule.labels.release=kps"}, withRuleCRD...), rules: true},
+		// Like the ServiceMonitor: not where the Prometheus Operator is not.
+		{name: "rules without the PrometheusRule CRD", flags: []string{"--set", "prometheusRule.enabled=true"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			args := append([]string{"template", "kvgate", chartDir, "--namespace", "chart"}, c.flags...)
+			out, err := helmCmd(t, helm, args...).Output()
+			if err != nil {
+				t.Fatalf("helm template: %v\n%s", err, out)
+			}
+			objs := decodeYAML(t, "helm template", out)
+			var cms []*unstructured.Unstructured
+			for _, o := range objs {
+				if o.GetKind() == "ConfigMap" && o.GetName() == "kvgate-grafana-dashboard" {
+					cms = append(cms, o)
+				}
+			}
+			if got := len(cms) == 1; got != c.configMap {
+				t.Fatalf("dashboard ConfigMaps rendered: %d, want one: %v", len(cms), c.configMap)
+			}
+			if c.configMap {
+				var cm corev1.ConfigMap
+				if err := runtime.DefaultUnstructuredConverter.FromUnstructured(cms[0].Object, &cm); err != nil {
+					t.Fatal(err)
+				}
+				if cm.Labels["grafana_dashboard"] != "1" || cm.Namespace != "monitoring" || cm.Annotations["grafana_folder"] != "kvgate" {
+					t.Errorf("ConfigMap labels %v, namespace %q, annotations %v; want grafana_dashboard: \"1\" in monitoring, folder kvgate", cm.Labels, cm.Namespace, cm.Annotations)
+				}
+				if got := cm.Data["kvgate.json"]; got != strings.TrimRight(string(dashboard), "\n") {
+					t.Errorf("the ConfigMap's kvgate.json (%d bytes) is not deploy/grafana/kvgate.json (%d bytes)", len(got), len(dashboard))
+				}
+			}
+			got := slices.Contains(kinds(objs), "PrometheusRule")
+			if got != c.rules {
+				t.Fatalf("PrometheusRule rendered: %v, want %v", got, c.rules)
+			}
+			if c.rules {
+				pr := one(t, objs, "PrometheusRule", nil)
+				if pr.GetLabels()["release"] != "kps" {
+					t.Errorf("PrometheusRule labels %v lack release: kps", pr.GetLabels())
+				}
+				spec, _, _ := unstructured.NestedMap(pr.Object, "spec")
+				want, _ := json.Marshal(rules)
+				have, _ := json.Marshal(spec)
+				if !bytes.Equal(want, have) {
+					t.Errorf("the PrometheusRule's spec is not deploy/prometheus/kvgate-rules.yaml:\n%s\nwant\n%s", have, want)
+				}
+			}
+		})
+	}
 }
