@@ -1,6 +1,7 @@
 package dashboards
 
 import (
+	"encoding/json"
 	"errors"
 	"strings"
 	"testing"
@@ -144,6 +145,76 @@ groups:
 				t.Fatalf("read %d expressions, want 1", len(qs))
 			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
 				t.Fatalf("got %v, want an error with %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// TestDashboardShape checks what Grafana needs to import the dashboard anywhere:
+// a data source variable every query uses, unique panel ids, and a layout on
+// Grafana's 24-column grid.
+func TestDashboardShape(t *testing.T) {
+	raw, err := readFile(dashboardPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d struct {
+		UID           string `json:"uid"`
+		SchemaVersion int    `json:"schemaVersion"`
+		Templating    struct {
+			List []struct {
+				Name, Type string
+				Query      any
+			} `json:"list"`
+		} `json:"templating"`
+		Panels []struct {
+			ID         int    `json:"id"`
+			Type       string `json:"type"`
+			Title      string `json:"title"`
+			Datasource *struct {
+				Type, UID string
+			} `json:"datasource"`
+			GridPos struct{ X, Y, W, H int } `json:"gridPos"`
+			Targets []struct {
+				Datasource *struct{ UID string } `json:"datasource"`
+			} `json:"targets"`
+		} `json:"panels"`
+	}
+	if err := json.Unmarshal(raw, &d); err != nil {
+		t.Fatal(err)
+	}
+	if d.UID == "" || d.SchemaVersion < 39 {
+		t.Errorf("uid %q, schemaVersion %d: want a uid and a current schema (39 or later)", d.UID, d.SchemaVersion)
+	}
+	vars := map[string]string{}
+	for _, v := range d.Templating.List {
+		vars[v.Name] = v.Type
+	}
+	for name, typ := range map[string]string{"datasource": "datasource", "namespace": "query", "pod": "query", "scheduler": "query"} {
+		if vars[name] != typ {
+			t.Errorf("variable %s is of type %q, want %q", name, vars[name], typ)
+		}
+	}
+	ids := map[int]bool{}
+	for _, p := range d.Panels {
+		t.Run(p.Title, func(t *testing.T) {
+			if ids[p.ID] {
+				t.Errorf("id %d used twice", p.ID)
+			}
+			ids[p.ID] = true
+			if g := p.GridPos; g.X < 0 || g.W <= 0 || g.X+g.W > 24 || g.H <= 0 {
+				t.Errorf("gridPos %+v is off the 24-column grid", g)
+			}
+			if p.Type == "row" {
+				return
+			}
+			if p.Datasource == nil || p.Datasource.Type != "prometheus" || p.Datasource.UID != "${datasource}" || len(p.Targets) == 0 {
+				t.Fatalf("datasource %+v with %d targets: want prometheus ${datasource}", p.Datasource, len(p.Targets))
+			}
+			for _, tg := range p.Targets {
+				if tg.Datasource == nil || tg.Datasource.UID != "${datasource}" {
+					t.Errorf("a target's datasource is %+v, not ${datasource}", tg.Datasource)
+				}
 			}
 		})
 	}
