@@ -40,6 +40,9 @@ func TestOneModelPerRequest(t *testing.T) {
 		{"duplicate past the head", `{"model":"` + llama + `",` + msgs + `,` + pad + `,"model":"other"}`, "", false, 400, "more than once"},
 		{"bbr: duplicate", `{"model":"` + llama + `","model":"other",` + msgs + `}`, "", true, 400, "more than once"},
 		{"bbr: duplicate past the head", `{"model":"` + llama + `",` + msgs + `,` + pad + `,"MODEL":"other"}`, "", true, 400, "more than once"},
+		{"NaN past the head, then another model", `{"model":"` + llama + `",` + msgs + `,` + pad + `,"t":NaN,"model":"other"}`, "", false, 400, "is not JSON"},
+		{"header decides at once, NaN, another model", `{` + msgs + `,"t":NaN,"model":"other"}`, llama, false, 400, "is not JSON"},
+		{"bbr: Infinity past the head", `{"model":"` + llama + `",` + msgs + `,` + pad + `,"t":Infinity,"model":"other"}`, "", true, 400, "is not JSON"},
 		{"one model", `{"model":"` + llama + `",` + msgs + `}`, "", false, 0, ""},
 		{"header and body agree, late", `{` + msgs + `,` + pad + `,"model":"` + llama + `"}`, llama, false, 0, ""},
 		{"bbr: one model, late", `{` + msgs + `,` + pad + `,"model":"` + llama + `"}`, "", true, 0, ""},
@@ -77,7 +80,7 @@ func TestOneModelPerRequest(t *testing.T) {
 				} `json:"error"`
 			}
 			if json.Unmarshal(ir.GetBody(), &e) != nil || e.Error.Type != "invalid_request_error" || !strings.Contains(e.Error.Message, tc.msg) ||
-				!bytes.Contains(ir.GetBody(), []byte(`"param":"model"`)) {
+				bytes.Contains(ir.GetBody(), []byte(`"param":"model"`)) == strings.Contains(tc.msg, "not JSON") {
 				t.Fatalf("body %s, want an OpenAI error mentioning %q", ir.GetBody(), tc.msg)
 			}
 		})

@@ -94,6 +94,11 @@ func TestOneModelPerRequest(t *testing.T) {
 		{"duplicate past the head, chunked", `{"model":"model-a",` + msgs + `,` + pad + `,"model":"model-b"}`, "", true, 400, "more than once"},
 		{"case variant past the head", `{"model":"model-a",` + msgs + `,` + pad + `,"mOdel":"model-b"}`, "", false, 400, "more than once"},
 		{"header, body disagrees past the head", `{` + msgs + `,` + pad + `,"model":"model-b"}`, "model-a", false, 400, "header names"},
+		// Python's json reads NaN and Infinity and takes the last model: a
+		// rest that stops being strict JSON is refused, not passed unchecked.
+		{"NaN past the head, then another model", `{"model":"model-b",` + msgs + `,` + pad + `,"t":NaN,"model":"model-a"}`, "", false, 400, "is not JSON"},
+		{"Infinity past the head, chunked", `{"model":"model-b",` + msgs + `,` + pad + `,"t":-Infinity,"model":"model-a"}`, "", true, 400, "is not JSON"},
+		{"header, NaN, then another model", `{` + msgs + `,"t":NaN,"model":"model-a"}`, "model-b", false, 400, "is not JSON"},
 		{"one model", `{"model":"model-a",` + msgs + `}`, "", false, 200, ""},
 		{"escaped, once", `{"mod\u0065l":"model-b",` + msgs + `}`, "", false, 200, ""},
 		{"header and body agree past the head", `{` + msgs + `,` + pad + `,"model":"model-a"}`, "model-a", true, 200, ""},
@@ -119,7 +124,7 @@ func TestOneModelPerRequest(t *testing.T) {
 				t.Fatalf("status %d, want %d: %s", resp.StatusCode, tc.want, raw)
 			}
 			if tc.want != 200 && (json.Unmarshal(raw, &e) != nil || e.Error.Type != "invalid_request_error" || !strings.Contains(e.Error.Message, tc.msg) ||
-				!strings.Contains(string(raw), `"param":"model"`)) {
+				strings.Contains(string(raw), `"param":"model"`) == strings.Contains(tc.msg, "not JSON")) {
 				t.Fatalf("error body %q, want an OpenAI error on param model with %q", raw, tc.msg)
 			}
 		})

@@ -70,15 +70,15 @@ const (
 	gLiteral               // inside a number, true, false or null
 	gAfter                 // after a top-level value: ',' or '}'
 	gDone                  // the object ended: the rest is not the object
-	gLost                  // not JSON as decoders read it: they refuse it
+	gLost                  // not JSON: refused (err is set)
 )
 
 // Guard checks, as a body streams past, that its top-level object names no
 // other model than the one routed: a second key decoders read as "model", a
 // variant spelling of it, or a model other than the header's is a
 // ConflictError. It holds no more of the body than a key or the model's value.
-// A body that is not JSON is the model server's to refuse: the Guard stops
-// checking at the first byte it cannot place.
+// A body that stops being JSON is refused as malformed (a SyntaxError) at
+// the first byte the Guard cannot place.
 type Guard struct {
 	state  gstate
 	model  bool   // the value that follows is the body's model
@@ -108,7 +108,7 @@ func (g *Guard) Check(p []byte) error {
 			case c == '{':
 				g.state, g.depth = gKey, 1
 			default:
-				g.state = gLost
+				g.state, g.err = gLost, ErrNotObject
 			}
 		case gKey:
 			switch {
@@ -118,7 +118,7 @@ func (g *Guard) Check(p []byte) error {
 			case c == '}':
 				g.state = gDone
 			default:
-				g.state = gLost
+				g.lose(c)
 			}
 		case gInKey, gInModel:
 			i += g.token(p[i:])
@@ -129,7 +129,7 @@ func (g *Guard) Check(p []byte) error {
 			case c == ':':
 				g.state = gValue
 			default:
-				g.state = gLost
+				g.lose(c)
 			}
 		case gValue:
 			switch {
@@ -145,7 +145,7 @@ func (g *Guard) Check(p []byte) error {
 			case c == '-' || c >= '0' && c <= '9' || c >= 'a' && c <= 'z':
 				g.state = gLiteral
 			default:
-				g.state = gLost
+				g.lose(c)
 			}
 		case gInStr:
 			i += g.skipString(p[i:])
@@ -180,12 +180,21 @@ func (g *Guard) Check(p []byte) error {
 			case c == '}':
 				g.state = gDone
 			default:
-				g.state = gLost
+				g.lose(c)
 			}
 		}
 		i++
 	}
 	return g.err
+}
+
+// lose ends the check at a byte that is not JSON. It fails closed: Python's
+// json (and so the servers built on it) reads NaN and Infinity, and takes
+// the last of two model keys, so a rest kvgate cannot follow could name
+// another model; every strict decoder refuses such a body anyway.
+func (g *Guard) lose(c byte) {
+	g.state = gLost
+	g.err = malformed("byte %q is not JSON where the body goes on (NaN, Infinity and other non-JSON values are refused)", c)
 }
 
 // literal says whether c may be part of a number, true, false or null.
