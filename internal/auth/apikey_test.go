@@ -51,7 +51,9 @@ func TestAPIKeys(t *testing.T) {
 		{name: "wrong api-key", headers: []string{"api-key", keyAcme + "x"}, wantReason: auth.ReasonUnknownKey, wantMethod: auth.MethodAPIKey},
 		{name: "jwt shaped", headers: bearer(jwtShaped), wantReason: auth.ReasonUnknownKey, wantMethod: auth.MethodAPIKey},
 		{name: "missing", wantReason: auth.ReasonMissing},
-		{name: "empty bearer", headers: []string{"Authorization", "Bearer "}, wantReason: auth.ReasonMissing},
+		// Empty is wrong, not absent: it must not pass as anonymous.
+		{name: "empty bearer", headers: []string{"Authorization", "Bearer "}, wantReason: auth.ReasonMalformed},
+		{name: "empty api-key", headers: []string{"api-key", " "}, wantReason: auth.ReasonMalformed},
 		{name: "basic", headers: []string{"Authorization", "Basic dXNlcjpwYXNz"}, wantReason: auth.ReasonMalformed},
 		{name: "two authorization headers", headers: []string{"Authorization", "Bearer " + keyAcme, "Authorization", "Bearer " + keyBeta}, wantReason: auth.ReasonMalformed},
 		{name: "two api-key headers", headers: []string{"api-key", keyAcme, "api-key", keyAcme}, wantReason: auth.ReasonMalformed},
@@ -81,7 +83,7 @@ func TestAPIKeys(t *testing.T) {
 		method, result string
 		want           float64
 	}{
-		{"api_key", "ok", 5}, {"api_key", "unknown_key", 3}, {"none", "missing", 2}, {"none", "malformed", 3},
+		{"api_key", "ok", 5}, {"api_key", "unknown_key", 3}, {"none", "missing", 1}, {"none", "malformed", 5},
 	} {
 		if got := promtest.Value(t, reg, "kvgate_auth_requests_total", "method", m.method, "result", m.result); got != m.want {
 			t.Errorf("kvgate_auth_requests_total{method=%s,result=%s} = %v, want %v", m.method, m.result, got, m.want)

@@ -230,7 +230,12 @@ func credential(h http.Header) (string, *Error) {
 	if len(authz) == 1 {
 		scheme, token, _ := strings.Cut(strings.TrimSpace(authz[0]), " ")
 		if strings.EqualFold(scheme, "Bearer") {
-			return strings.TrimSpace(token), nil
+			// An empty credential is a wrong one, not none: with anonymous
+			// access allowed it must not pass as anonymous.
+			if token = strings.TrimSpace(token); token == "" {
+				return "", &Error{Reason: ReasonMalformed, Detail: "empty bearer token", Err: errors.New("empty bearer token")}
+			}
+			return token, nil
 		}
 		// Another scheme (Basic, say) may be meant for a proxy; an api-key
 		// header beside it still counts.
@@ -240,7 +245,10 @@ func credential(h http.Header) (string, *Error) {
 		}
 	}
 	if len(apiKey) == 1 {
-		return strings.TrimSpace(apiKey[0]), nil
+		if k := strings.TrimSpace(apiKey[0]); k != "" {
+			return k, nil
+		}
+		return "", &Error{Reason: ReasonMalformed, Detail: "empty api-key", Err: errors.New("empty api-key header")}
 	}
 	return "", nil
 }

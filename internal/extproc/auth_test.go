@@ -51,8 +51,8 @@ func TestAuth(t *testing.T) {
 		{"expired jwt", bearer(idp.Token(t, "acme", jwt.MapClaims{"exp": time.Now().Add(-time.Hour).Unix()})), 401, `error="invalid_token"`},
 		{"jwt for another audience", bearer(idp.Token(t, "acme", jwt.MapClaims{"aud": "other"})), 401, `error="invalid_token"`},
 		{"jwt of an unknown kid", bearer(idp.Stranger(t, "acme")), 401, `error="invalid_token"`},
-		{"tenant kept off the pool", bearer("sk-beta"), 403, ""},
-		{"jwt tenant kept off the pool", bearer(idp.Token(t, "beta", nil)), 403, ""},
+		{"tenant kept off the pool", bearer("sk-beta"), 404, ""},
+		{"jwt tenant kept off the pool", bearer(idp.Token(t, "beta", nil)), 404, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := play(t, tc.headers)

@@ -61,7 +61,7 @@ func TestAuthAPIKeys(t *testing.T) {
 	}{
 		{"acme on its pool", "sk-acme", llama, 200},
 		{"acme on the open pool", "sk-acme", qwen, 200},
-		{"beta kept off the restricted pool", "sk-beta", llama, 403},
+		{"beta kept off the restricted pool, as if it did not exist", "sk-beta", llama, 404},
 		{"beta on the open pool", "sk-beta", qwen, 200},
 		{"unknown key", "sk-nobody", qwen, 401},
 	} {

@@ -37,7 +37,15 @@ type bodyMemory struct {
 	chunks sync.Pool // *[]byte of chunkSize
 	// pending: a return to the OS is scheduled.
 	pending atomic.Bool
+	// since counts the bytes released since the last return: many
+	// mid-sized bodies free as much as one large one.
+	since atomic.Int64
 }
+
+// scanBuffer bounds the scan's own buffer (openai's spill point, grown
+// once): reserved while a body is scanned, so that many bodies stalled
+// mid-head cannot hold memory the budget does not count.
+const scanBuffer = 1 << 20
 
 // chunkSize is the piece a head is held in past the scan's buffer.
 const chunkSize = 256 << 10
@@ -93,7 +101,7 @@ func (h *headParts) done() {
 // the OS: releases within it share one return (a full GC).
 const freeAfter = time.Second
 
-// largeRelease is the release that is worth a return to the OS.
+// largeRelease is how much released memory is worth a return to the OS.
 const largeRelease = 16 << 20
 
 // hold starts a request's share of the budget, limit bytes across requests.
@@ -101,8 +109,9 @@ func (b *bodyMemory) hold(limit int64, m *telemetry.Gateway) *proxy.Hold {
 	b.once.Do(func() {
 		b.budget.OnChange = func(used, released int64) {
 			m.Buffered.Set(float64(used))
-			if released >= largeRelease && b.pending.CompareAndSwap(false, true) {
+			if released > 0 && b.since.Add(released) >= largeRelease && b.pending.CompareAndSwap(false, true) {
 				time.AfterFunc(freeAfter, func() {
+					b.since.Store(0)
 					b.pending.Store(false)
 					// Twice: the chunk pool keeps what one collection drops
 					// until the next.

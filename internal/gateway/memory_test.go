@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -52,7 +53,9 @@ func TestBodyBudget(t *testing.T) {
 	gate := make(chan struct{})
 	addr := gatedServer(t, gate)
 	cfg := gatewayConfig(scheduler("p", "m", addr))
-	limit := int64(1 << 20)
+	// A head in flight is counted with the scan's buffer (up to 1 MiB) as
+	// well as the chunks it spilled into: 2 MiB takes one 700 KB head, not two.
+	limit := int64(2 << 20)
 	cfg.Spec.Gateway.MaxBufferedBytes = &limit
 	g, base := startGateway(t, cfg)
 	url := base + "/v1/chat/completions"
@@ -272,4 +275,49 @@ func closedGate() <-chan struct{} {
 	c := make(chan struct{})
 	close(c)
 	return c
+}
+
+// TestStalledHeadsCounted: bodies stalled mid-head count against
+// maxBufferedBytes with the scan's own buffer, so many slow clients cannot
+// hold memory the budget does not see: past it they are refused at once.
+func TestStalledHeadsCounted(t *testing.T) {
+	addr := gatedServer(t, make(chan struct{}))
+	cfg := gatewayConfig(scheduler("p", "m", addr))
+	limit := int64(4 << 20)
+	cfg.Spec.Gateway.MaxBufferedBytes = &limit
+	g, base := startGateway(t, cfg)
+	host := strings.TrimPrefix(base, "http://")
+	const conns, sent, length = 20, 500 << 10, 600 << 10
+	prefix := `{"messages":[{"role":"user","content":"` + strings.Repeat("x", sent)
+	refused := make(chan bool, conns)
+	for range conns {
+		c, err := net.Dial("tcp", host)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.Close() })
+		go func() {
+			_, _ = fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", length, prefix[:sent])
+			_ = c.SetReadDeadline(time.Now().Add(20 * time.Second))
+			line, err := bufio.NewReader(c).ReadString('\n')
+			refused <- err == nil && strings.Contains(line, " 503 ")
+		}()
+	}
+	// The ones that fit stall (their bodies never end); the others are
+	// answered at once.
+	n := 0
+	timeout := time.After(15 * time.Second)
+	for n < conns-int(limit/length) {
+		select {
+		case r := <-refused:
+			if r {
+				n++
+			}
+		case <-timeout:
+			t.Fatalf("only %d of %d stalled heads refused", n, conns)
+		}
+	}
+	if got := counter(t, g, "kvgate_buffered_bytes"); got > float64(limit) || got == 0 {
+		t.Errorf("kvgate_buffered_bytes = %v with heads stalled, want some, at most %d", got, limit)
+	}
 }

@@ -91,9 +91,18 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	parts := &headParts{m: &g.bodies, hold: hold}
 	defer parts.done()
 	model := r.Header.Get("X-Gateway-Model-Name")
-	sc, err := openai.ScanFor(body, head, openai.Want{PromptLimit: promptLimit, HeaderModel: model, User: g.WantsUser(), Spill: parts.add})
-	if err == nil && !hold.Reserve(int64(head.Len())) {
-		err = errOverBudget
+	scanning := int64(scanBuffer)
+	if r.ContentLength >= 0 {
+		scanning = min(scanning, r.ContentLength)
+	}
+	var sc openai.Scanned
+	err := errOverBudget
+	if hold.Reserve(scanning) {
+		sc, err = openai.ScanFor(body, head, openai.Want{PromptLimit: promptLimit, HeaderModel: model, User: g.WantsUser(), Spill: parts.add})
+		hold.Release(scanning)
+		if err == nil && !hold.Reserve(int64(head.Len())) {
+			err = errOverBudget
+		}
 	}
 	if errors.Is(err, errOverBudget) {
 		g.Metrics().BufferRefused.Inc()

@@ -100,8 +100,9 @@ func allowed(p *scheduler, id *auth.Identity) bool {
 	return id != nil && id.Method != auth.MethodAnonymous && p.spec.Serves(id.Tenant)
 }
 
-// notAllowed is the refusal of a model the tenant may not use.
-func notAllowed(model string) *proxy.Refusal {
-	return &proxy.Refusal{Status: http.StatusForbidden, Type: openai.TypePermission,
-		Message: fmt.Sprintf("the model %q is not available to this tenant", model)}
+// notAllowed is the refusal of a model the tenant may not use: the one of a
+// model the configuration does not route, so that a tenant cannot learn which
+// models exist behind allowedTenants (as /v1/models hides them too).
+func notAllowed() *proxy.Refusal {
+	return &proxy.Refusal{Status: http.StatusNotFound, Type: openai.TypeNotFound, Message: NoMatchingModel}
 }

@@ -196,8 +196,10 @@ func (g *Router) Route(ctx context.Context, req Request) (*Route, *proxy.Refusal
 		return nil, &proxy.Refusal{Status: http.StatusNotFound, Type: openai.TypeNotFound, Message: NoMatchingModel}
 	}
 	if !allowed(p, req.Identity) {
-		g.count(p.name, req.Model, "", "403")
-		return nil, notAllowed(req.Model)
+		// Counted as the unknown model it looks like; the log says why.
+		g.log.Debug("tenant not allowed on the scheduler", "request_id", req.RequestID, "scheduler", p.name, "tenant", req.Identity.Tenant)
+		g.CountRefused(http.StatusNotFound)
+		return nil, notAllowed()
 	}
 	if t := p.spec.Timeout(); t > 0 {
 		var cancel context.CancelFunc

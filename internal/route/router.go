@@ -57,6 +57,9 @@ type Router struct {
 	m      *telemetry.Gateway
 	routes atomic.Pointer[routes]
 
+	// applyMu serializes Apply from start to end: what it builds before
+	// taking mu (the authenticator) depends on the configuration it replaces.
+	applyMu    sync.Mutex
 	mu         sync.Mutex
 	endpoints  map[string]*endpoint   // by scheduler and address; they outlive reloads
 	sessions   map[string]*sessionMap // by scheduler name; they outlive reloads
@@ -267,6 +270,8 @@ func (g *Router) Apply(cfg *v1alpha1.InferenceGatewayConfig) error {
 	if errs := cfg.Validate(); len(errs) > 0 {
 		return fmt.Errorf("invalid configuration: %w", errs[0])
 	}
+	g.applyMu.Lock()
+	defer g.applyMu.Unlock()
 	gw := cfg.Spec.Gateway
 	rt := &routes{cfg: cfg, byModel: map[string]*scheduler{}, maxBody: cfg.Spec.BBR.MaxBodyBytes(), gw: gw, objectives: map[string]int32{},
 		sloOf: map[string]time.Duration{}}

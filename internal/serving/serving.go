@@ -97,6 +97,9 @@ func NewAPI(h http.Handler, log *slog.Logger) *API {
 				w.Header().Set("Connection", "close")
 			}
 			if n := headerBytes(r); n > HeaderLimit {
+				// As net/http's own 431: a client that sends such headers
+				// starts again on a new connection.
+				w.Header().Set("Connection", "close")
 				openai.WriteError(w, http.StatusRequestHeaderFieldsTooLarge, openai.TypeInvalidRequest,
 					fmt.Sprintf("the request's header fields are too large: %d bytes, at most %d", n, HeaderLimit))
 				return
