@@ -53,9 +53,11 @@ func TestBodyBudget(t *testing.T) {
 	gate := make(chan struct{})
 	addr := gatedServer(t, gate)
 	cfg := gatewayConfig(scheduler("p", "m", addr))
-	// A head in flight is counted with the scan's buffer (up to 1 MiB) as
-	// well as the chunks it spilled into: 2 MiB takes one 700 KB head, not two.
-	limit := int64(2 << 20)
+	// A head being read counts its scan buffer (its Content-Length, at most
+	// 1 MiB) besides the 256 KiB chunks it spilled into: one 700 KB head
+	// held (~700 KB) and one being read (~700 KB + a chunk) pass 1.5 MiB by
+	// about 250 KB; one alone stays as far under it.
+	limit := int64(3 << 19)
 	cfg.Spec.Gateway.MaxBufferedBytes = &limit
 	g, base := startGateway(t, cfg)
 	url := base + "/v1/chat/completions"
@@ -71,7 +73,8 @@ func TestBodyBudget(t *testing.T) {
 		first <- resp.StatusCode
 	}()
 	deadline := time.Now().Add(10 * time.Second)
-	for counter(t, g, "kvgate_buffered_bytes") < 700<<10 {
+	// Picked (its scan over, the scan buffer's share given back) and held.
+	for counter(t, g, "kvgate_endpoint_in_flight") < 1 || counter(t, g, "kvgate_buffered_bytes") < 700<<10 {
 		if time.Now().After(deadline) {
 			t.Fatal("the first request never held its head")
 		}
