@@ -44,6 +44,11 @@ func NewCA(t testing.TB, name string) *CA {
 	return &CA{Cert: cert, key: key}
 }
 
+// PEM is the CA's certificate as a bundle file holds it.
+func (ca *CA) PEM() []byte {
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ca.Cert.Raw})
+}
+
 // Pool is a pool holding the CAs.
 func Pool(cas ...*CA) *x509.CertPool {
 	p := x509.NewCertPool()
@@ -64,14 +69,27 @@ type Leaf struct {
 // valid for a day.
 func (ca *CA) Issue(t testing.TB, hosts ...string) Leaf {
 	t.Helper()
+	return ca.IssueFor(t, append([]string{"localhost", "127.0.0.1"}, hosts...)...)
+}
+
+// IssueFor makes a server certificate for exactly names — DNS names, or IP
+// addresses, which go in the IP SANs — valid for a day.
+func (ca *CA) IssueFor(t testing.TB, names ...string) Leaf {
+	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		t.Fatal(err)
 	}
 	tmpl := &x509.Certificate{SerialNumber: serial(t), Subject: pkix.Name{CommonName: "kvgate"},
 		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour).Truncate(time.Second),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		DNSNames: append([]string{"localhost"}, hosts...), IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}}
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+	for _, n := range names {
+		if ip := net.ParseIP(n); ip != nil {
+			tmpl.IPAddresses = append(tmpl.IPAddresses, ip)
+		} else {
+			tmpl.DNSNames = append(tmpl.DNSNames, n)
+		}
+	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, &key.PublicKey, ca.key)
 	if err != nil {
 		t.Fatal(err)
