@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"os"
 	"os/signal"
@@ -12,14 +13,16 @@ import (
 
 	"github.com/kvgate/kvgate/internal/certs"
 	"github.com/kvgate/kvgate/internal/extproc"
-	"github.com/kvgate/kvgate/internal/gateway"
+	"github.com/kvgate/kvgate/internal/host"
 	"github.com/kvgate/kvgate/internal/kube"
 	"github.com/kvgate/kvgate/internal/telemetry"
 )
 
 func newEPPCmd() *cobra.Command {
 	var (
-		o                   extproc.RunOptions
+		o                   host.Options
+		xo                  extproc.Options
+		healthListen        string
 		logLevel, logFormat string
 		igwc, kubeconfig    string
 		leaderElect, bbr    bool
@@ -48,33 +51,33 @@ with --bbr-configmaps, from ConfigMaps labelled inference.networking.k8s.io/bbr-
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			log := newLoggerFormat(logLevel, logFormat)
-			o.Server.Logger = log
-			if err := o.Server.Gateway.SharedState.Validate(); err != nil {
+			o.Logger = log
+			if err := o.Core.SharedState.Validate(); err != nil {
 				return err
 			}
 			hup := make(chan os.Signal, 1)
 			signal.Notify(hup, syscall.SIGHUP)
 			defer signal.Stop(hup)
-			o.Server.Reload = hup
+			o.Reload = hup
 			switch {
-			case igwc != "" && o.Server.ConfigPath != "":
+			case igwc != "" && o.ConfigPath != "":
 				return errors.New("--config and --igwc are exclusive")
 			case igwc != "":
 				src, err := kubeSource(igwc, kubeconfig, leaderElect, log)
 				if err != nil {
 					return err
 				}
-				o.Server.Source = src
-			case o.Server.ConfigPath == "" && !bbr:
+				o.Source = src
+			case o.ConfigPath == "" && !bbr:
 				return errors.New("--config FILE or --igwc NAMESPACE/NAME is required")
-			case o.Server.ConfigPath == "":
+			case o.ConfigPath == "":
 				// A body-based router needs no pools; its adapters may all come
 				// from ConfigMaps.
-				o.Server.Source = func(ctx context.Context, _ *gateway.Gateway) error { <-ctx.Done(); return nil }
-				o.Server.Gateway.ReadyWithoutConfig = true
+				o.Source = func(ctx context.Context, _ *host.Host) error { <-ctx.Done(); return nil }
+				o.Core.ReadyWithoutConfig = true
 			}
 			if bbr {
-				o.ExtProc.BBR = extproc.NewBBR()
+				xo.BBR = extproc.NewBBR()
 				if cmd.Flags().Changed("bbr-configmaps") {
 					cfg, err := restConfig(kubeconfig, log)
 					if err != nil {
@@ -84,7 +87,7 @@ with --bbr-configmaps, from ConfigMaps labelled inference.networking.k8s.io/bbr-
 					if ns == "*" {
 						ns = ""
 					}
-					if err := kube.WatchAdapterConfigMaps(cmd.Context(), cfg, ns, log, o.ExtProc.BBR.SetSource); err != nil {
+					if err := kube.WatchAdapterConfigMaps(cmd.Context(), cfg, ns, log, xo.BBR.SetSource); err != nil {
 						return err
 					}
 				}
@@ -95,30 +98,35 @@ with --bbr-configmaps, from ConfigMaps labelled inference.networking.k8s.io/bbr-
 					return err
 				}
 				defer stop()
-				o.ExtProc.Tracing, o.ExtProc.AccessLog = tp, al
+				xo.Tracing, xo.AccessLog = tp, al
 			}
+			var tlsConfig *tls.Config
 			if secure {
 				// The certificate's metrics join the gateway's on /metrics.
 				metrics := telemetry.NewGateway()
-				o.Server.Gateway.Metrics = metrics
+				o.Core.Metrics = metrics
 				cfg, err := extproc.ServingTLS(certDir, log, certs.NewMetrics(metrics.Registry))
 				if err != nil {
 					return err
 				}
-				o.TLS = cfg
+				tlsConfig = cfg
 			}
-			return extproc.Run(cmd.Context(), o)
+			xo.Logger = log
+			o.Front = func(ctx context.Context, h *host.Host) (host.Front, error) {
+				return extproc.Listen(ctx, extproc.New(h.Router(), xo), healthListen, tlsConfig)
+			}
+			return host.Run(cmd.Context(), o)
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&o.Server.ConfigPath, "config", "", "InferenceGatewayConfig file (this or --igwc is required)")
-	f.StringVar(&o.Server.Listen, "listen", ":9002", "address of the ext_proc gRPC service")
-	f.StringVar(&o.HealthListen, "health-listen", ":9003", "address of the gRPC health service")
-	f.StringVar(&o.Server.AdminListen, "admin-listen", ":9090", "address of /metrics, /healthz, /readyz and /debug")
-	f.DurationVar(&o.Server.DrainTimeout, "drain-timeout", 30*time.Second, "how long streams in flight may finish after a stop signal")
-	f.DurationVar(&o.Server.PreStop, "pre-stop", 5*time.Second, "after a stop signal, how long the ext_proc listener keeps accepting (with /readyz failing) before the drain")
-	f.IntVar(&o.ExtProc.Fallbacks, "fallbacks", 0, "fallback endpoints after the pick in the destination header and metadata, for a data plane that retries down a comma-separated list (-1: maxAttempts-1 from the configuration); 0 sends one address, which an ORIGINAL_DST cluster needs")
-	f.IntVar(&o.Server.Gateway.DecisionLogEvery, "decision-log-every", 100, "at --log-level debug, log one routing decision in this many with every candidate's scores")
+	f.StringVar(&o.ConfigPath, "config", "", "InferenceGatewayConfig file (this or --igwc is required)")
+	f.StringVar(&o.Listen, "listen", ":9002", "address of the ext_proc gRPC service")
+	f.StringVar(&healthListen, "health-listen", ":9003", "address of the gRPC health service")
+	f.StringVar(&o.AdminListen, "admin-listen", ":9090", "address of /metrics, /healthz, /readyz and /debug")
+	f.DurationVar(&o.DrainTimeout, "drain-timeout", 30*time.Second, "how long streams in flight may finish after a stop signal")
+	f.DurationVar(&o.PreStop, "pre-stop", 5*time.Second, "after a stop signal, how long the ext_proc listener keeps accepting (with /readyz failing) before the drain")
+	f.IntVar(&xo.Fallbacks, "fallbacks", 0, "fallback endpoints after the pick in the destination header and metadata, for a data plane that retries down a comma-separated list (-1: maxAttempts-1 from the configuration); 0 sends one address, which an ORIGINAL_DST cluster needs")
+	f.IntVar(&o.Core.DecisionLogEvery, "decision-log-every", 100, "at --log-level debug, log one routing decision in this many with every candidate's scores")
 	f.BoolVar(&secure, "secure-serving", false, "serve ext_proc over TLS (gateways that dial the picker with TLS, such as Envoy AI Gateway, need it); health stays plaintext")
 	f.StringVar(&certDir, "cert-path", "", "with --secure-serving: folder holding tls.crt and tls.key (default: a self-signed certificate made at startup)")
 	f.BoolVar(&bbr, "bbr", false, "run as the Body-Based Router instead of the Endpoint Picker")
@@ -128,7 +136,7 @@ with --bbr-configmaps, from ConfigMaps labelled inference.networking.k8s.io/bbr-
 	f.StringVar(&igwc, "igwc", "", "serve this InferenceGatewayConfig (NAMESPACE/NAME) from the cluster instead of --config")
 	f.StringVar(&kubeconfig, "kubeconfig", "", "with --igwc or --bbr-configmaps: kubeconfig file (default: in-cluster, then $KUBECONFIG)")
 	f.BoolVar(&leaderElect, "leader-elect", true, "with --igwc: only the elected replica writes status (all replicas serve)")
-	sharedStateFlags(f, &o.Server.Gateway.SharedState)
+	sharedStateFlags(f, &o.Core.SharedState)
 	obs.register(f, true)
 	return cmd
 }

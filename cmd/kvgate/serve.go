@@ -18,13 +18,15 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/kvgate/kvgate/internal/gateway"
+	"github.com/kvgate/kvgate/internal/host"
 	"github.com/kvgate/kvgate/internal/kube"
 	"github.com/kvgate/kvgate/internal/tracing"
 )
 
 func newServeCmd() *cobra.Command {
 	var (
-		o                   gateway.ServerOptions
+		o                   host.Options
+		gw                  gateway.Options
 		logLevel, logFormat string
 		igwc, kubeconfig    string
 		leaderElect         bool
@@ -46,7 +48,7 @@ pods become endpoints as they come and go, and the resource's status reports wha
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.Logger = newLoggerFormat(logLevel, logFormat)
-			if err := o.Gateway.SharedState.Validate(); err != nil {
+			if err := o.Core.SharedState.Validate(); err != nil {
 				return err
 			}
 			tp, al, stop, err := obs.setup(cmd.Context(), tracing.DefaultServiceName, logFormat, o.Logger)
@@ -54,7 +56,7 @@ pods become endpoints as they come and go, and the resource's status reports wha
 				return err
 			}
 			defer stop()
-			o.Gateway.Tracing, o.Gateway.AccessLog = tp, al
+			gw.Tracing, gw.AccessLog, gw.Logger = tp, al, o.Logger
 			hup := make(chan os.Signal, 1)
 			signal.Notify(hup, syscall.SIGHUP)
 			defer signal.Stop(hup)
@@ -71,7 +73,11 @@ pods become endpoints as they come and go, and the resource's status reports wha
 			} else if o.ConfigPath == "" {
 				return errors.New("--config FILE or --igwc NAMESPACE/NAME is required")
 			}
-			return gateway.Run(cmd.Context(), o)
+			o.Core.ListenerTLS = true
+			o.Front = func(_ context.Context, h *host.Host) (host.Front, error) {
+				return h.HTTP(gateway.New(h.Router(), gw)), nil
+			}
+			return host.Run(cmd.Context(), o)
 		},
 	}
 	f := cmd.Flags()
@@ -80,28 +86,28 @@ pods become endpoints as they come and go, and the resource's status reports wha
 	f.StringVar(&o.AdminListen, "admin-listen", ":9090", "address of /metrics, /healthz, /readyz and /debug")
 	f.DurationVar(&o.DrainTimeout, "drain-timeout", 30*time.Second, "how long in-flight requests may finish after a stop signal (then they end with an explicit error)")
 	f.DurationVar(&o.PreStop, "pre-stop", 5*time.Second, "after a stop signal, how long the API keeps accepting (with /readyz failing) before the drain")
-	f.DurationVar(&o.Gateway.BodyReadTimeout, "body-read-timeout", time.Minute, "how long a client may take to send its request body")
-	f.IntVar(&o.Gateway.DecisionLogEvery, "decision-log-every", 100, "at --log-level debug, log one routing decision in this many with every candidate's scores")
+	f.DurationVar(&gw.BodyReadTimeout, "body-read-timeout", time.Minute, "how long a client may take to send its request body")
+	f.IntVar(&o.Core.DecisionLogEvery, "decision-log-every", 100, "at --log-level debug, log one routing decision in this many with every candidate's scores")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	f.StringVar(&logFormat, "log-format", "text", "text or json")
 	f.StringVar(&igwc, "igwc", "", "serve this InferenceGatewayConfig (NAMESPACE/NAME) from the cluster instead of --config")
 	f.StringVar(&kubeconfig, "kubeconfig", "", "with --igwc: kubeconfig file (default: in-cluster, then $KUBECONFIG)")
 	f.BoolVar(&leaderElect, "leader-elect", true, "with --igwc: only the elected replica writes status (all replicas serve)")
-	sharedStateFlags(f, &o.Gateway.SharedState)
+	sharedStateFlags(f, &o.Core.SharedState)
 	obs.register(f, true)
 	return cmd
 }
 
 // sharedStateFlags registers the flags that link a replica to its peers.
-func sharedStateFlags(f *pflag.FlagSet, o *gateway.SharedStateOptions) {
-	f.StringVar(&o.Redis, "shared-state-redis", "", "share routing state with the other replicas through this Redis (host:port; overrides spec.gateway.sharedState.redis; credentials from $"+gateway.EnvSharedStateUsername+" and $"+gateway.EnvSharedStatePassword+")")
+func sharedStateFlags(f *pflag.FlagSet, o *host.SharedStateOptions) {
+	f.StringVar(&o.Redis, "shared-state-redis", "", "share routing state with the other replicas through this Redis (host:port; overrides spec.gateway.sharedState.redis; credentials from $"+host.EnvSharedStateUsername+" and $"+host.EnvSharedStatePassword+")")
 	f.StringVar(&o.Cluster, "shared-state-cluster", "", "the identity the replicas that share state have in common (default: spec.gateway.sharedState.cluster, else the configuration's namespace/name)")
 	f.StringVar(&o.Replica, "replica-name", "", "this replica's name among its peers (default: $POD_NAME, else the host name with a random suffix)")
 }
 
 // kubeSource connects to the cluster and returns the gateway's configuration
 // source for the named InferenceGatewayConfig.
-func kubeSource(igwc, kubeconfig string, leaderElect bool, log *slog.Logger) (func(context.Context, *gateway.Gateway) error, error) {
+func kubeSource(igwc, kubeconfig string, leaderElect bool, log *slog.Logger) (func(context.Context, *host.Host) error, error) {
 	ns, name, ok := strings.Cut(igwc, "/")
 	if !ok || ns == "" || name == "" {
 		return nil, fmt.Errorf("--igwc %q: want NAMESPACE/NAME", igwc)
@@ -110,7 +116,7 @@ func kubeSource(igwc, kubeconfig string, leaderElect bool, log *slog.Logger) (fu
 	if err != nil {
 		return nil, err
 	}
-	return func(ctx context.Context, g *gateway.Gateway) error {
+	return func(ctx context.Context, g *host.Host) error {
 		return kube.Start(ctx, cfg, kube.Options{Target: types.NamespacedName{Namespace: ns, Name: name}, Gateway: g, Log: log, LeaderElection: leaderElect})
 	}, nil
 }

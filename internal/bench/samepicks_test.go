@@ -21,6 +21,7 @@ import (
 	"github.com/kvgate/kvgate/internal/engine"
 	"github.com/kvgate/kvgate/internal/fleet"
 	"github.com/kvgate/kvgate/internal/gateway"
+	"github.com/kvgate/kvgate/internal/route"
 	"github.com/kvgate/kvgate/internal/simserver"
 	"github.com/kvgate/kvgate/internal/workload"
 )
@@ -94,13 +95,15 @@ func replayThroughServe(t *testing.T, opts SimOptions, tr workload.Trace, events
 		t.Fatal(err)
 	}
 	var now atomic.Int64 // the virtual clock
-	g := gateway.New(gateway.Options{Logger: slog.New(slog.DiscardHandler), Seed: opts.Seed,
+	quiet := slog.New(slog.DiscardHandler)
+	core := route.New(route.Options{Logger: quiet, Seed: opts.Seed,
 		Fleet: fleet.Config{Interval: 50 * time.Millisecond, StaleAfter: 2 * time.Second, UnhealthyAfter: unhealthyAfter, BlockSize: blockTokens,
 			Now: func() time.Time { return epoch.Add(time.Duration(now.Load())) }, External: true}})
-	defer g.Close()
-	if err := g.Apply(cfg); err != nil {
+	defer core.Close()
+	if err := core.Apply(cfg); err != nil {
 		t.Fatal(err)
 	}
+	g := gateway.New(core, gateway.Options{Logger: quiet})
 	calls := newCalls()
 	// ServeHTTP itself, and a note when it returns: Route.Finish has run by then.
 	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -132,7 +135,7 @@ func replayThroughServe(t *testing.T, opts SimOptions, tr workload.Trace, events
 		now.Store(int64(e.at))
 		switch e.kind {
 		case "scrape":
-			g.Observe(ups.addr(index[e.addr]), e.metrics, engine.VLLM, epoch.Add(e.at))
+			core.Observe(ups.addr(index[e.addr]), e.metrics, engine.VLLM, epoch.Add(e.at))
 		case "route":
 			body := completionBody(e.model, e.prompt, e.bodyBytes)
 			if int64(len(body)) > e.bodyBytes {

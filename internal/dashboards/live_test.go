@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -28,7 +27,9 @@ import (
 	"github.com/kvgate/kvgate/internal/auth"
 	"github.com/kvgate/kvgate/internal/gateway"
 	"github.com/kvgate/kvgate/internal/global"
+	"github.com/kvgate/kvgate/internal/host"
 	"github.com/kvgate/kvgate/internal/redistest"
+	"github.com/kvgate/kvgate/internal/servetest"
 	"github.com/kvgate/kvgate/internal/simserver"
 	"github.com/kvgate/kvgate/internal/simserver/simtest"
 	"github.com/kvgate/kvgate/internal/waittest"
@@ -98,16 +99,16 @@ func startLive(t *testing.T) *live {
 	l := &live{reload: make(chan os.Signal, 1), configPath: filepath.Join(t.TempDir(), "gateway.yaml")}
 	writeYAML(t, l.configPath, cfg)
 	ctx, cancel := context.WithCancel(context.Background())
-	ready := make(chan gateway.Addrs, 1)
+	ready := make(chan host.Addrs, 1)
 	done := make(chan struct{})
 	var runErr error
 	go func() {
 		defer close(done)
-		runErr = gateway.Run(ctx, gateway.ServerOptions{ConfigPath: l.configPath, Listen: "127.0.0.1:0", AdminListen: "127.0.0.1:0",
-			DrainTimeout: time.Second, Reload: l.reload, Ready: ready, Logger: quiet})
+		runErr = servetest.Run(ctx, host.Options{ConfigPath: l.configPath, Listen: "127.0.0.1:0", AdminListen: "127.0.0.1:0",
+			DrainTimeout: time.Second, Reload: l.reload, Ready: ready, Logger: quiet}, gateway.Options{})
 	}()
 	t.Cleanup(func() { cancel(); <-done })
-	var addrs gateway.Addrs
+	var addrs host.Addrs
 	select {
 	case addrs = <-ready:
 	case <-done:
@@ -156,23 +157,16 @@ func startLive(t *testing.T) *live {
 
 	// The second tier-1 gateway answers every request with an error: cheaper,
 	// the global router tries it first and fails over to the first.
-	bad := gateway.New(gateway.Options{Logger: quiet})
-	t.Cleanup(bad.Close)
-	if err := bad.Apply(&v1alpha1.InferenceGatewayConfig{TypeMeta: cfg.TypeMeta, ObjectMeta: metav1.ObjectMeta{Name: "bad"},
+	bad := servetest.Start(t, &v1alpha1.InferenceGatewayConfig{TypeMeta: cfg.TypeMeta, ObjectMeta: metav1.ObjectMeta{Name: "bad"},
 		Spec: v1alpha1.InferenceGatewayConfigSpec{BBR: v1alpha1.BBRSpec{Enabled: true},
-			Schedulers: []v1alpha1.SchedulerSpec{{Name: "llama", ModelName: llama, Endpoints: sims(1, llama, simserver.Faults{ErrorRate: 1})}}}}); err != nil {
-		t.Fatal(err)
-	}
-	badAPI := httptest.NewServer(bad)
-	t.Cleanup(badAPI.Close)
-	badAdmin := httptest.NewServer(bad.AdminHandler())
-	t.Cleanup(badAdmin.Close)
+			Schedulers: []v1alpha1.SchedulerSpec{{Name: "llama", ModelName: llama, Endpoints: sims(1, llama, simserver.Faults{ErrorRate: 1})}}}},
+		host.Core{Logger: quiet}, gateway.Options{Logger: quiet})
 
 	cheap, dear := 0.1, 1.0
 	heartbeat := &metav1.Duration{Duration: 100 * time.Millisecond}
 	gcfg := &global.Config{APIVersion: global.APIVersion, Kind: global.Kind, Spec: global.Spec{
 		Members: []global.Member{
-			{Name: "cheap", URL: badAPI.URL, AdminURL: badAdmin.URL, PricePerMillionTokens: &cheap},
+			{Name: "cheap", URL: bad.URL, AdminURL: bad.AdminURL, PricePerMillionTokens: &cheap},
 			{Name: "dear", URL: "http://" + addrs.API, AdminURL: l.tier1Admin, PricePerMillionTokens: &dear},
 		},
 		Models:    []global.ModelPolicy{{Name: llama, Limits: &global.Limits{RequestsPerMinute: 10000}}},

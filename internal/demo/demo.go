@@ -31,6 +31,7 @@ import (
 	"github.com/kvgate/kvgate/api/v1alpha1"
 	gw "github.com/kvgate/kvgate/internal/gateway"
 	"github.com/kvgate/kvgate/internal/report"
+	"github.com/kvgate/kvgate/internal/route"
 	"github.com/kvgate/kvgate/internal/sim"
 	"github.com/kvgate/kvgate/internal/simserver"
 	"github.com/kvgate/kvgate/internal/workload"
@@ -484,19 +485,20 @@ func stream(ctx context.Context, base, model, prompt string, maxTokens int) (res
 
 // gateway is kvgate serve run in-process in front of the fleet.
 type gateway struct {
-	g    *gw.Gateway
+	core *route.Router
 	addr string
 	eps  []string
 }
 
 // startGateway serves kvgate's gateway on a free loopback port until ctx ends.
 func startGateway(ctx context.Context, fleet []*simserver.Server) (*gateway, error) {
-	g := gw.New(gw.Options{Logger: slog.New(slog.DiscardHandler)})
+	quiet := slog.New(slog.DiscardHandler)
+	core := route.New(route.Options{Logger: quiet})
 	var eps []string
 	for _, s := range fleet {
 		eps = append(eps, s.Addr())
 	}
-	d := &gateway{g: g, eps: eps}
+	d := &gateway{core: core, eps: eps}
 	if err := d.use("round-robin"); err != nil {
 		return nil, err
 	}
@@ -504,16 +506,16 @@ func startGateway(ctx context.Context, fleet []*simserver.Server) (*gateway, err
 	if err != nil {
 		return nil, err
 	}
-	srv := &http.Server{Handler: g, ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{Handler: gw.New(core, gw.Options{Logger: quiet}), ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = srv.Serve(ln) }()
-	go func() { <-ctx.Done(); _ = srv.Close(); g.Close() }()
+	go func() { <-ctx.Done(); _ = srv.Close(); core.Close() }()
 	d.addr = ln.Addr().String()
 	return d, nil
 }
 
 // use applies a configuration with the named picker, as a hot reload would.
 func (d *gateway) use(picker string) error {
-	return d.g.Apply(&v1alpha1.InferenceGatewayConfig{
+	return d.core.Apply(&v1alpha1.InferenceGatewayConfig{
 		TypeMeta:   metav1.TypeMeta{APIVersion: v1alpha1.APIVersion, Kind: v1alpha1.Kind},
 		ObjectMeta: metav1.ObjectMeta{Name: "demo"},
 		// The demo reports which GPU served each request (x-kvgate-endpoint).

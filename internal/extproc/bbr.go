@@ -67,7 +67,7 @@ func (x *exchange) routeBody(sc openai.Scanned, err error, r *chunkReader) error
 	case !sc.ModelFound || sc.Model == "":
 		result = "no_model"
 	default:
-		base, known := x.s.gw.BaseModel(sc.Model)
+		base, known := x.cfg.BaseModel(sc.Model)
 		if !known {
 			base, known = x.s.opts.BBR.BaseModel(sc.Model)
 		}

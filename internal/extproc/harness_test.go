@@ -3,6 +3,7 @@ package extproc
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -25,7 +26,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kvgate/kvgate/api/v1alpha1"
-	"github.com/kvgate/kvgate/internal/gateway"
+	"github.com/kvgate/kvgate/internal/host"
+	"github.com/kvgate/kvgate/internal/route"
 	"github.com/kvgate/kvgate/internal/waittest"
 )
 
@@ -40,20 +42,40 @@ var quiet = slog.New(slog.DiscardHandler)
 
 // testServer is a picker (or router) serving over loopback gRPC.
 type testServer struct {
-	gw     *gateway.Gateway
+	gw     *hostCore
 	srv    *Server
 	client extprocv3.ExternalProcessorClient
 	addr   string
 }
 
-func startServer(t testing.TB, cfg *v1alpha1.InferenceGatewayConfig, opts Options, gwOpts ...func(*gateway.Options)) *testServer {
+// hostCore is the host of a picker under test: the routing core (its
+// methods) and the host's Apply (with peers) and views.
+type hostCore struct {
+	*route.Router
+	h *host.Host
+}
+
+func (c *hostCore) Apply(cfg *v1alpha1.InferenceGatewayConfig) error { return c.h.Apply(cfg) }
+func (c *hostCore) Replicas() host.ReplicasView                      { return c.h.Replicas() }
+
+// run is kvgate epp: the host with this front, until ctx ends.
+func run(ctx context.Context, o host.Options, healthListen string, tlsConfig *tls.Config, xo Options) error {
+	xo.Logger = o.Logger
+	o.Front = func(ctx context.Context, h *host.Host) (host.Front, error) {
+		return Listen(ctx, New(h.Router(), xo), healthListen, tlsConfig)
+	}
+	return host.Run(ctx, o)
+}
+
+func startServer(t testing.TB, cfg *v1alpha1.InferenceGatewayConfig, opts Options, coreOpts ...func(*host.Core)) *testServer {
 	t.Helper()
-	o := gateway.Options{Logger: quiet}
-	for _, f := range gwOpts {
+	o := host.Core{Logger: quiet}
+	for _, f := range coreOpts {
 		f(&o)
 	}
-	gw := gateway.New(o)
-	t.Cleanup(gw.Close)
+	h := host.New(o)
+	gw := &hostCore{Router: h.Router(), h: h}
+	t.Cleanup(h.Close)
 	if cfg != nil {
 		if err := gw.Apply(cfg); err != nil {
 			t.Fatal(err)

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvgate/kvgate/internal/gateway"
+	"github.com/kvgate/kvgate/internal/host"
 	"github.com/kvgate/kvgate/internal/redistest"
 	"github.com/kvgate/kvgate/internal/sim"
 	"github.com/kvgate/kvgate/internal/simserver"
@@ -19,9 +19,9 @@ import (
 func TestPickersShareState(t *testing.T) {
 	r := redistest.Start(t)
 	cfg := gatewayConfig(pool(startSims(t, 3, simserver.Options{Engine: sim.Config{GPU: "h100", ModelSize: "8b"}})...))
-	shared := func(name string) func(*gateway.Options) {
-		return func(o *gateway.Options) {
-			o.SharedState = gateway.SharedStateOptions{Redis: r.Addr(), Cluster: "epp", Replica: name, Heartbeat: 100 * time.Millisecond}
+	shared := func(name string) func(*host.Core) {
+		return func(o *host.Core) {
+			o.SharedState = host.SharedStateOptions{Redis: r.Addr(), Cluster: "epp", Replica: name, Heartbeat: 100 * time.Millisecond}
 		}
 	}
 	a := startServer(t, cfg, Options{}, shared("a"))

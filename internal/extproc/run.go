@@ -15,8 +15,6 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/mem"
-
-	"github.com/kvgate/kvgate/internal/gateway"
 )
 
 // MaxMessageBytes bounds one gRPC message: Envoy's body chunks can be large.
@@ -29,30 +27,16 @@ const (
 	HealthReadiness = "readiness"
 )
 
-// RunOptions configure Run.
-type RunOptions struct {
-	// Server configures the gateway underneath: configuration file or source,
-	// Listen (the ext_proc port, default :9002), AdminListen (metrics, :9090).
-	Server gateway.ServerOptions
-	// HealthListen is the gRPC health listener (default :9003). It stays
-	// plaintext: Kubernetes gRPC probes cannot speak TLS.
-	HealthListen string
-	// TLS, when set, serves the ext_proc service over TLS.
-	TLS     *tls.Config
-	ExtProc Options
-}
-
-// Run serves the ext_proc data plane until ctx ends, then drains.
-func Run(ctx context.Context, o RunOptions) error {
-	if o.HealthListen == "" {
-		o.HealthListen = ":9003"
+// Listen starts the ext_proc gRPC server of s and its health server on
+// healthListen (default :9003; it stays plaintext: Kubernetes gRPC probes
+// cannot speak TLS), with tlsConfig when set. The returned front serves the
+// ext_proc listener it is handed and shuts both down; readiness follows s
+// until ctx ends.
+func Listen(ctx context.Context, s *Server, healthListen string, tlsConfig *tls.Config) (*Front, error) {
+	if healthListen == "" {
+		healthListen = ":9003"
 	}
-	o.Server.Frontend = func(ctx context.Context, g *gateway.Gateway) (gateway.Frontend, error) {
-		opts := o.ExtProc
-		opts.Logger = o.Server.Logger
-		return newFrontend(ctx, New(g.Router, opts), o.HealthListen, o.TLS)
-	}
-	return gateway.Run(ctx, o.Server)
+	return newFrontend(ctx, s, healthListen, tlsConfig)
 }
 
 // ServerOptions are the gRPC server's options. Envoy multiplexes every
@@ -82,15 +66,15 @@ func BufferPool() mem.BufferPool {
 	return p
 }
 
-// frontend is the ext_proc gRPC server and its health server, on their own
+// Front is the ext_proc gRPC server and its health server, on their own
 // listeners as GIE's picker has them.
-type frontend struct {
+type Front struct {
 	srv, healthSrv *grpc.Server
 	health         *health.Server
 	healthLn       net.Listener
 }
 
-func newFrontend(ctx context.Context, s *Server, healthListen string, tlsConfig *tls.Config) (*frontend, error) {
+func newFrontend(ctx context.Context, s *Server, healthListen string, tlsConfig *tls.Config) (*Front, error) {
 	ln, err := net.Listen("tcp", healthListen)
 	if err != nil {
 		return nil, errors.Join(errors.New("health listener"), err)
@@ -99,7 +83,7 @@ func newFrontend(ctx context.Context, s *Server, healthListen string, tlsConfig 
 	if tlsConfig != nil {
 		so = append(so, grpc.Creds(credentials.NewTLS(tlsConfig)))
 	}
-	f := &frontend{
+	f := &Front{
 		srv:       grpc.NewServer(so...),
 		healthSrv: grpc.NewServer(),
 		health:    health.NewServer(),
@@ -117,7 +101,7 @@ func newFrontend(ctx context.Context, s *Server, healthListen string, tlsConfig 
 
 // track keeps the readiness statuses in step with the gateway: a picker is ready
 // once it knows endpoints; a body-based router as soon as it serves.
-func (f *frontend) track(ctx context.Context, s *Server) {
+func (f *Front) track(ctx context.Context, s *Server) {
 	last := healthpb.HealthCheckResponse_SERVICE_UNKNOWN
 	t := time.NewTicker(100 * time.Millisecond)
 	defer t.Stop()
@@ -141,13 +125,13 @@ func (f *frontend) track(ctx context.Context, s *Server) {
 }
 
 // HealthAddr is the health listener's address.
-func (f *frontend) HealthAddr() string { return f.healthLn.Addr().String() }
+func (f *Front) HealthAddr() string { return f.healthLn.Addr().String() }
 
-func (f *frontend) Serve(ln net.Listener) error { return f.srv.Serve(ln) }
+func (f *Front) Serve(ln net.Listener) error { return f.srv.Serve(ln) }
 
 // Shutdown reports not serving, lets the streams in flight end, and stops hard
 // when ctx ends first.
-func (f *frontend) Shutdown(ctx context.Context) error {
+func (f *Front) Shutdown(ctx context.Context) error {
 	f.health.Shutdown()
 	done := make(chan struct{})
 	go func() {

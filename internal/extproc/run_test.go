@@ -15,7 +15,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
-	"github.com/kvgate/kvgate/internal/gateway"
+	"github.com/kvgate/kvgate/internal/host"
 	"github.com/kvgate/kvgate/internal/simserver"
 	"github.com/kvgate/kvgate/internal/waittest"
 )
@@ -34,31 +34,26 @@ func TestRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	apply := make(chan struct{})
-	ready := make(chan gateway.Addrs, 1)
+	ready := make(chan host.Addrs, 1)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := make(chan error, 1)
 	go func() {
-		done <- Run(ctx, RunOptions{
-			Server: gateway.ServerOptions{Listen: "127.0.0.1:0", AdminListen: "127.0.0.1:0", DrainTimeout: 5 * time.Second, Logger: quiet, Ready: ready,
-				Source: func(ctx context.Context, g *gateway.Gateway) error {
-					select {
-					case <-apply:
-					case <-ctx.Done():
-						return nil
-					}
-					if err := g.Apply(gatewayConfig(pool(addrs...))); err != nil {
-						return err
-					}
-					<-ctx.Done()
+		done <- run(ctx, host.Options{Listen: "127.0.0.1:0", AdminListen: "127.0.0.1:0", DrainTimeout: 5 * time.Second, Logger: quiet, Ready: ready,
+			Source: func(ctx context.Context, g *host.Host) error {
+				select {
+				case <-apply:
+				case <-ctx.Done():
 					return nil
-				}},
-			HealthListen: "127.0.0.1:0",
-			TLS:          tlsConfig,
-			ExtProc:      Options{Fallbacks: 0},
-		})
+				}
+				if err := g.Apply(gatewayConfig(pool(addrs...))); err != nil {
+					return err
+				}
+				<-ctx.Done()
+				return nil
+			}}, "127.0.0.1:0", tlsConfig, Options{Fallbacks: 0})
 	}()
-	var a gateway.Addrs
+	var a host.Addrs
 	select {
 	case a = <-ready:
 	case err := <-done:

@@ -98,7 +98,7 @@ type Options struct {
 // Server is the ext_proc service.
 type Server struct {
 	extprocv3.UnimplementedExternalProcessorServer
-	gw   *route.Router
+	gw   Core
 	opts Options
 	log  *slog.Logger
 	m    *telemetry.ExtProc
@@ -106,8 +106,20 @@ type Server struct {
 
 var _ extprocv3.ExternalProcessorServer = (*Server)(nil)
 
+// Core is what the Envoy front needs of the routing core (route.Router).
+type Core interface {
+	// Current is the configuration an exchange is served under, taken once
+	// when its headers arrive.
+	Current() route.Config
+	// CountRefused counts a request refused before it had a scheduler.
+	CountRefused(status int)
+	// Ready says whether the core can route (gRPC readiness).
+	Ready() bool
+	Metrics() *telemetry.Gateway
+}
+
 // New returns an Endpoint Picker over gw (or a Body-Based Router with opts.BBR).
-func New(gw *route.Router, opts Options) *Server {
+func New(gw Core, opts Options) *Server {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
@@ -155,6 +167,8 @@ type exchange struct {
 	ctx    context.Context
 	start  time.Time
 
+	// cfg is the configuration the exchange started under.
+	cfg      route.Config
 	rid      string
 	ridSet   bool // generated here, to be set on the request
 	headers  map[string]string
@@ -317,6 +331,9 @@ func (x *exchange) requestHeaders(msg *extprocv3.ProcessingRequest, h *extprocv3
 		return fmt.Errorf("%w: request headers sent twice", errProtocol)
 	}
 	x.headers = headerMap(h.GetHeaders())
+	// One configuration for the whole exchange: a reload meanwhile changes
+	// nothing of its rules.
+	x.cfg = x.s.gw.Current()
 	x.rid = x.headers[requestIDHeader]
 	if x.rid == "" || len(x.rid) > 128 {
 		x.rid, x.ridSet = proxy.NewRequestID(), true
@@ -325,7 +342,7 @@ func (x *exchange) requestHeaders(msg *extprocv3.ProcessingRequest, h *extprocv3
 		x.startSpan() // refusals are traced too
 		// Before anything else, as kvgate serve does: Envoy answers the
 		// client with the refusal and the request goes nowhere.
-		id, ref := x.s.gw.Authenticate(httpHeader(h.GetHeaders()))
+		id, ref := x.cfg.Authenticate(httpHeader(h.GetHeaders()))
 		if ref != nil {
 			x.s.log.Debug("request not authenticated", "request_id", x.rid, "status", ref.Status)
 			return x.refuse(ref, true)
@@ -334,7 +351,7 @@ func (x *exchange) requestHeaders(msg *extprocv3.ProcessingRequest, h *extprocv3
 	}
 	x.subset = subsetHint(msg.GetMetadataContext())
 	if cl, err := strconv.ParseInt(x.headers["content-length"], 10, 64); err == nil && x.s.opts.BBR == nil {
-		if limit, _, _ := x.s.gw.BodyLimits(); limit > 0 && cl > limit {
+		if limit := x.cfg.MaxBody(); limit > 0 && cl > limit {
 			return x.refuse(proxy.TooLarge(limit), false)
 		}
 	}
@@ -352,7 +369,7 @@ func (x *exchange) requestHeaders(msg *extprocv3.ProcessingRequest, h *extprocv3
 		// No body (or none this processor will see): the header decides, or
 		// the only scheduler when there is one (GET /v1/models and the like).
 		if model == "" {
-			model, _ = x.s.gw.OnlyModel()
+			model, _ = x.cfg.OnlyModel()
 		}
 		return x.decide(model, nil)
 	case model != "" && x.promptLimit() == 0:
@@ -465,7 +482,7 @@ func (x *exchange) scanAndDecide(first *extprocv3.HttpBody) error {
 		x.parts = append(x.parts, bytes.Clone(p))
 		return nil
 	}
-	sc, err := openai.ScanFor(r, x.held, openai.Want{PromptLimit: limit, HeaderModel: header, User: picking && x.s.gw.WantsUser(), Spill: spill})
+	sc, err := openai.ScanFor(r, x.held, openai.Want{PromptLimit: limit, HeaderModel: header, User: picking && x.cfg.WantsUser(), Spill: spill})
 	x.user = sc.User
 	if r.err != nil {
 		return r.err // the stream broke or sent something out of order
@@ -533,7 +550,7 @@ func (x *exchange) decide(model string, prompt []byte) error {
 	if size <= 0 && x.held != nil {
 		size = int64(x.held.Len())
 	}
-	rt, rerr := x.s.gw.Route(x.ctx, route.Request{RequestID: x.rid, Model: model, Prompt: prompt, BodyBytes: size, Subset: x.subset, Start: x.start,
+	rt, rerr := x.cfg.Route(x.ctx, route.Request{RequestID: x.rid, Model: model, Prompt: prompt, BodyBytes: size, Subset: x.subset, Start: x.start,
 		Objective: x.headers[objectiveHeader], User: x.user, Header: func(name string) string { return x.headers[strings.ToLower(name)] },
 		Identity: x.identity, Trace: x.keepDecision()})
 	if rerr != nil {
@@ -566,7 +583,7 @@ func (x *exchange) answerHeaders(set []*corev3.HeaderValueOption, remove []strin
 	if x.s.opts.BBR == nil {
 		// The body-based router runs before the picker, which still needs them.
 		// The client's credentials were for the gateway, not the model server.
-		creds := x.s.gw.AuthEnabled()
+		creds := x.cfg.AuthEnabled()
 		for name := range x.headers {
 			if isControlHeader(name) || creds && auth.IsCredential(name) {
 				remove = append(remove, name)
@@ -747,7 +764,7 @@ func (r *chunkReader) Read(p []byte) (int, error) {
 // long as its response has not started (a server may answer before reading a
 // whole body; that answer stands). A body-based router has no limit of its own.
 func (x *exchange) checkSize() error {
-	limit, _, _ := x.s.gw.BodyLimits()
+	limit := x.cfg.MaxBody()
 	if limit <= 0 || x.reqBytes <= limit || x.s.opts.BBR != nil || x.status > 0 {
 		return nil
 	}
@@ -851,6 +868,5 @@ func (s *Server) Ready() bool { return s.opts.BBR != nil || s.gw.Ready() }
 // promptLimit is how much of a prompt's head the configuration's prefix
 // indexes hash.
 func (x *exchange) promptLimit() int {
-	_, n, _ := x.s.gw.BodyLimits()
-	return n
+	return x.cfg.PromptLimit()
 }

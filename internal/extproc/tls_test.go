@@ -14,7 +14,7 @@ import (
 
 	"github.com/kvgate/kvgate/internal/certs"
 	"github.com/kvgate/kvgate/internal/certs/certstest"
-	"github.com/kvgate/kvgate/internal/gateway"
+	"github.com/kvgate/kvgate/internal/host"
 	"github.com/kvgate/kvgate/internal/promtest"
 	"github.com/kvgate/kvgate/internal/simserver"
 	"github.com/kvgate/kvgate/internal/waittest"
@@ -38,22 +38,18 @@ func TestServingTLSRotation(t *testing.T) {
 		t.Fatal(err)
 	}
 	addrs := startSims(t, 1, simserver.Options{})
-	ready := make(chan gateway.Addrs, 1)
+	ready := make(chan host.Addrs, 1)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		done <- Run(ctx, RunOptions{
-			Server: gateway.ServerOptions{Listen: "127.0.0.1:0", AdminListen: "127.0.0.1:0", DrainTimeout: 5 * time.Second, Logger: quiet, Ready: ready,
-				Source: func(ctx context.Context, g *gateway.Gateway) error {
-					if err := g.Apply(gatewayConfig(pool(addrs...))); err != nil {
-						return err
-					}
-					<-ctx.Done()
-					return nil
-				}},
-			HealthListen: "127.0.0.1:0",
-			TLS:          cfg,
-		})
+		done <- run(ctx, host.Options{Listen: "127.0.0.1:0", AdminListen: "127.0.0.1:0", DrainTimeout: 5 * time.Second, Logger: quiet, Ready: ready,
+			Source: func(ctx context.Context, g *host.Host) error {
+				if err := g.Apply(gatewayConfig(pool(addrs...))); err != nil {
+					return err
+				}
+				<-ctx.Done()
+				return nil
+			}}, "127.0.0.1:0", cfg, Options{})
 	}()
 	defer func() {
 		cancel()
@@ -61,7 +57,7 @@ func TestServingTLSRotation(t *testing.T) {
 			t.Errorf("Run: %v", err)
 		}
 	}()
-	var a gateway.Addrs
+	var a host.Addrs
 	select {
 	case a = <-ready:
 	case err := <-done:

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/kvgate/kvgate/internal/host"
 	"io"
 	"log/slog"
 	"net/http"
@@ -85,12 +86,12 @@ func TestBackendTLS(t *testing.T) {
 	path := filepath.Join(dir, "igwc.yaml")
 	writeAtomically(t, path, backendTLSYAML(caFile, goodAddr, plainAddr, wrongAddr, fallbackAddr))
 	var logs logtest.Buffer
-	ready := make(chan Addrs, 1)
+	ready := make(chan host.Addrs, 1)
 	hup := make(chan os.Signal, 1)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		done <- Run(ctx, ServerOptions{ConfigPath: path, Listen: "127.0.0.1:0", AdminListen: "127.0.0.1:0", DrainTimeout: 5 * time.Second,
+		done <- run(ctx, host.Options{ConfigPath: path, Listen: "127.0.0.1:0", AdminListen: "127.0.0.1:0", DrainTimeout: 5 * time.Second,
 			Reload: hup, Ready: ready, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	}()
 	t.Cleanup(func() {
@@ -99,7 +100,7 @@ func TestBackendTLS(t *testing.T) {
 			t.Errorf("Run: %v", err)
 		}
 	})
-	var addrs Addrs
+	var addrs host.Addrs
 	select {
 	case addrs = <-ready:
 	case err := <-done:

@@ -68,7 +68,7 @@ func TestBadInput(t *testing.T) {
 // a body that never ends.
 func TestHostileClients(t *testing.T) {
 	_, addr := startSim(t, llama, simserver.Options{})
-	_, base := startGateway(t, gatewayConfig(scheduler("p", llama, addr)), func(o *Options) { o.BodyReadTimeout = 300 * time.Millisecond })
+	_, base := startGateway(t, gatewayConfig(scheduler("p", llama, addr)), func(o *setup) { o.BodyReadTimeout = 300 * time.Millisecond })
 	host := strings.TrimPrefix(base, "http://")
 
 	t.Run("huge headers", func(t *testing.T) {

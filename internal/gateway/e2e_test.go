@@ -231,7 +231,7 @@ func TestServerErrorsStayInside(t *testing.T) {
 			cfg := gatewayConfig(scheduler("p", llama, strings.TrimPrefix(up.URL, "http://")))
 			cfg.Spec.Gateway.MaxAttempts = &one
 			logs := &logtest.Buffer{}
-			_, base := startGateway(t, cfg, func(o *Options) { o.Logger = slog.New(slog.NewTextHandler(logs, nil)) })
+			_, base := startGateway(t, cfg, func(o *setup) { o.Logger = slog.New(slog.NewTextHandler(logs, nil)) })
 			resp, raw, e := call(t, "POST", base+"/v1/chat/completions", chat(llama), "X-Request-Id", "rid-77")
 			if resp.StatusCode != tc.status || resp.Header.Get("Retry-After") != tc.retryAfter {
 				t.Fatalf("%d (Retry-After %q) %s", resp.StatusCode, resp.Header.Get("Retry-After"), raw)
@@ -525,7 +525,7 @@ func TestGPUAwarePicking(t *testing.T) {
 	_, busy := startSim(t, llama, simserver.Options{})
 	// Scrapes 200 ms apart: the burst below lands between two of them, so only the
 	// gateway's own accounting can spread it.
-	g, base := startGateway(t, gatewayConfig(scheduler("p", llama, idle, busy)), func(o *Options) { o.Fleet.Interval = 200 * time.Millisecond })
+	g, base := startGateway(t, gatewayConfig(scheduler("p", llama, idle, busy)), func(o *setup) { o.Core.Fleet.Interval = 200 * time.Millisecond })
 	// Two long requests on busy, sent to it directly: it looks busier than idle.
 	for range 2 {
 		go func() {

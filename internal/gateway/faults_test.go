@@ -21,6 +21,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kvgate/kvgate/api/v1alpha1"
+	"github.com/kvgate/kvgate/internal/host"
 	"github.com/kvgate/kvgate/internal/simserver"
 	"github.com/kvgate/kvgate/internal/waittest"
 )
@@ -457,7 +458,7 @@ func TestRetriesCounted(t *testing.T) {
 }
 
 // waitScraped waits until the fleet reads every addr as healthy.
-func waitScraped(t *testing.T, g *Gateway, addrs ...string) {
+func waitScraped(t *testing.T, g *fixture, addrs ...string) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
@@ -524,12 +525,12 @@ func TestDrain(t *testing.T) {
 	_, slow := startFaulty(t, "slow")
 	path := filepath.Join(t.TempDir(), "igwc.yaml")
 	writeAtomically(t, path, configYAML(2, slow))
-	ready := make(chan Addrs, 1)
+	ready := make(chan host.Addrs, 1)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := make(chan error, 1)
 	go func() {
-		done <- Run(ctx, ServerOptions{ConfigPath: path, Listen: "127.0.0.1:0", AdminListen: "127.0.0.1:0",
+		done <- run(ctx, host.Options{ConfigPath: path, Listen: "127.0.0.1:0", AdminListen: "127.0.0.1:0",
 			PreStop: time.Second, DrainTimeout: 2 * time.Second, Ready: ready, Logger: quiet})
 	}()
 	addrs := <-ready

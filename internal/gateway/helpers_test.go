@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"context"
 	"encoding/json"
 	"io"
 	"log/slog"
@@ -14,7 +15,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kvgate/kvgate/api/v1alpha1"
+	"github.com/kvgate/kvgate/internal/host"
 	"github.com/kvgate/kvgate/internal/promtest"
+	"github.com/kvgate/kvgate/internal/route"
 	"github.com/kvgate/kvgate/internal/simserver"
 	"github.com/kvgate/kvgate/internal/simserver/simtest"
 )
@@ -50,23 +53,59 @@ func gatewayConfig(schedulers ...v1alpha1.SchedulerSpec) *v1alpha1.InferenceGate
 	}
 }
 
-// startGateway serves a gateway with cfg over httptest and returns it and its URL.
-func startGateway(t testing.TB, cfg *v1alpha1.InferenceGatewayConfig, opts ...func(*Options)) (*Gateway, string) {
-	t.Helper()
-	o := Options{Logger: quiet}
+// setup is what a test may change of a gateway: the front's options and the
+// core's.
+type setup struct {
+	Options
+	Core host.Core
+}
+
+// fixture is a gateway under test: the routing core (its methods), the host
+// around it (Apply installs TLS and peers too) and the HTTP front.
+type fixture struct {
+	*route.Router
+	host  *host.Host
+	front *Gateway
+}
+
+func (f *fixture) Apply(cfg *v1alpha1.InferenceGatewayConfig) error { return f.host.Apply(cfg) }
+func (f *fixture) AdminHandler() http.Handler                       { return f.host.AdminHandler() }
+func (f *fixture) Replicas() host.ReplicasView                      { return f.host.Replicas() }
+func (f *fixture) Close()                                           { f.host.Close() }
+
+// newFixture builds a gateway with no configuration.
+func newFixture(opts ...func(*setup)) *fixture {
+	o := setup{Options: Options{Logger: quiet}}
 	for _, f := range opts {
 		f(&o)
 	}
-	g := New(o)
+	o.Core.Logger = o.Logger
+	h := host.New(o.Core)
+	return &fixture{Router: h.Router(), host: h, front: New(h.Router(), o.Options)}
+}
+
+// startGateway serves a gateway with cfg over httptest and returns it and its URL.
+func startGateway(t testing.TB, cfg *v1alpha1.InferenceGatewayConfig, opts ...func(*setup)) (*fixture, string) {
+	t.Helper()
+	g := newFixture(opts...)
 	t.Cleanup(g.Close)
 	if err := g.Apply(cfg); err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewUnstartedServer(g)
+	srv := httptest.NewUnstartedServer(g.front)
 	srv.Config.MaxHeaderBytes = 64 << 10
 	srv.Start()
 	t.Cleanup(srv.Close)
 	return g, srv.URL
+}
+
+// run is kvgate serve: the host with this front, until ctx ends.
+func run(ctx context.Context, o host.Options) error {
+	o.Core.ListenerTLS = true
+	o.Front = func(_ context.Context, h *host.Host) (host.Front, error) {
+		return h.HTTP(New(h.Router(), Options{Logger: o.Logger})), nil
+	}
+	return host.Run(ctx, o)
 }
 
 func sdk(base string, opts ...option.RequestOption) openai.Client {
@@ -85,7 +124,7 @@ func servedBy(into *string) option.RequestOption {
 }
 
 // counter reads a kvgate metric with the given labels (0 when absent).
-func counter(t testing.TB, g *Gateway, name string, labels ...string) float64 {
+func counter(t testing.TB, g *fixture, name string, labels ...string) float64 {
 	t.Helper()
 	return promtest.Value(t, g.Metrics().Registry, name, labels...)
 }

@@ -305,9 +305,9 @@ func TestDecisionLogAndScrapeErrors(t *testing.T) {
 	s, a := startSim(t, llama, simserver.Options{})
 	_, b := startSim(t, llama, simserver.Options{})
 	var logs logtest.Buffer
-	g, base := startGateway(t, gatewayConfig(scheduler("p", llama, a, b)), func(o *Options) {
+	g, base := startGateway(t, gatewayConfig(scheduler("p", llama, a, b)), func(o *setup) {
 		o.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-		o.DecisionLogEvery = 3
+		o.Core.DecisionLogEvery = 3
 	})
 	for range 6 {
 		post(t, base, chat(llama))

@@ -315,7 +315,7 @@ func endpointShare(rs []outcome) map[string]int {
 // procEnv is one case's pods, gateway and client.
 type procEnv struct {
 	sims []*simProc
-	g    *Gateway
+	g    *fixture
 	c    *wireClient
 	t0   time.Time       // when the case's load began
 	glog *logtest.Buffer // the gateway's warnings
@@ -465,7 +465,7 @@ func TestProcessFaults(t *testing.T) {
 			// The defaults: no timeout, scrape or outlier setting.
 			cfg := gatewayConfig(scheduler("p", llama, e.addrs()...))
 			var base string
-			e.g, base = startGateway(t, cfg, func(o *Options) {
+			e.g, base = startGateway(t, cfg, func(o *setup) {
 				o.Logger = slog.New(slog.NewTextHandler(glog, &slog.HandlerOptions{Level: slog.LevelWarn}))
 			})
 			waitScraped(t, e.g, e.addrs()...)

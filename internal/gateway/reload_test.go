@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/kvgate/kvgate/internal/host"
 	"io"
 	"net/http"
 	"os"
@@ -74,12 +75,12 @@ func TestReloadWithoutFailedRequests(t *testing.T) {
 	_, b := startSim(t, llama, simserver.Options{})
 	path := filepath.Join(t.TempDir(), "igwc.yaml")
 	writeAtomically(t, path, configYAML(2, a))
-	ready := make(chan Addrs, 1)
+	ready := make(chan host.Addrs, 1)
 	hup := make(chan os.Signal, 1)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		done <- Run(ctx, ServerOptions{ConfigPath: path, Listen: "127.0.0.1:0", AdminListen: "127.0.0.1:0", DrainTimeout: 5 * time.Second,
+		done <- run(ctx, host.Options{ConfigPath: path, Listen: "127.0.0.1:0", AdminListen: "127.0.0.1:0", DrainTimeout: 5 * time.Second,
 			Reload: hup, Ready: ready, Logger: quiet})
 	}()
 	addrs := <-ready

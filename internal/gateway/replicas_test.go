@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"fmt"
+	"github.com/kvgate/kvgate/internal/host"
 	"io"
 	"net/http"
 	"strings"
@@ -25,7 +26,7 @@ import (
 
 // replica is one gateway replica of a test.
 type replica struct {
-	g    *Gateway
+	g    *fixture
 	base string
 }
 
@@ -52,9 +53,9 @@ func startReplicas(t *testing.T, r *redistest.Server, n int, cfg *v1alpha1.Infer
 
 func startReplica(t *testing.T, r *redistest.Server, name string, cfg *v1alpha1.InferenceGatewayConfig) replica {
 	t.Helper()
-	g, base := startGateway(t, cfg, func(o *Options) {
+	g, base := startGateway(t, cfg, func(o *setup) {
 		if r != nil {
-			o.SharedState = SharedStateOptions{Redis: r.Addr(), Cluster: "test", Replica: name, Heartbeat: 100 * time.Millisecond}
+			o.Core.SharedState = host.SharedStateOptions{Redis: r.Addr(), Cluster: "test", Replica: name, Heartbeat: 100 * time.Millisecond}
 		}
 	})
 	return replica{g, base}
@@ -414,7 +415,7 @@ func TestReplicasShareEjections(t *testing.T) {
 	if err := bad.SetFaults(simserver.Faults{ErrorRate: 1, ErrorStatus: http.StatusInternalServerError}); err != nil {
 		t.Fatal(err)
 	}
-	ejected := func(g *Gateway) bool {
+	ejected := func(g *fixture) bool {
 		for _, e := range g.FleetView()[0].Endpoints {
 			if e.Address == badAddr {
 				return e.EjectedForMs > 0
@@ -463,7 +464,7 @@ func TestSharedStateMisconfigured(t *testing.T) {
 }
 
 // gaugeValue reads an unlabelled gauge from the gateway's registry.
-func gaugeValue(t *testing.T, g *Gateway, name string) float64 {
+func gaugeValue(t *testing.T, g *fixture, name string) float64 {
 	t.Helper()
 	mfs, err := g.Metrics().Registry.Gather()
 	if err != nil {

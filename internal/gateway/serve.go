@@ -36,9 +36,12 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w = tr.Wrap(w)
 		defer func() { tr.End(tracing.WrittenStatus(w)) }()
 	}
+	// One configuration for the whole request: a reload meanwhile changes
+	// nothing of its rules.
+	cfg := g.core.Current()
 	// Before anything else: an unauthenticated client learns nothing, not
 	// even which paths exist.
-	id, aref := g.Authenticate(r.Header)
+	id, aref := cfg.Authenticate(r.Header)
 	if aref != nil {
 		// Debug: scanners probing the front door would flood Info, and the
 		// refusals are counted (kvgate_auth_requests_total).
@@ -47,7 +50,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if r.URL.Path == "/v1/models" || strings.HasPrefix(r.URL.Path, "/v1/models/") {
-		g.serveModels(w, r, id)
+		serveModels(w, r, cfg.Models(id))
 		return
 	}
 	if !proxy.Proxied(r.URL.Path) {
@@ -59,11 +62,11 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		g.refuse(w, nil, &proxy.Refusal{Status: http.StatusMethodNotAllowed, Type: openai.TypeInvalidRequest, Message: "method " + r.Method + " not allowed; use POST"})
 		return
 	}
-	maxBody, promptLimit, configured := g.BodyLimits()
-	if !configured {
-		g.refuse(w, nil, &proxy.Refusal{Status: http.StatusServiceUnavailable, Type: openai.TypeServer, Message: route.NoConfiguration, RetryAfter: 1})
+	if !cfg.Configured() {
+		g.refuse(w, nil, route.Unconfigured())
 		return
 	}
+	maxBody := cfg.MaxBody()
 	if r.ContentLength > maxBody {
 		g.refuse(w, nil, proxy.TooLarge(maxBody))
 		return
@@ -84,7 +87,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			headPool.Put(head)
 		}
 	}()
-	hold := g.bodies.hold(g.MaxBuffered(), g.Metrics())
+	hold := g.bodies.hold(cfg.MaxBuffered(), g.core.Metrics())
 	defer hold.Done()
 	// The head's bytes the scan let go of, in order; the chunks go back to
 	// their pool after the last attempt's reader is detached (deferred later).
@@ -98,14 +101,14 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	var sc openai.Scanned
 	err := errOverBudget
 	if hold.Reserve(scanning) {
-		sc, err = openai.ScanFor(body, head, openai.Want{PromptLimit: promptLimit, HeaderModel: model, User: g.WantsUser(), Spill: parts.add})
+		sc, err = openai.ScanFor(body, head, openai.Want{PromptLimit: cfg.PromptLimit(), HeaderModel: model, User: cfg.WantsUser(), Spill: parts.add})
 		hold.Release(scanning)
 		if err == nil && !hold.Reserve(int64(head.Len())) {
 			err = errOverBudget
 		}
 	}
 	if errors.Is(err, errOverBudget) {
-		g.Metrics().BufferRefused.Inc()
+		g.core.Metrics().BufferRefused.Inc()
 		g.refuse(w, nil, overBudget)
 		return
 	}
@@ -128,7 +131,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		size = headLen
 	}
 	// Admission and the pick, which reserves the chosen endpoint's slot.
-	rt, ref := g.Route(r.Context(), route.Request{RequestID: rid, Model: model, Prompt: prompt, BodyBytes: size, Start: start,
+	rt, ref := cfg.Route(r.Context(), route.Request{RequestID: rid, Model: model, Prompt: prompt, BodyBytes: size, Start: start,
 		Objective: r.Header.Get(proxy.ObjectiveHeader), Explain: r.Header.Get("X-Kvgate-Explain") == "1", Header: r.Header.Get, User: user,
 		Identity: id, Trace: routing(tr, model, id)})
 	if ref != nil {
@@ -159,7 +162,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// Runs before the head buffer goes back to the pool: a transport still holding
 	// the last attempt's reader must not read it afterwards.
 	defer rb.Detach()
-	g.forward(ctx, w, r, rt, rb, rid)
+	g.forward(ctx, w, r, rt, rb, rid, cfg.AuthEnabled())
 }
 
 // refuse answers with a refusal the routing core did not see, and counts it.
@@ -167,7 +170,7 @@ func (g *Gateway) refuse(w http.ResponseWriter, rt *route.Route, ref *proxy.Refu
 	if rt != nil {
 		rt.Finish(route.Outcome{Status: ref.Status, Unanswered: true})
 	} else {
-		g.CountRefused(ref.Status)
+		g.core.CountRefused(ref.Status)
 	}
 	ref.Write(w)
 }
@@ -177,7 +180,7 @@ func (g *Gateway) refuse(w http.ResponseWriter, rt *route.Route, ref *proxy.Refu
 // endpoint arrives reserved; a fallback is used only if it has a free slot.
 // Nothing goes to the client before the answer's first bytes: an endpoint that
 // fails before them is retried like one that never answered.
-func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Request, rt *route.Route, body *proxy.ReplayBody, rid string) {
+func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Request, rt *route.Route, body *proxy.ReplayBody, rid string, authenticated bool) {
 	// Releases the endpoint if a hook panics; after Finish it does nothing.
 	defer rt.Finish(route.Outcome{})
 	targets := make([]proxy.Target, len(rt.Endpoints))
@@ -189,7 +192,7 @@ func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Re
 	routed(tr, rt)
 	retry := "" // why the last attempt failed, counted when the next one starts
 	withheld := proxy.IsControlHeader
-	if g.AuthEnabled() {
+	if authenticated {
 		// The client's credentials were for the gateway, not the model server.
 		withheld = func(name string) bool { return proxy.IsControlHeader(name) || auth.IsCredential(name) }
 	}
@@ -203,7 +206,7 @@ func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Re
 			if !rt.Retry(rt.Endpoints[i]) {
 				return nil, false
 			}
-			g.Metrics().Retries.WithLabelValues(sched, retry).Inc()
+			g.core.Metrics().Retries.WithLabelValues(sched, retry).Inc()
 			return nil, true
 		},
 		Watch: func(ctx context.Context, i int, giveUp func(error)) { g.watcher.watch(ctx, rt, i, giveUp) },

@@ -45,7 +45,7 @@ func slowScrapes(cfg *v1alpha1.InferenceGatewayConfig) {
 }
 
 // speeds returns each endpoint's learned speed, by address.
-func speeds(g *Gateway) map[string]latency.Speed {
+func speeds(g *fixture) map[string]latency.Speed {
 	out := map[string]latency.Speed{}
 	for _, v := range g.FleetView() {
 		for _, e := range v.Endpoints {
@@ -59,7 +59,7 @@ func speeds(g *Gateway) map[string]latency.Speed {
 // least three and until every endpoint has learned a speed of its own: waves
 // of ten per endpoint, so that each sees work queued (a pod only ever idle
 // tells its latency, not its throughput).
-func warmUp(t *testing.T, g *Gateway, base string, addrs []string) {
+func warmUp(t *testing.T, g *fixture, base string, addrs []string) {
 	t.Helper()
 	n, waves := 0, 0
 	waittest.Until(t, 2*time.Minute, "every endpoint to learn its speed", func() bool {

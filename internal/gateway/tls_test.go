@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"fmt"
+	"github.com/kvgate/kvgate/internal/host"
 	"io"
 	"net"
 	"net/http"
@@ -40,13 +41,13 @@ func tlsBlock(certFile, keyFile string) string {
 }
 
 // runFromFile runs kvgate serve on a configuration file until the test ends.
-func runFromFile(t *testing.T, path string, hup chan os.Signal) Addrs {
+func runFromFile(t *testing.T, path string, hup chan os.Signal) host.Addrs {
 	t.Helper()
-	ready := make(chan Addrs, 1)
+	ready := make(chan host.Addrs, 1)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		done <- Run(ctx, ServerOptions{ConfigPath: path, Listen: "127.0.0.1:0", AdminListen: "127.0.0.1:0", DrainTimeout: 5 * time.Second,
+		done <- run(ctx, host.Options{ConfigPath: path, Listen: "127.0.0.1:0", AdminListen: "127.0.0.1:0", DrainTimeout: 5 * time.Second,
 			Reload: hup, Ready: ready, Logger: quiet})
 	}()
 	t.Cleanup(func() {
@@ -61,7 +62,7 @@ func runFromFile(t *testing.T, path string, hup chan os.Signal) Addrs {
 	case err := <-done:
 		t.Fatalf("Run: %v", err)
 	}
-	return Addrs{}
+	return host.Addrs{}
 }
 
 // adminText is a page of the admin listener.
@@ -237,7 +238,7 @@ func TestTLSByReload(t *testing.T) {
 	t.Run("unloadable files at start", func(t *testing.T) {
 		bad := filepath.Join(dir, "bad.yaml")
 		writeAtomically(t, bad, tlsConfigYAML(tlsBlock(filepath.Join(dir, "none.crt"), keyFile), a))
-		err := Run(context.Background(), ServerOptions{ConfigPath: bad, Listen: "127.0.0.1:0", AdminListen: "127.0.0.1:0", Logger: quiet})
+		err := run(context.Background(), host.Options{ConfigPath: bad, Listen: "127.0.0.1:0", AdminListen: "127.0.0.1:0", Logger: quiet})
 		if err == nil || !strings.Contains(err.Error(), "spec.tls") {
 			t.Fatalf("Run: %v, want the certificate's error", err)
 		}

@@ -79,7 +79,7 @@ func busy(t *testing.T, seen *headerSeen, calls *atomic.Int64) string {
 
 // tracedGateway wires tracing as kvgate serve does: the OTLP exporter from
 // the OTEL_* environment, pointed at rcv.
-func tracedGateway(t *testing.T, rcv *tracingtest.Receiver, accessLog *syncBuffer) func(*Options) {
+func tracedGateway(t *testing.T, rcv *tracingtest.Receiver, accessLog *syncBuffer) func(*setup) {
 	t.Helper()
 	t.Setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", rcv.Endpoint)
 	t.Setenv("OTEL_TRACES_SAMPLER", "parentbased_always_on")
@@ -92,7 +92,7 @@ func tracedGateway(t *testing.T, rcv *tracingtest.Receiver, accessLog *syncBuffe
 	if err != nil {
 		t.Fatal(err)
 	}
-	return func(o *Options) { o.Tracing, o.AccessLog = p, al }
+	return func(o *setup) { o.Tracing, o.AccessLog = p, al }
 }
 
 // syncBuffer serialises the access log's writes with the test's reads.
@@ -158,7 +158,7 @@ func TestTracingRetriedStream(t *testing.T) {
 				t.Fatalf("stream: err %v, content %q, the 503 endpoint called %d times (want 1: a retried request)", s.Err(), content, busyCalls.Load())
 			}
 
-			p := g.opts.Tracing
+			p := g.front.opts.Tracing
 			flush := func() { _ = p.Flush(context.Background()) }
 			spans := rcv.Wait(t, 10*time.Second, flush, func(s tracingtest.Span) bool { return s.Kind == tracepb.Span_SPAN_KIND_SERVER })
 			var req tracingtest.Span
@@ -278,7 +278,7 @@ func TestTracingOff(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			_, base := startGateway(t, gatewayConfig(scheduler("p", llama, good)), func(o *Options) { o.AccessLog = al })
+			_, base := startGateway(t, gatewayConfig(scheduler("p", llama, good)), func(o *setup) { o.AccessLog = al })
 			resp, _, _ := call(t, "POST", base+"/v1/chat/completions", chat(llama), "Traceparent", tp, "X-Request-Id", "untraced")
 			if resp.StatusCode != 200 {
 				t.Fatalf("status %d", resp.StatusCode)

@@ -16,6 +16,7 @@ import (
 
 	"github.com/kvgate/kvgate/api/v1alpha1"
 	"github.com/kvgate/kvgate/internal/gateway"
+	"github.com/kvgate/kvgate/internal/host"
 	"github.com/kvgate/kvgate/internal/promtest"
 	"github.com/kvgate/kvgate/internal/simserver"
 	"github.com/kvgate/kvgate/internal/simserver/simtest"
@@ -31,7 +32,8 @@ var quiet = slog.New(slog.DiscardHandler)
 // cluster that dies and comes back on the same addresses.
 type tier1 struct {
 	t          testing.TB
-	gw         *gateway.Gateway
+	host       *host.Host
+	front      http.Handler
 	api, admin *httptest.Server
 	apiAddr    string
 	adminAddr  string
@@ -45,15 +47,16 @@ func startTier1(t testing.TB, sims int, opts simserver.Options) *tier1 {
 	for range sims {
 		eps = append(eps, simtest.Start(t, opts).Addr())
 	}
-	g := gateway.New(gateway.Options{Logger: quiet})
+	g := host.New(host.Core{Logger: quiet})
 	t.Cleanup(g.Close)
+	front := gateway.New(g.Router(), gateway.Options{Logger: quiet})
 	cfg := &v1alpha1.InferenceGatewayConfig{TypeMeta: metav1.TypeMeta{APIVersion: v1alpha1.APIVersion, Kind: v1alpha1.Kind},
 		ObjectMeta: metav1.ObjectMeta{Name: "t1"},
 		Spec:       v1alpha1.InferenceGatewayConfigSpec{BBR: v1alpha1.BBRSpec{Enabled: true}, Schedulers: []v1alpha1.SchedulerSpec{{Name: "llama", ModelName: llama, Endpoints: eps}}}}
 	if err := g.Apply(cfg); err != nil {
 		t.Fatal(err)
 	}
-	m := &tier1{t: t, gw: g}
+	m := &tier1{t: t, host: g, front: front}
 	m.serve("127.0.0.1:0", "127.0.0.1:0")
 	t.Cleanup(m.kill)
 	return m
@@ -70,10 +73,10 @@ func (m *tier1) serve(apiAddr, adminAddr string) {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.api = httptest.NewUnstartedServer(m.gw)
+	m.api = httptest.NewUnstartedServer(m.front)
 	m.api.Listener = listen(apiAddr)
 	m.api.Start()
-	m.admin = httptest.NewUnstartedServer(m.gw.AdminHandler())
+	m.admin = httptest.NewUnstartedServer(m.host.AdminHandler())
 	m.admin.Listener = listen(adminAddr)
 	m.admin.Start()
 	m.apiAddr, m.adminAddr = m.api.Listener.Addr().String(), m.admin.Listener.Addr().String()

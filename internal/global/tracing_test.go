@@ -15,6 +15,7 @@ import (
 
 	"github.com/kvgate/kvgate/api/v1alpha1"
 	"github.com/kvgate/kvgate/internal/gateway"
+	"github.com/kvgate/kvgate/internal/host"
 	"github.com/kvgate/kvgate/internal/simserver"
 	"github.com/kvgate/kvgate/internal/simserver/simtest"
 	"github.com/kvgate/kvgate/internal/tracing"
@@ -26,15 +27,16 @@ import (
 func startTracedTier1(t *testing.T, p *tracing.Provider) *tier1 {
 	t.Helper()
 	ep := simtest.Start(t, simserver.Options{Model: llama}).Addr()
-	g := gateway.New(gateway.Options{Logger: quiet, Tracing: p})
+	g := host.New(host.Core{Logger: quiet})
 	t.Cleanup(g.Close)
+	front := gateway.New(g.Router(), gateway.Options{Logger: quiet, Tracing: p})
 	cfg := &v1alpha1.InferenceGatewayConfig{TypeMeta: metav1.TypeMeta{APIVersion: v1alpha1.APIVersion, Kind: v1alpha1.Kind},
 		ObjectMeta: metav1.ObjectMeta{Name: "t1"},
 		Spec:       v1alpha1.InferenceGatewayConfigSpec{BBR: v1alpha1.BBRSpec{Enabled: true}, Schedulers: []v1alpha1.SchedulerSpec{{Name: "llama", ModelName: llama, Endpoints: []string{ep}}}}}
 	if err := g.Apply(cfg); err != nil {
 		t.Fatal(err)
 	}
-	m := &tier1{t: t, gw: g}
+	m := &tier1{t: t, host: g, front: front}
 	m.serve("127.0.0.1:0", "127.0.0.1:0")
 	t.Cleanup(m.kill)
 	return m

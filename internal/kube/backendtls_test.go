@@ -51,11 +51,11 @@ func TestPoolOverTLS(t *testing.T) {
 	if err := k.c.Create(context.Background(), igwc(ns, "gw", sc)); err != nil {
 		t.Fatal(err)
 	}
-	waittest.Until(t, 10*time.Second, "the pod as an endpoint", func() bool { return endpointsOf(t, r.g.Gateway, "vllm") == addr })
+	waittest.Until(t, 10*time.Second, "the pod as an endpoint", func() bool { return endpointsOf(t, r.g.Host, "vllm") == addr })
 	if got := spread(t, r.url, 5); got[addr] != 5 {
 		t.Errorf("requests over TLS: %v", got)
 	}
-	if active, _, _ := r.g.ConfigStatus(); active == nil || !active.Spec.Schedulers[0].HTTPS() {
+	if active, _, _ := r.g.Router().ConfigStatus(); active == nil || !active.Spec.Schedulers[0].HTTPS() {
 		t.Errorf("the scheduler's https gave way to the pool's default http: %+v", active)
 	}
 	waittest.Until(t, 10*time.Second, "status Ready", func() bool {

@@ -29,6 +29,7 @@ import (
 
 	"github.com/kvgate/kvgate/api/v1alpha1"
 	"github.com/kvgate/kvgate/internal/gateway"
+	"github.com/kvgate/kvgate/internal/host"
 	"github.com/kvgate/kvgate/internal/logtest"
 	"github.com/kvgate/kvgate/internal/simserver"
 	"github.com/kvgate/kvgate/internal/simserver/simtest"
@@ -153,7 +154,7 @@ func servers(t *testing.T, n int) (ips []string, port int) {
 
 // countingGateway counts the configurations applied to a gateway.
 type countingGateway struct {
-	*gateway.Gateway
+	*host.Host
 	applied atomic.Int64
 }
 
@@ -164,12 +165,12 @@ func (c *countingGateway) Apply(cfg *v1alpha1.InferenceGatewayConfig) error {
 		cfg = cfg.DeepCopy()
 		cfg.Spec.Gateway.Diagnostics = &v1alpha1.DiagnosticsSpec{Expose: true}
 	}
-	return c.Gateway.Apply(cfg)
+	return c.Host.Apply(cfg)
 }
 
 // endpointsOf lists a scheduler's endpoints as the gateway's /debug/fleet shows
 // them, comma-separated.
-func endpointsOf(t *testing.T, g *gateway.Gateway, scheduler string) string {
+func endpointsOf(t *testing.T, g *host.Host, scheduler string) string {
 	t.Helper()
 	rec := httptest.NewRecorder()
 	g.AdminHandler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/debug/fleet", nil))
@@ -214,9 +215,9 @@ func gatewayUnderTest(t *testing.T, k *cluster, target types.NamespacedName) (*c
 // until the test ends or r.stop.
 func startReplica(t *testing.T, k *cluster, target types.NamespacedName, o Options) *replica {
 	t.Helper()
-	r := &replica{g: &countingGateway{Gateway: gateway.New(gateway.Options{Logger: quiet})}, logs: &logtest.Buffer{}, stopped: make(chan struct{})}
+	r := &replica{g: &countingGateway{Host: host.New(host.Core{Logger: quiet})}, logs: &logtest.Buffer{}, stopped: make(chan struct{})}
 	t.Cleanup(r.g.Close)
-	srv := httptest.NewServer(r.g)
+	srv := httptest.NewServer(gateway.New(r.g.Router(), gateway.Options{Logger: quiet}))
 	t.Cleanup(srv.Close)
 	r.url = srv.URL
 	o.Target, o.Gateway, o.LeaderElection = target, r.g, true
@@ -361,7 +362,7 @@ func TestPodsBecomeEndpoints(t *testing.T) {
 	gone := fmt.Sprintf("%s:%d", ips[0], port)
 	start := time.Now()
 	k.setReady(t, ns, "llama-0", ips[0], false)
-	waittest.Until(t, time.Second, "the NotReady pod to leave the pool", func() bool { return !strings.Contains(endpointsOf(t, g.Gateway, "llama"), gone) })
+	waittest.Until(t, time.Second, "the NotReady pod to leave the pool", func() bool { return !strings.Contains(endpointsOf(t, g.Host, "llama"), gone) })
 	t.Logf("NotReady pod out of rotation after %v", time.Since(start))
 	for range 10 {
 		if code, ep := post(t, base); code != http.StatusOK || ep == gone {
@@ -369,7 +370,7 @@ func TestPodsBecomeEndpoints(t *testing.T) {
 		}
 	}
 	k.setReady(t, ns, "llama-0", ips[0], true)
-	waittest.Until(t, 5*time.Second, "the pod back", func() bool { return strings.Contains(endpointsOf(t, g.Gateway, "llama"), gone) })
+	waittest.Until(t, 5*time.Second, "the pod back", func() bool { return strings.Contains(endpointsOf(t, g.Host, "llama"), gone) })
 
 	// A weights edit under load: no request fails.
 	var failed, sent atomic.Int64
@@ -411,7 +412,7 @@ func TestPodsBecomeEndpoints(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waittest.Until(t, time.Second, "no endpoints after deletion", func() bool { return endpointsOf(t, g.Gateway, "llama") == "" })
+	waittest.Until(t, time.Second, "no endpoints after deletion", func() bool { return endpointsOf(t, g.Host, "llama") == "" })
 	t.Logf("deleted pods out of rotation after %v", time.Since(start))
 	if code, _ := post(t, base); code != http.StatusServiceUnavailable {
 		t.Errorf("no pods left: status %d, want 503", code)

@@ -212,7 +212,7 @@ func TestRejectedEditFollowsPods(t *testing.T) {
 	if err := k.c.Delete(context.Background(), &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "llama-1"}}, client.GracePeriodSeconds(0)); err != nil {
 		t.Fatal(err)
 	}
-	waittest.Until(t, 5*time.Second, "only llama-2 in the pool", func() bool { return endpointsOf(t, a.g.Gateway, "llama") == ep(2) })
+	waittest.Until(t, 5*time.Second, "only llama-2 in the pool", func() bool { return endpointsOf(t, a.g.Host, "llama") == ep(2) })
 	if got := spread(t, a.url, 20); got[ep(2)] != 20 {
 		t.Errorf("NotReady and deleted pods still get traffic: %v", got)
 	}
@@ -277,7 +277,7 @@ func TestRejectedEditFollowsPods(t *testing.T) {
 	k.setReady(t, ns, "llama-2", ips[2], true)
 	k.setReady(t, ns, "llama-0", ips[0], false)
 	for _, r := range []*replica{a, b} {
-		waittest.Until(t, 5*time.Second, "only llama-2 after deletion", func() bool { return endpointsOf(t, r.g.Gateway, "llama") == ep(2) })
+		waittest.Until(t, 5*time.Second, "only llama-2 after deletion", func() bool { return endpointsOf(t, r.g.Host, "llama") == ep(2) })
 		if got := spread(t, r.url, 10); got[ep(2)] != 10 {
 			t.Errorf("after the resource was deleted: %v", got)
 		}
@@ -345,11 +345,11 @@ func TestPoolLifecycle(t *testing.T) {
 	}
 	create()
 	want := fmt.Sprintf("127.0.0.2:%d,127.0.0.2:%d", min(ports[0], ports[1]), max(ports[0], ports[1]))
-	waittest.Until(t, 10*time.Second, "two endpoints for the pod's two ports", func() bool { return endpointsOf(t, r.g.Gateway, "dp") == want })
+	waittest.Until(t, 10*time.Second, "two endpoints for the pod's two ports", func() bool { return endpointsOf(t, r.g.Host, "dp") == want })
 	if got := spread(t, r.url, 30); len(got) != 2 {
 		t.Errorf("requests over the two ranks: %v", got)
 	}
-	active, _, _ := r.g.ConfigStatus()
+	active, _, _ := r.g.Router().ConfigStatus()
 	if active == nil || !active.Spec.Schedulers[0].H2C() {
 		t.Errorf("the pool's appProtocol kubernetes.io/h2c is not applied: %+v", active)
 	}
@@ -361,14 +361,14 @@ func TestPoolLifecycle(t *testing.T) {
 	if err := k.c.Delete(context.Background(), pool.DeepCopy()); err != nil {
 		t.Fatal(err)
 	}
-	waittest.Until(t, 5*time.Second, "no endpoints once the pool is deleted", func() bool { return endpointsOf(t, r.g.Gateway, "dp") == "" })
+	waittest.Until(t, 5*time.Second, "no endpoints once the pool is deleted", func() bool { return endpointsOf(t, r.g.Host, "dp") == "" })
 	waittest.Until(t, 10*time.Second, "status: pool not found, still accepted", func() bool {
 		st := k.status(t, ns, "gw")
 		return condition(st, "Accepted").Status == metav1.ConditionTrue && condition(st, "Ready").Status == metav1.ConditionFalse &&
 			st.Schedulers[0].Conditions[0].Reason == "InferencePoolNotFound"
 	})
 	create()
-	waittest.Until(t, 5*time.Second, "endpoints back with the pool", func() bool { return endpointsOf(t, r.g.Gateway, "dp") == want })
+	waittest.Until(t, 5*time.Second, "endpoints back with the pool", func() bool { return endpointsOf(t, r.g.Host, "dp") == want })
 }
 
 // freePorts finds n ports free on ip.

@@ -22,7 +22,9 @@ import (
 	"github.com/kvgate/kvgate/api/v1alpha1"
 	"github.com/kvgate/kvgate/internal/certs/certstest"
 	"github.com/kvgate/kvgate/internal/gateway"
+	"github.com/kvgate/kvgate/internal/host"
 	"github.com/kvgate/kvgate/internal/logtest"
+	"github.com/kvgate/kvgate/internal/servetest"
 	"github.com/kvgate/kvgate/internal/testenv"
 	"github.com/kvgate/kvgate/internal/waittest"
 )
@@ -51,14 +53,14 @@ func TestTLSSecret(t *testing.T) {
 
 	logs := &logtest.Buffer{}
 	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	ready := make(chan gateway.Addrs, 1)
+	ready := make(chan host.Addrs, 1)
 	runCtx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() {
-		done <- gateway.Run(runCtx, gateway.ServerOptions{Listen: "127.0.0.1:0", AdminListen: "127.0.0.1:0", DrainTimeout: 5 * time.Second, Ready: ready, Logger: log,
-			Source: func(ctx context.Context, g *gateway.Gateway) error {
+		done <- servetest.Run(runCtx, host.Options{Listen: "127.0.0.1:0", AdminListen: "127.0.0.1:0", DrainTimeout: 5 * time.Second, Ready: ready, Logger: log,
+			Source: func(ctx context.Context, g *host.Host) error {
 				return Start(ctx, k.cfg, Options{Target: target, Gateway: g, Log: log, LeaderElection: true})
-			}})
+			}}, gateway.Options{})
 	}()
 	t.Cleanup(func() {
 		cancel()

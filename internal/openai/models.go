@@ -1,5 +1,10 @@
 package openai
 
+import (
+	"encoding/json"
+	"net/http"
+)
+
 // Model is one entry of GET /v1/models, with vLLM's extra fields (root,
 // max_model_len) when the server knows them.
 type Model struct {
@@ -24,4 +29,16 @@ func Models(models []Model) ModelList {
 		models = []Model{}
 	}
 	return ModelList{Object: "list", Data: models}
+}
+
+// WriteJSON answers 200 with v as indented JSON (the model list and the
+// admin listener's views, read by people as often as by programs).
+func WriteJSON(w http.ResponseWriter, v any) {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		WriteError(w, http.StatusInternalServerError, TypeServer, "the answer could not be encoded")
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write(append(b, '\n'))
 }

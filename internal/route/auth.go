@@ -1,7 +1,6 @@
 package route
 
 import (
-	"errors"
 	"fmt"
 	"net/http"
 	"reflect"
@@ -46,42 +45,6 @@ func (g *Router) buildAuth(spec *v1alpha1.AuthSpec) (st *authState, fresh bool, 
 		return nil, false, fmt.Errorf("spec.auth.jwt: the new JWKS could not be loaded, the previous configuration keeps serving: %w", rerr)
 	}
 	return &authState{spec: spec.DeepCopy(), a: a}, true, nil
-}
-
-// Authenticate checks a request's credentials against the configuration's
-// spec.auth: its identity, nil when the configuration has none (anyone is
-// served), or the refusal to answer (401 or 403, with WWW-Authenticate).
-func (g *Router) Authenticate(h http.Header) (*auth.Identity, *proxy.Refusal) {
-	rt := g.routes.Load()
-	if rt == nil || rt.auth == nil {
-		return nil, nil
-	}
-	id, err := rt.auth.a.AuthenticateHeader(h)
-	if err != nil {
-		var ae *auth.Error
-		if !errors.As(err, &ae) {
-			ae = &auth.Error{Reason: auth.ReasonInvalid} // fail closed
-		}
-		g.CountRefused(ae.StatusCode())
-		return nil, &proxy.Refusal{Status: ae.StatusCode(), Type: ae.Type(), Message: ae.Message(), Challenge: ae.Challenge()}
-	}
-	return &id, nil
-}
-
-// AuthEnabled says whether the configuration authenticates requests: a
-// front then strips the credentials (auth.IsCredential) before the request
-// goes upstream.
-func (g *Router) AuthEnabled() bool {
-	rt := g.routes.Load()
-	return rt != nil && rt.auth != nil
-}
-
-// Exposes says whether a request of this identity may read routing
-// internals (spec.gateway.diagnostics): the endpoint's address and, when
-// asked, every candidate's scores.
-func (g *Router) Exposes(id *auth.Identity) bool {
-	rt := g.routes.Load()
-	return rt != nil && exposes(rt.gw, id)
 }
 
 func exposes(gw v1alpha1.GatewaySpec, id *auth.Identity) bool {

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kvgate/kvgate/internal/openai"
 	"github.com/kvgate/kvgate/internal/prefix"
 	"github.com/kvgate/kvgate/internal/proxy"
 	"github.com/kvgate/kvgate/internal/schedule"
@@ -60,8 +61,8 @@ type decided struct {
 }
 
 // decide hashes the prompt's head, waits for admission and picks, reserving the
-// best endpoint. It returns the status and message of a refusal, or code 0.
-func (g *Router) decide(ctx context.Context, a decideArgs, sc *snapshotScratch, hb *[]uint64) (decided, int, string) {
+// best endpoint, or returns the refusal.
+func (g *Router) decide(ctx context.Context, a decideArgs, sc *snapshotScratch, hb *[]uint64) (decided, *proxy.Refusal) {
 	p := a.p
 	req := schedule.Request{Model: a.model, Adapter: adapterOf(p, a.model), PromptTokens: float64(a.promptTokens)}
 	var d decided
@@ -69,11 +70,10 @@ func (g *Router) decide(ctx context.Context, a decideArgs, sc *snapshotScratch, 
 		d.hashes = prefix.Hashes((*hb)[:0], a.prompt, pc.blockChars, pc.maxBlocks, pc.seeds[a.model])
 		*hb = d.hashes
 	}
-	var code int
-	var msg string
-	d.decision, d.cands, d.first, code, msg = g.choose(ctx, p, req, d.hashes, a, sc)
-	if code != 0 {
-		return d, code, msg
+	var ref *proxy.Refusal
+	d.decision, d.cands, d.first, ref = g.choose(ctx, p, req, d.hashes, a, sc)
+	if ref != nil {
+		return d, ref
 	}
 	g.m.Decision.Observe(g.now().Sub(a.start).Seconds())
 	g.keepDecision(p, a.rid, a.model, d)
@@ -86,21 +86,20 @@ func (g *Router) decide(ctx context.Context, a decideArgs, sc *snapshotScratch, 
 			g.m.PrefixMatch.WithLabelValues(p.name).Observe(d.cands[i].PrefixMatch)
 		}
 	}
-	return d, 0, ""
+	return d, nil
 }
 
 // choose waits, up to a.wait, for an endpoint of p below a.limit, ranks the
 // candidates and reserves the best one it can. It returns the decision and the
-// reserved endpoint, or the status and message of a refusal.
-func (g *Router) choose(ctx context.Context, p *scheduler, req schedule.Request, hashes []uint64, a decideArgs, sc *snapshotScratch) (schedule.Decision, []schedule.Endpoint, *endpoint, int, string) {
+// reserved endpoint, or the refusal, counted as shed for its reason.
+func (g *Router) choose(ctx context.Context, p *scheduler, req schedule.Request, hashes []uint64, a decideArgs, sc *snapshotScratch) (schedule.Decision, []schedule.Endpoint, *endpoint, *proxy.Refusal) {
+	none := schedule.Decision{}
 	limit := a.limit
 	if len(p.endpoints) == 0 {
-		g.m.Shed.WithLabelValues(p.name, "no_endpoint").Inc()
-		return schedule.Decision{}, nil, nil, http.StatusServiceUnavailable, fmt.Sprintf("no ready endpoint for model %q", p.spec.ModelName)
+		return none, nil, nil, g.shed(p, "no_endpoint", http.StatusServiceUnavailable, fmt.Sprintf("no ready endpoint for model %q", p.spec.ModelName))
 	}
 	if a.subset != nil && !slices.ContainsFunc(p.endpoints, func(e *endpoint) bool { return slices.Contains(a.subset, e.addr) }) {
-		g.m.Shed.WithLabelValues(p.name, "no_endpoint").Inc()
-		return schedule.Decision{}, nil, nil, http.StatusServiceUnavailable, fmt.Sprintf("no endpoint of model %q is in the proxy's subset hint", p.spec.ModelName)
+		return none, nil, nil, g.shed(p, "no_endpoint", http.StatusServiceUnavailable, fmt.Sprintf("no endpoint of model %q is in the proxy's subset hint", p.spec.ModelName))
 	}
 	var timer *time.Timer
 	expired, sloChecked := false, false
@@ -145,9 +144,8 @@ func (g *Router) choose(ctx context.Context, p *scheduler, req schedule.Request,
 				if !p.meets(req, cands, a.slo, g.now()) {
 					if a.priority < 0 {
 						g.m.SLOMisses.WithLabelValues(p.name, "shed").Inc()
-						g.m.Shed.WithLabelValues(p.name, "slo").Inc()
-						return schedule.Decision{}, nil, nil, http.StatusTooManyRequests,
-							fmt.Sprintf("no endpoint of model %q is predicted to answer within the request's time-to-first-token objective of %v, and the request is sheddable; retry later", p.spec.ModelName, a.slo)
+						return none, nil, nil, g.shed(p, "slo", http.StatusTooManyRequests,
+							fmt.Sprintf("no endpoint of model %q is predicted to answer within the request's time-to-first-token objective of %v, and the request is sheddable; retry later", p.spec.ModelName, a.slo))
 					}
 					g.m.SLOMisses.WithLabelValues(p.name, "routed").Inc()
 				}
@@ -155,23 +153,20 @@ func (g *Router) choose(ctx context.Context, p *scheduler, req schedule.Request,
 			d := p.picker.Pick(req, cands)
 			for _, c := range d.Ranked {
 				if ep := p.endpoint(c.Address); ep != nil && ep.tryAcquire(limit) {
-					return d, cands, ep, 0, ""
+					return d, cands, ep, nil
 				}
 			}
 		}
 		// Every endpoint known down (none merely full): waiting for a slot
 		// or sending it to a frozen pod would only end in a timeout.
 		if len(all) == 0 && sc.full == 0 && sc.down > 0 {
-			g.m.Shed.WithLabelValues(p.name, "no_endpoint").Inc()
-			return schedule.Decision{}, nil, nil, http.StatusServiceUnavailable, fmt.Sprintf("no ready endpoint for model %q", p.spec.ModelName)
+			return none, nil, nil, g.shed(p, "no_endpoint", http.StatusServiceUnavailable, fmt.Sprintf("no ready endpoint for model %q", p.spec.ModelName))
 		}
 		if a.priority < 0 {
-			g.m.Shed.WithLabelValues(p.name, "sheddable").Inc()
-			return schedule.Decision{}, nil, nil, http.StatusTooManyRequests, fmt.Sprintf("every endpoint of model %q is busy and the request's objective is sheddable; retry later", p.spec.ModelName)
+			return none, nil, nil, g.shed(p, "sheddable", http.StatusTooManyRequests, fmt.Sprintf("every endpoint of model %q is busy and the request's objective is sheddable; retry later", p.spec.ModelName))
 		}
 		if expired {
-			g.m.Shed.WithLabelValues(p.name, "saturated").Inc()
-			return schedule.Decision{}, nil, nil, http.StatusTooManyRequests, limit.refusal(p.spec.ModelName)
+			return none, nil, nil, g.shed(p, "saturated", http.StatusTooManyRequests, limit.refusal(p.spec.ModelName))
 		}
 		if timer == nil {
 			timer = time.NewTimer(a.wait)
@@ -191,11 +186,28 @@ func (g *Router) choose(ctx context.Context, p *scheduler, req schedule.Request,
 			expired = true // one last look before refusing
 		case <-ctx.Done():
 			if errors.Is(ctx.Err(), context.Canceled) {
-				return schedule.Decision{}, nil, nil, proxy.StatusClientClosed, "the client went away while waiting for an endpoint"
+				return none, nil, nil, overloaded(proxy.StatusClientClosed, "the client went away while waiting for an endpoint")
 			}
-			return schedule.Decision{}, nil, nil, http.StatusGatewayTimeout, "route timeout exceeded while waiting for an endpoint"
+			return none, nil, nil, overloaded(http.StatusGatewayTimeout, "route timeout exceeded while waiting for an endpoint")
 		}
 	}
+}
+
+// shed counts a refusal of p's admission for reason and returns it.
+func (g *Router) shed(p *scheduler, reason string, status int, msg string) *proxy.Refusal {
+	g.m.Shed.WithLabelValues(p.name, reason).Inc()
+	return overloaded(status, msg)
+}
+
+// overloaded is the refusal of a request admission could not place: worth
+// another try soon when the pool is busy or empty, not when the request's
+// own time ran out or its client left.
+func overloaded(status int, msg string) *proxy.Refusal {
+	ref := &proxy.Refusal{Status: status, Type: openai.TypeOverloaded, Message: msg}
+	if status != http.StatusGatewayTimeout && status != proxy.StatusClientClosed {
+		ref.RetryAfter = 1
+	}
+	return ref
 }
 
 // sloFresh is how recent the pool's last lesson about its speed must be for a

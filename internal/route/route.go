@@ -105,27 +105,6 @@ func (r *Route) Scheduler() string { return r.p.name }
 // data plane reported with Serve.
 func (r *Route) Served() string { return r.served.addr }
 
-// BodyLimits are what a front reading a request body needs from the
-// configuration, read from one snapshot of it: the body limit
-// (bbr.maxRequestBodyBytes), how many bytes of a prompt's head the prefix
-// indexes hash (a front need not read further for the pick; 0: none does), and
-// whether there is a configuration at all.
-func (g *Router) BodyLimits() (maxBody int64, promptLimit int, configured bool) {
-	if rt := g.routes.Load(); rt != nil {
-		return rt.maxBody, rt.promptLimit, true
-	}
-	return 0, 0, false
-}
-
-// MaxBuffered bounds the request bytes held in memory across all requests
-// (spec.gateway.maxBufferedBytes); 0 before a configuration.
-func (g *Router) MaxBuffered() int64 {
-	if rt := g.routes.Load(); rt != nil {
-		return rt.gw.MaxBuffered()
-	}
-	return 0
-}
-
 // Ready says whether the router can route: it has a configuration, is not
 // draining, and every scheduler has a ready endpoint.
 func (g *Router) Ready() bool {
@@ -152,26 +131,6 @@ func (g *Router) Unready() []string {
 	return out
 }
 
-// BaseModel returns the base model of a model or adapter name the configuration
-// routes (itself for a base model), and whether it routes it.
-func (g *Router) BaseModel(name string) (string, bool) {
-	if rt := g.routes.Load(); rt != nil {
-		if p := rt.byModel[name]; p != nil {
-			return p.spec.ModelName, true
-		}
-	}
-	return "", false
-}
-
-// OnlyModel is the model of the configuration's only scheduler, for requests
-// that name none, when there is exactly one.
-func (g *Router) OnlyModel() (string, bool) {
-	if rt := g.routes.Load(); rt != nil && len(rt.schedulers) == 1 {
-		return rt.schedulers[0].spec.ModelName, true
-	}
-	return "", false
-}
-
 // CountRefused counts a request refused before it had a scheduler (a body that could
 // not be read), as ServeHTTP's refusals are.
 func (g *Router) CountRefused(status int) {
@@ -182,13 +141,17 @@ func (g *Router) CountRefused(status int) {
 // the configured queue timeout, for an endpoint below its in-flight limit. A
 // refusal is counted in the metrics as ServeHTTP counts it.
 func (g *Router) Route(ctx context.Context, req Request) (*Route, *proxy.Refusal) {
+	return g.route(ctx, g.routes.Load(), req)
+}
+
+// route is Route under the configuration rt.
+func (g *Router) route(ctx context.Context, rt *routes, req Request) (*Route, *proxy.Refusal) {
 	if req.Start.IsZero() {
 		req.Start = g.now()
 	}
-	rt := g.routes.Load()
 	if rt == nil {
 		g.CountRefused(http.StatusServiceUnavailable)
-		return nil, &proxy.Refusal{Status: http.StatusServiceUnavailable, Type: openai.TypeServer, Message: NoConfiguration, RetryAfter: 1}
+		return nil, Unconfigured()
 	}
 	p := rt.byModel[req.Model]
 	if p == nil {
@@ -229,15 +192,11 @@ func (g *Router) Route(ctx context.Context, req Request) (*Route, *proxy.Refusal
 	if o, ok := rt.sloOf[req.Objective]; ok {
 		slo = o
 	}
-	d, code, msg := g.decide(ctx, decideArgs{rid: req.RequestID, p: p, model: req.Model, prompt: req.Prompt, subset: subset,
+	d, ref := g.decide(ctx, decideArgs{rid: req.RequestID, p: p, model: req.Model, prompt: req.Prompt, subset: subset,
 		limit: limit, wait: rt.gw.QueueWait(), start: req.Start, priority: rt.priorityOf(req.Objective),
 		promptTokens: int(req.BodyBytes / 4), slo: slo, session: session}, sc, hb)
-	if code != 0 {
-		g.count(p.name, req.Model, "", strconv.Itoa(code))
-		ref := &proxy.Refusal{Status: code, Type: openai.TypeOverloaded, Message: msg}
-		if code != http.StatusGatewayTimeout && code != proxy.StatusClientClosed {
-			ref.RetryAfter = 1 // busy or empty now, worth another try soon
-		}
+	if ref != nil {
+		g.count(p.name, req.Model, "", strconv.Itoa(ref.Status))
 		return nil, ref
 	}
 	ranked := d.decision.Ranked

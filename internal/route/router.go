@@ -265,29 +265,15 @@ func (g *Router) Metrics() *telemetry.Gateway { return g.m }
 
 // Apply installs a validated configuration atomically. Endpoints that stay keep
 // their in-flight counts; requests in flight finish on the configuration they
-// started with.
+// started with. It loads what the configuration names (JWKS, CA files), builds
+// the new table (build) and installs it (install).
 func (g *Router) Apply(cfg *v1alpha1.InferenceGatewayConfig) error {
 	if errs := cfg.Validate(); len(errs) > 0 {
 		return fmt.Errorf("invalid configuration: %w", errs[0])
 	}
 	g.applyMu.Lock()
 	defer g.applyMu.Unlock()
-	gw := cfg.Spec.Gateway
-	rt := &routes{cfg: cfg, byModel: map[string]*scheduler{}, maxBody: cfg.Spec.BBR.MaxBodyBytes(), gw: gw, objectives: map[string]int32{},
-		sloOf: map[string]time.Duration{}}
-	slos := false
-	for _, o := range cfg.Spec.Objectives {
-		rt.objectives[o.Name] = o.Priority
-		if o.TTFTSLO != nil {
-			rt.sloOf[o.Name] = o.TTFTSLO.Duration
-			slos = slos || o.TTFTSLO.Duration > 0
-		}
-	}
-	for _, sc := range cfg.Spec.Schedulers {
-		slos = slos || sc.SLO() > 0
-		rt.wantsUser = rt.wantsUser || sc.SessionFromUser()
-	}
-	if len(cfg.Spec.Objectives) > 0 && gw.InFlightLimit() == 0 && !slos {
+	if len(cfg.Spec.Objectives) > 0 && cfg.Spec.Gateway.InFlightLimit() == 0 && !hasSLO(cfg) {
 		// Nobody waits without a limit, so priorities never come into play.
 		g.log.Warn("spec.objectives has no effect without spec.gateway.maxInFlightPerEndpoint: with no limit no request waits or is shed")
 	}
@@ -302,70 +288,95 @@ func (g *Router) Apply(cfg *v1alpha1.InferenceGatewayConfig) error {
 			as.a.Close()
 		}
 	}()
-	rt.auth = as
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	// A scheduler whose settings did not change (only its endpoints: pods came
-	// or went) keeps its picker and its transport, with the connections open.
+	old := g.routes.Load()
+	tlsOf, err := g.backendTLSOf(cfg.Spec.Schedulers, reusable(old, cfg.Spec.Gateway))
+	if err != nil {
+		return err
+	}
+	b, err := build(cfg, old, buildEnv{profile: g.opts.Profile, seed: g.opts.Seed, auth: as, tls: tlsOf, endpoints: g.endpoints, sessions: g.sessions})
+	if err != nil {
+		return err
+	}
+	g.install(b)
+	applied = true
+	return nil
+}
+
+// hasSLO says whether any objective or scheduler sets a time-to-first-token
+// objective.
+func hasSLO(cfg *v1alpha1.InferenceGatewayConfig) bool {
+	for _, o := range cfg.Spec.Objectives {
+		if o.TTFTSLO != nil && o.TTFTSLO.Duration > 0 {
+			return true
+		}
+	}
+	return slices.ContainsFunc(cfg.Spec.Schedulers, func(sc v1alpha1.SchedulerSpec) bool { return sc.SLO() > 0 })
+}
+
+// reusable are old's schedulers by name, whose pickers and transports a new
+// configuration may keep: none when spec.gateway changed.
+func reusable(old *routes, gw v1alpha1.GatewaySpec) map[string]*scheduler {
 	prev := map[string]*scheduler{}
-	if old := g.routes.Load(); old != nil && reflect.DeepEqual(old.gw, gw) {
+	if old != nil && reflect.DeepEqual(old.gw, gw) {
 		for _, p := range old.schedulers {
 			prev[p.name] = p
 		}
 	}
-	tlsOf, err := g.backendTLSOf(cfg.Spec.Schedulers, prev)
-	if err != nil {
-		return err
+	return prev
+}
+
+// buildEnv is what build reads besides the configuration: the router's
+// options, what Apply loaded (auth, backend TLS) and the registries that
+// outlive reloads, read and never written.
+type buildEnv struct {
+	profile   *schedule.Profile
+	seed      uint64
+	auth      *authState
+	tls       map[string]*backendTLS
+	endpoints map[string]*endpoint   // by scheduler and address
+	sessions  map[string]*sessionMap // by scheduler
+}
+
+// built is a routing table ready to install, with what install must do
+// around it.
+type built struct {
+	rt *routes
+	// fresh are the endpoints the registry does not hold yet, by key;
+	// sessions the session maps it does not.
+	fresh    map[string]*endpoint
+	sessions map[string]*sessionMap
+	// kept are old's transports the new table reuses (their connections stay).
+	kept map[*http.Transport]bool
+	// targets are the endpoints to scrape.
+	targets []fleet.Target
+}
+
+// build makes the routing table of cfg, reusing from old (the table serving
+// now, nil at first) the pickers, transports and learned speeds of the
+// schedulers whose settings did not change. It changes nothing: install
+// does.
+func build(cfg *v1alpha1.InferenceGatewayConfig, old *routes, env buildEnv) (*built, error) {
+	gw := cfg.Spec.Gateway
+	rt := &routes{cfg: cfg, byModel: map[string]*scheduler{}, maxBody: cfg.Spec.BBR.MaxBodyBytes(), gw: gw, objectives: map[string]int32{},
+		sloOf: map[string]time.Duration{}, auth: env.auth}
+	for _, o := range cfg.Spec.Objectives {
+		rt.objectives[o.Name] = o.Priority
+		if o.TTFTSLO != nil {
+			rt.sloOf[o.Name] = o.TTFTSLO.Duration
+		}
 	}
-	kept := map[*http.Transport]bool{}
+	b := &built{rt: rt, fresh: map[string]*endpoint{}, sessions: map[string]*sessionMap{}, kept: map[*http.Transport]bool{}}
+	prev := reusable(old, gw)
 	for i, sc := range cfg.Spec.Schedulers {
-		var p *scheduler
-		if old := prev[sc.Name]; old != nil && sameSettings(old.spec, sc) {
-			p = &scheduler{name: sc.Name, spec: sc, picker: old.picker, transport: old.transport, tls: old.tls}
-			kept[old.transport] = true
-		} else {
-			picker, err := newPicker(sc, g.opts.Profile, g.opts.Seed+uint64(i))
-			if err != nil {
-				return fmt.Errorf("scheduler %s: %w", sc.Name, err)
-			}
-			bt := tlsOf[sc.Name]
-			p = &scheduler{name: sc.Name, spec: sc, picker: picker, transport: newTransport(gw, sc.H2C(), bt), tls: bt}
+		rt.wantsUser = rt.wantsUser || sc.SessionFromUser()
+		p, err := b.scheduler(sc, prev[sc.Name], env, env.seed+uint64(i))
+		if err != nil {
+			return nil, err
 		}
-		// What the pool learned of its speed outlives a reload, as the
-		// endpoints' own models do.
-		if old := prev[sc.Name]; old != nil {
-			p.prior.Store(old.prior.Load())
-			p.priorAt.Store(old.priorAt.Load())
-			p.observedAt.Store(old.observedAt.Load())
-		}
-		p.outliers.failures, p.outliers.base, p.outliers.maxShare = gw.Outliers()
-		if sc.SessionAffinity != nil {
-			if g.sessions[sc.Name] == nil {
-				g.sessions[sc.Name] = newSessionMap(sc.SessionTTL())
-			}
-			p.sessions = g.sessions[sc.Name]
-			p.sessions.setTTL(sc.SessionTTL())
-		}
-		if usesPrefix(sc, g.opts.Profile) {
-			p.prefix = prefixConfig{blockChars: sc.PrefixBlockChars(), maxBlocks: sc.PrefixMaxBlocks(), capacity: sc.PrefixCapacity(),
-				seeds: map[string]uint64{sc.ModelName: prefix.Seed(sc.ModelName, "")}}
-			for _, a := range sc.LoRAAdapters {
-				p.prefix.seeds[a] = prefix.Seed(sc.ModelName, a)
-			}
+		if p.prefix.blockChars > 0 {
 			rt.promptLimit = max(rt.promptLimit, p.prefix.blockChars*p.prefix.maxBlocks)
-		}
-		for _, addr := range sc.Endpoints {
-			key := sc.Name + "|" + addr
-			ep, ok := g.endpoints[key]
-			if !ok {
-				ep = &endpoint{addr: addr, gauge: g.m.InFlight.WithLabelValues(sc.Name, addr)}
-				g.endpoints[key] = ep
-			}
-			p.endpoints = append(p.endpoints, ep)
-			if p.byAddr == nil {
-				p.byAddr = map[string]*endpoint{}
-			}
-			p.byAddr[addr] = ep
 		}
 		rt.schedulers = append(rt.schedulers, p)
 		rt.byModel[sc.ModelName] = p
@@ -373,27 +384,6 @@ func (g *Router) Apply(cfg *v1alpha1.InferenceGatewayConfig) error {
 			rt.byModel[a] = p
 		}
 	}
-	for name := range g.sessions {
-		if !slices.ContainsFunc(rt.schedulers, func(p *scheduler) bool { return p.name == name && p.sessions != nil }) {
-			delete(g.sessions, name)
-		}
-	}
-	// Endpoints no longer configured and idle are forgotten, with their gauge.
-	keep := map[string]bool{}
-	for _, p := range rt.schedulers {
-		for _, e := range p.endpoints {
-			keep[p.name+"|"+e.addr] = true
-		}
-	}
-	for key, e := range g.endpoints {
-		if !keep[key] && e.inFlight.Load() == 0 {
-			name, addr, _ := strings.Cut(key, "|")
-			g.m.InFlight.DeleteLabelValues(name, addr)
-			delete(g.endpoints, key)
-		}
-	}
-	var targets []fleet.Target
-	inUse := map[string]bool{}
 	for _, p := range rt.schedulers {
 		// Validate accepted the map; one it could not build fails every scrape
 		// with the reason.
@@ -406,8 +396,102 @@ func (g *Router) Apply(cfg *v1alpha1.InferenceGatewayConfig) error {
 			if p.tls != nil {
 				t.TLS = p.tls
 			}
-			targets = append(targets, t)
+			b.targets = append(b.targets, t)
+		}
+	}
+	return b, nil
+}
+
+// scheduler builds one scheduler of the table, from old when only its
+// endpoints changed (pods came or went): it keeps its picker and its
+// transport, with the connections open.
+func (b *built) scheduler(sc v1alpha1.SchedulerSpec, old *scheduler, env buildEnv, seed uint64) (*scheduler, error) {
+	gw := b.rt.gw
+	var p *scheduler
+	if old != nil && sameSettings(old.spec, sc) {
+		p = &scheduler{name: sc.Name, spec: sc, picker: old.picker, transport: old.transport, tls: old.tls}
+		b.kept[old.transport] = true
+	} else {
+		picker, err := newPicker(sc, env.profile, seed)
+		if err != nil {
+			return nil, fmt.Errorf("scheduler %s: %w", sc.Name, err)
+		}
+		bt := env.tls[sc.Name]
+		p = &scheduler{name: sc.Name, spec: sc, picker: picker, transport: newTransport(gw, sc.H2C(), bt), tls: bt}
+	}
+	// What the pool learned of its speed outlives a reload, as the
+	// endpoints' own models do.
+	if old != nil {
+		p.prior.Store(old.prior.Load())
+		p.priorAt.Store(old.priorAt.Load())
+		p.observedAt.Store(old.observedAt.Load())
+	}
+	p.outliers.failures, p.outliers.base, p.outliers.maxShare = gw.Outliers()
+	if sc.SessionAffinity != nil {
+		p.sessions = env.sessions[sc.Name]
+		if p.sessions == nil {
+			p.sessions = newSessionMap(sc.SessionTTL())
+			b.sessions[sc.Name] = p.sessions
+		}
+	}
+	if usesPrefix(sc, env.profile) {
+		p.prefix = prefixConfig{blockChars: sc.PrefixBlockChars(), maxBlocks: sc.PrefixMaxBlocks(), capacity: sc.PrefixCapacity(),
+			seeds: map[string]uint64{sc.ModelName: prefix.Seed(sc.ModelName, "")}}
+		for _, a := range sc.LoRAAdapters {
+			p.prefix.seeds[a] = prefix.Seed(sc.ModelName, a)
+		}
+	}
+	p.byAddr = make(map[string]*endpoint, len(sc.Endpoints))
+	for _, addr := range sc.Endpoints {
+		key := sc.Name + "|" + addr
+		ep := env.endpoints[key]
+		if ep == nil {
+			if ep = b.fresh[key]; ep == nil {
+				ep = &endpoint{addr: addr}
+				b.fresh[key] = ep
+			}
+		}
+		p.endpoints = append(p.endpoints, ep)
+		p.byAddr[addr] = ep
+	}
+	return p, nil
+}
+
+// install makes b the table serving from now on: it registers its new
+// endpoints and session maps, forgets what no scheduler uses any more, points
+// the scrapers at its endpoints and swaps it in. Called with mu held.
+func (g *Router) install(b *built) {
+	rt := b.rt
+	for key, ep := range b.fresh {
+		name, addr, _ := strings.Cut(key, "|")
+		ep.gauge = g.m.InFlight.WithLabelValues(name, addr)
+		g.endpoints[key] = ep
+	}
+	for _, p := range rt.schedulers {
+		if p.sessions != nil {
+			p.sessions.setTTL(p.spec.SessionTTL())
+		}
+	}
+	maps.Copy(g.sessions, b.sessions)
+	for name := range g.sessions {
+		if !slices.ContainsFunc(rt.schedulers, func(p *scheduler) bool { return p.name == name && p.sessions != nil }) {
+			delete(g.sessions, name)
+		}
+	}
+	// Endpoints no longer configured and idle are forgotten, with their gauge.
+	keep := map[string]bool{}
+	inUse := map[string]bool{}
+	for _, p := range rt.schedulers {
+		for _, e := range p.endpoints {
+			keep[p.name+"|"+e.addr] = true
 			inUse[e.addr] = true
+		}
+	}
+	for key, e := range g.endpoints {
+		if !keep[key] && e.inFlight.Load() == 0 {
+			name, addr, _ := strings.Cut(key, "|")
+			g.m.InFlight.DeleteLabelValues(name, addr)
+			delete(g.endpoints, key)
 		}
 	}
 	// What went to an endpoint that left says nothing about one that may later
@@ -421,10 +505,9 @@ func (g *Router) Apply(cfg *v1alpha1.InferenceGatewayConfig) error {
 			}
 		}
 	}
-	g.fleet.SetConfig(g.fleetConfig(gw))
-	g.fleet.Sync(g.fleetCtx, targets)
+	g.fleet.SetConfig(g.fleetConfig(rt.gw))
+	g.fleet.Sync(g.fleetCtx, b.targets)
 	old := g.routes.Swap(rt)
-	applied = true
 	if old != nil && old.auth != nil && old.auth != rt.auth {
 		// Requests that already passed it do not need it again; its JWKS
 		// refresh stops.
@@ -436,12 +519,11 @@ func (g *Router) Apply(cfg *v1alpha1.InferenceGatewayConfig) error {
 	if old != nil {
 		// Idle connections of the old transports go; busy ones finish their request.
 		for _, p := range old.schedulers {
-			if !kept[p.transport] {
+			if !b.kept[p.transport] {
 				p.transport.CloseIdleConnections()
 			}
 		}
 	}
-	return nil
 }
 
 // sameSettings says whether two specs of a scheduler differ at most in their

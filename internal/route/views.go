@@ -6,11 +6,9 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/api/v1alpha1"
-	"github.com/kvgate/kvgate/internal/auth"
 	"github.com/kvgate/kvgate/internal/engine"
 	"github.com/kvgate/kvgate/internal/fleet"
 	"github.com/kvgate/kvgate/internal/latency"
-	"github.com/kvgate/kvgate/internal/openai"
 )
 
 // SchedulerView is one scheduler in /debug/fleet.
@@ -91,38 +89,6 @@ func (g *Router) FleetView() []SchedulerView {
 		}
 	}
 	return out
-}
-
-// Models lists every model and adapter the configuration routes to a request
-// of this identity (all of them with id nil and no allowedTenants), in the OpenAI
-// list's terms.
-func (g *Router) Models(id *auth.Identity) []openai.Model {
-	var data []openai.Model
-	if rt := g.routes.Load(); rt != nil {
-		// A file has no creation time: its models were made when the router
-		// first took a configuration.
-		created := rt.cfg.CreationTimestamp.Unix()
-		if rt.cfg.CreationTimestamp.IsZero() {
-			created = g.started.Load()
-		}
-		for _, p := range rt.schedulers {
-			if !allowed(p, id) {
-				continue // a tenant sees only the models it may use
-			}
-			data = append(data, openai.Model{ID: p.spec.ModelName, Object: "model", Created: created, OwnedBy: "kvgate"})
-			for _, a := range p.spec.LoRAAdapters {
-				data = append(data, openai.Model{ID: a, Object: "model", Created: created, OwnedBy: "kvgate", Parent: &p.spec.ModelName})
-			}
-		}
-	}
-	return data
-}
-
-// WantsUser says whether a scheduler takes session keys from the body's user
-// field: a front then reads it (Request.User).
-func (g *Router) WantsUser() bool {
-	rt := g.routes.Load()
-	return rt != nil && rt.wantsUser
 }
 
 // Draining says whether Drain was called.

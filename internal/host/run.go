@@ -1,7 +1,8 @@
-package gateway
+package host
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -13,10 +14,10 @@ import (
 	"github.com/kvgate/kvgate/internal/serving"
 )
 
-// ServerOptions configure Run.
-type ServerOptions struct {
+// Options configure Run.
+type Options struct {
 	ConfigPath   string
-	Listen       string // OpenAI API, default :8080
+	Listen       string // the front's listener: the OpenAI API (:8080) or ext_proc (:9002)
 	AdminListen  string // metrics, health, debug; default :9090
 	DrainTimeout time.Duration
 	// PreStop is how long the API listener keeps accepting after a stop
@@ -24,41 +25,37 @@ type ServerOptions struct {
 	PreStop time.Duration
 	// Reload receives a value for every SIGHUP; the file is also watched.
 	Reload <-chan os.Signal
-	// Ready, when set, is closed once both listeners accept connections.
-	Ready   chan<- Addrs
-	Logger  *slog.Logger
-	Gateway Options
+	// Ready, when set, is sent the bound addresses once the listeners accept.
+	Ready  chan<- Addrs
+	Logger *slog.Logger
+	Core   Core
 	// Source, when set, replaces the configuration file: it runs until ctx ends,
-	// applying configurations to the gateway as they come (Kubernetes). The
-	// gateway answers 503 and /readyz fails until the first one.
-	Source func(ctx context.Context, g *Gateway) error
-	// Frontend, when set, builds the data plane served on Listen instead of the
-	// OpenAI HTTP API (the Envoy ext_proc server of `kvgate epp`).
-	Frontend func(ctx context.Context, g *Gateway) (Frontend, error)
+	// applying configurations to the host as they come (Kubernetes). The
+	// core refuses with 503 and /readyz fails until the first one.
+	Source func(ctx context.Context, h *Host) error
+	// Front builds the data plane served on Listen.
+	Front Mount
 }
 
-// Frontend is a data plane Run serves on its API listener.
-type Frontend = serving.Server
-
 // Addrs are the bound listener addresses; Health is the gRPC health listener of
-// a frontend that has one.
+// a front that has one.
 type Addrs struct{ API, Admin, Health string }
 
 // sourceStopTimeout bounds the wait for a configuration source to stop.
 const sourceStopTimeout = 10 * time.Second
 
-// Run loads the configuration, serves until ctx ends, then drains.
-func Run(ctx context.Context, o ServerOptions) error {
+// Run loads the configuration, serves the front until ctx ends, then drains.
+func Run(ctx context.Context, o Options) error {
+	if o.Front == nil {
+		return errors.New("host: no front to serve")
+	}
 	log := o.Logger
 	if log == nil {
 		log = slog.Default()
 	}
-	o.Gateway.Logger = log
-	g := New(o.Gateway)
-	defer g.Close()
-	if o.Frontend == nil {
-		g.serveTLS()
-	}
+	o.Core.Logger = log
+	h := New(o.Core)
+	defer h.Close()
 	var initial []byte
 	schedulers := 0
 	if o.Source == nil {
@@ -70,10 +67,10 @@ func Run(ctx context.Context, o ServerOptions) error {
 		if err != nil {
 			return err
 		}
-		if err := g.Apply(cfg); err != nil {
+		if err := h.Apply(cfg); err != nil {
 			return err
 		}
-		g.Metrics().Reloads.WithLabelValues("success").Inc()
+		h.Metrics().Reloads.WithLabelValues("success").Inc()
 		schedulers = len(cfg.Spec.Schedulers)
 	}
 	apiLn, adminLn, err := serving.Listen(o.Listen, o.AdminListen)
@@ -86,25 +83,21 @@ func Run(ctx context.Context, o ServerOptions) error {
 	watchCtx, stopWatch := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopWatch()
 	sourceDone := make(chan struct{})
-	httpAPI := serving.NewAPI(g, log)
-	httpAPI.TLS = g.TLSConfig
-	var api Frontend = httpAPI
-	if o.Frontend != nil {
-		if api, err = o.Frontend(watchCtx, g); err != nil {
-			_ = apiLn.Close()
-			_ = adminLn.Close()
-			return err
-		}
+	api, err := o.Front(watchCtx, h)
+	if err != nil {
+		_ = apiLn.Close()
+		_ = adminLn.Close()
+		return err
 	}
 	addrs := Addrs{API: apiLn.Addr().String(), Admin: adminLn.Addr().String()}
-	if h, ok := api.(interface{ HealthAddr() string }); ok {
-		addrs.Health = h.HealthAddr()
+	if ha, ok := api.(interface{ HealthAddr() string }); ok {
+		addrs.Health = ha.HealthAddr()
 	}
 	errc := make(chan error, 1)
 	if o.Source != nil {
 		go func() {
 			defer close(sourceDone)
-			if err := o.Source(watchCtx, g); err != nil && watchCtx.Err() == nil {
+			if err := o.Source(watchCtx, h); err != nil && watchCtx.Err() == nil {
 				errc <- fmt.Errorf("configuration source: %w", err)
 			}
 		}()
@@ -117,7 +110,7 @@ func Run(ctx context.Context, o ServerOptions) error {
 			}
 		}()
 	} else {
-		go reload.Watch(watchCtx, o.ConfigPath, initial, o.Reload, log, func(data []byte, err error) { g.reload(o.ConfigPath, data, err, log) })
+		go reload.Watch(watchCtx, o.ConfigPath, initial, o.Reload, log, func(data []byte, err error) { h.reload(o.ConfigPath, data, err, log) })
 	}
 	log.Info("kvgate serving", "api", addrs.API, "admin", addrs.Admin, "health", addrs.Health, "config", o.ConfigPath, "schedulers", schedulers)
 	if o.Ready != nil {
@@ -125,25 +118,25 @@ func Run(ctx context.Context, o ServerOptions) error {
 	}
 	// Drain: fail readiness, keep accepting for the pre-stop window, stop
 	// accepting, let in-flight requests finish, end the rest with an error.
-	return serving.Serve(ctx, api, apiLn, &http.Server{Handler: g.AdminHandler(), ReadHeaderTimeout: 10 * time.Second}, adminLn, errc,
-		func() { g.Drain(); log.Info("draining", "preStop", o.PreStop, "timeout", o.DrainTimeout) }, serving.Drain{PreStop: o.PreStop, Timeout: o.DrainTimeout})
+	return serving.Serve(ctx, api, apiLn, &http.Server{Handler: h.AdminHandler(), ReadHeaderTimeout: 10 * time.Second}, adminLn, errc,
+		func() { h.core.Drain(); log.Info("draining", "preStop", o.PreStop, "timeout", o.DrainTimeout) }, serving.Drain{PreStop: o.PreStop, Timeout: o.DrainTimeout})
 }
 
 // reload applies a configuration file's new contents (or the error reading it).
-func (g *Gateway) reload(path string, data []byte, err error, log *slog.Logger) {
+func (h *Host) reload(path string, data []byte, err error, log *slog.Logger) {
 	cfg, perr := config.Parse(path, data)
 	if err != nil {
 		perr = err
 	}
 	if perr == nil {
-		perr = g.Apply(cfg)
+		perr = h.Apply(cfg)
 	}
 	if perr != nil {
-		g.RecordRejected(perr)
-		g.Metrics().Reloads.WithLabelValues("failure").Inc()
+		h.RecordRejected(perr)
+		h.Metrics().Reloads.WithLabelValues("failure").Inc()
 		log.Error("configuration rejected; the previous one keeps serving", "err", perr)
 		return
 	}
-	g.Metrics().Reloads.WithLabelValues("success").Inc()
+	h.Metrics().Reloads.WithLabelValues("success").Inc()
 	log.Info("configuration reloaded", "schedulers", len(cfg.Spec.Schedulers))
 }

@@ -1,7 +1,8 @@
-package gateway
+package host
 
 import (
 	"embed"
+	"github.com/kvgate/kvgate/internal/openai"
 	"io/fs"
 	"net/http"
 )
@@ -21,13 +22,13 @@ const uiPolicy = "default-src 'self'; img-src 'self' data:; object-src 'none'; b
 
 // routeUI adds the fleet page (/ui/, with / leading there) and the decision
 // log it reads (/debug/decisions) to the admin mux.
-func (g *Gateway) routeUI(mux *http.ServeMux) {
+func (h *Host) routeUI(mux *http.ServeMux) {
 	mux.Handle("GET /ui/", uiHandler())
 	mux.Handle("GET /ui", http.RedirectHandler("/ui/", http.StatusFound))
 	mux.Handle("GET /{$}", http.RedirectHandler("/ui/", http.StatusFound))
 	mux.HandleFunc("GET /debug/decisions", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Cache-Control", "no-store")
-		writeJSON(w, g.Decisions())
+		openai.WriteJSON(w, h.core.Decisions())
 	})
 }
 

@@ -1,4 +1,4 @@
-package gateway
+package host
 
 import (
 	"context"
@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"github.com/kvgate/kvgate/internal/openai"
 	"log/slog"
 	"net"
 	"net/http"
@@ -54,34 +55,34 @@ const (
 	EnvSharedStatePassword = "KVGATE_SHARED_STATE_PASSWORD"
 )
 
-// Apply installs a configuration (route.Router.Apply) and, on the first one
+// Apply installs a configuration in the core (route.Router.Apply) and, on the first one
 // that names a shared state (or with the flag's), links this replica to its
 // peers. The link is read at start: a later change is logged, not applied.
 // Where spec.tls is served, its certificate files are read first: files
 // that do not load refuse the whole configuration.
-func (g *Gateway) Apply(cfg *v1alpha1.InferenceGatewayConfig) error {
-	commitTLS, err := g.prepareTLS(cfg)
+func (h *Host) Apply(cfg *v1alpha1.InferenceGatewayConfig) error {
+	commitTLS, err := h.prepareTLS(cfg)
 	if err != nil {
 		return err
 	}
-	if err := g.Router.Apply(cfg); err != nil {
+	if err := h.core.Apply(cfg); err != nil {
 		return err
 	}
 	commitTLS()
-	g.linkPeers(cfg)
+	h.linkPeers(cfg)
 	return nil
 }
 
 // linkPeers starts the mesh for the first configuration with a shared state.
-func (g *Gateway) linkPeers(cfg *v1alpha1.InferenceGatewayConfig) {
+func (h *Host) linkPeers(cfg *v1alpha1.InferenceGatewayConfig) {
 	spec := cfg.Spec.Gateway.SharedState
-	o := g.opts.SharedState
-	g.meshMu.Lock()
-	defer g.meshMu.Unlock()
-	if g.mesh != nil {
-		if !reflect.DeepEqual(spec, g.meshSpec) && o.Redis == "" {
-			g.log.Warn("spec.gateway.sharedState changed; it applies when the gateway restarts")
-			g.meshSpec = spec
+	o := h.opts.SharedState
+	h.meshMu.Lock()
+	defer h.meshMu.Unlock()
+	if h.mesh != nil {
+		if !reflect.DeepEqual(spec, h.meshSpec) && o.Redis == "" {
+			h.log.Warn("spec.gateway.sharedState changed; it applies when the gateway restarts")
+			h.meshSpec = spec
 		}
 		return
 	}
@@ -91,16 +92,16 @@ func (g *Gateway) linkPeers(cfg *v1alpha1.InferenceGatewayConfig) {
 	pc, err := peersConfig(cfg, spec, o)
 	if err != nil {
 		// Tried again with the next configuration; meanwhile it shows.
-		peers.Down(g.Metrics().Registry)
-		g.log.Error("shared state not started; routing on this replica's own state", "err", err)
+		peers.Down(h.core.Metrics().Registry)
+		h.log.Error("shared state not started; routing on this replica's own state", "err", err)
 		return
 	}
-	redisLogs.Do(func() { redis.SetLogger(redisLogger{g.log}) })
-	pc.Logger, pc.Registerer = g.log, g.Metrics().Registry
-	g.mesh, g.meshSpec = peers.New(pc, g.Router), spec
-	g.SetPeers(g.mesh)
-	g.mesh.Start(context.Background())
-	g.log.Info("sharing routing state", "redis", pc.Addr, "cluster", pc.Cluster, "replica", g.mesh.Replica())
+	redisLogs.Do(func() { redis.SetLogger(redisLogger{h.log}) })
+	pc.Logger, pc.Registerer = h.log, h.core.Metrics().Registry
+	h.mesh, h.meshSpec = peers.New(pc, h.core), spec
+	h.core.SetPeers(h.mesh)
+	h.mesh.Start(context.Background())
+	h.log.Info("sharing routing state", "redis", pc.Addr, "cluster", pc.Cluster, "replica", h.mesh.Replica())
 }
 
 // redisLogs routes go-redis's own complaints (a failed dial, a pool
@@ -173,15 +174,15 @@ func redisTLS(addr string, t *v1alpha1.SharedStateTLS) (*tls.Config, error) {
 }
 
 // Close unlinks the replica from its peers and stops the routing core.
-func (g *Gateway) Close() {
-	g.meshMu.Lock()
-	m := g.mesh
-	g.meshMu.Unlock()
+func (h *Host) Close() {
+	h.meshMu.Lock()
+	m := h.mesh
+	h.meshMu.Unlock()
 	if m != nil {
-		g.SetPeers(nil)
+		h.core.SetPeers(nil)
 		m.Close()
 	}
-	g.Router.Close()
+	h.core.Close()
 }
 
 // ReplicasView is /debug/replicas: this replica's place among its peers.
@@ -197,12 +198,12 @@ type ReplicasView struct {
 }
 
 // Replicas reports the replica's peers.
-func (g *Gateway) Replicas() ReplicasView {
-	g.meshMu.Lock()
-	m := g.mesh
-	g.meshMu.Unlock()
-	v := ReplicasView{InFlightPart: g.InFlightPart()}
-	v.Rank, v.Replicas = g.Share()
+func (h *Host) Replicas() ReplicasView {
+	h.meshMu.Lock()
+	m := h.mesh
+	h.meshMu.Unlock()
+	v := ReplicasView{InFlightPart: h.core.InFlightPart()}
+	v.Rank, v.Replicas = h.core.Share()
 	if m != nil {
 		mv := m.View()
 		v.Shared, v.Mesh = true, &mv
@@ -210,6 +211,6 @@ func (g *Gateway) Replicas() ReplicasView {
 	return v
 }
 
-func (g *Gateway) serveDebugReplicas(w http.ResponseWriter, _ *http.Request) {
-	writeJSON(w, g.Replicas())
+func (h *Host) serveDebugReplicas(w http.ResponseWriter, _ *http.Request) {
+	openai.WriteJSON(w, h.Replicas())
 }

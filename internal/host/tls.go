@@ -1,4 +1,4 @@
-package gateway
+package host
 
 import (
 	"crypto/tls"
@@ -27,28 +27,28 @@ type listenerTLS struct {
 	cfg    atomic.Pointer[tls.Config]
 }
 
-// serveTLS makes the gateway serve spec.tls on its API listener; without it
+// serveTLS makes the host serve spec.tls on its API listener; without it
 // (kvgate epp, whose gRPC listener has its own flags) spec.tls is ignored.
-func (g *Gateway) serveTLS() {
-	g.tls = &listenerTLS{log: g.log, metrics: certs.NewMetrics(g.Metrics().Registry)}
+func (h *Host) serveTLS() {
+	h.tls = &listenerTLS{log: h.log, metrics: certs.NewMetrics(h.Metrics().Registry)}
 }
 
 // TLSConfig is the API listener's TLS configuration now, nil for plain HTTP.
-func (g *Gateway) TLSConfig() *tls.Config {
-	if g.tls == nil {
+func (h *Host) TLSConfig() *tls.Config {
+	if h.tls == nil {
 		return nil
 	}
-	return g.tls.cfg.Load()
+	return h.tls.cfg.Load()
 }
 
 // awaitingCertificate says why the API listener refuses every handshake
 // (spec.tls names a Secret whose certificate has not loaded), "" when it
 // does not: a replica that cannot serve is not ready.
-func (g *Gateway) awaitingCertificate() string {
-	if g.tls == nil {
+func (h *Host) awaitingCertificate() string {
+	if h.tls == nil {
 		return ""
 	}
-	t := g.tls
+	t := h.tls
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.secret == "" || t.store.Certificate() != nil {
@@ -58,16 +58,16 @@ func (g *Gateway) awaitingCertificate() string {
 }
 
 // ServesTLS says whether the gateway serves spec.tls (kvgate serve).
-func (g *Gateway) ServesTLS() bool { return g.tls != nil }
+func (h *Host) ServesTLS() bool { return h.tls != nil }
 
 // SetCertificate installs the certificate of the Secret spec.tls names
 // (tls.crt and tls.key). One that does not load, or a Secret the
 // configuration does not name, changes nothing.
-func (g *Gateway) SetCertificate(secret string, certPEM, keyPEM []byte) error {
-	if g.tls == nil {
+func (h *Host) SetCertificate(secret string, certPEM, keyPEM []byte) error {
+	if h.tls == nil {
 		return nil
 	}
-	t := g.tls
+	t := h.tls
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.secret == "" || secret != t.secret {
@@ -92,8 +92,8 @@ func (g *Gateway) SetCertificate(secret string, certPEM, keyPEM []byte) error {
 // prepareTLS reads what a configuration's spec.tls needs (certificate files
 // load now: a configuration whose files do not is refused) and returns what
 // installs it once the rest of the configuration is accepted.
-func (g *Gateway) prepareTLS(cfg *v1alpha1.InferenceGatewayConfig) (func(), error) {
-	t := g.tls
+func (h *Host) prepareTLS(cfg *v1alpha1.InferenceGatewayConfig) (func(), error) {
+	t := h.tls
 	spec := cfg.Spec.TLS
 	if t == nil {
 		return func() {}, nil

@@ -1,0 +1,81 @@
+package host
+
+import (
+	"net/http"
+	"net/http/pprof"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/kvgate/kvgate/internal/config"
+	"github.com/kvgate/kvgate/internal/openai"
+)
+
+// AdminHandler serves /metrics, /healthz, /readyz, /summary (the global router's
+// heartbeat), /debug/config, /debug/fleet, /debug/replicas, /debug/pprof and the
+// fleet page (/ui/, ui.go).
+func (h *Host) AdminHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(h.Metrics().Registry, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case h.core.Draining():
+			http.Error(w, "draining", http.StatusServiceUnavailable)
+		case !h.core.Configured() && !h.opts.ReadyWithoutConfig:
+			msg := "no configuration"
+			if _, _, err := h.core.ConfigStatus(); err != nil {
+				msg += ": the last one was rejected: " + err.Error()
+			}
+			http.Error(w, msg, http.StatusServiceUnavailable)
+		case h.awaitingCertificate() != "":
+			http.Error(w, h.awaitingCertificate(), http.StatusServiceUnavailable)
+		case len(h.core.Unready()) > 0 && r.URL.Query().Get("endpoints") == "all":
+			// Opt-in: a load balancer in front of one model's replicas may
+			// prefer to send nothing to one that cannot serve it.
+			http.Error(w, "no ready endpoint for scheduler "+strings.Join(h.core.Unready(), ", "), http.StatusServiceUnavailable)
+		case len(h.core.Unready()) > 0:
+			// Every replica sees the same pods: failing readiness here would
+			// take every replica, and every other model, out of the Service
+			// when one pool is empty. Requests for that model get 503.
+			_, _ = w.Write([]byte("ok; no ready endpoint for scheduler " + strings.Join(h.core.Unready(), ", ") + "\n"))
+		default:
+			_, _ = w.Write([]byte("ok\n"))
+		}
+	})
+	mux.HandleFunc("GET /debug/config", h.serveDebugConfig)
+	mux.HandleFunc("GET /summary", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Cache-Control", "no-store")
+		openai.WriteJSON(w, h.core.Summary())
+	})
+	// Go's profiler, on the admin listener only.
+	mux.HandleFunc("GET /debug/pprof/", pprof.Index)
+	mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
+	mux.HandleFunc("GET /debug/fleet", h.serveDebugFleet)
+	mux.HandleFunc("GET /debug/replicas", h.serveDebugReplicas)
+	h.routeUI(mux)
+	return mux
+}
+
+// serveDebugConfig shows the configuration serving now and the outcome of the
+// last attempt to load one.
+func (h *Host) serveDebugConfig(w http.ResponseWriter, _ *http.Request) {
+	active, when, lastErr := h.core.ConfigStatus()
+	out := map[string]any{"lastReload": when.UTC().Format(time.RFC3339Nano), "lastReloadAccepted": lastErr == nil}
+	if lastErr != nil {
+		out["lastReloadError"] = lastErr.Error()
+	}
+	if active != nil {
+		y, err := config.Marshal(active)
+		if err == nil {
+			out["active"] = string(y)
+		}
+	}
+	openai.WriteJSON(w, out)
+}
+
+func (h *Host) serveDebugFleet(w http.ResponseWriter, _ *http.Request) {
+	openai.WriteJSON(w, h.core.FleetView())
+}
