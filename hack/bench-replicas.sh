@@ -308,7 +308,7 @@ jq -r --arg out "$OUT" '
 	def pct(x): if x == null then "–" else f(x * 100; 1) + "%" end;
 	def what: if .shared_state then "3 replicas, shared state" elif .replicas > 1 then "3 replicas, no sharing" else "1 replica" end;
 	def sum(xs): reduce xs[] as $x (0; . + $x);
-	"# kvgate serve replicas, live (issue 20)\n",
+	"# kvgate serve replicas, live\n",
 	"Generated \(.date) on \(.machine), at commit \(.commit); the script took \(.elapsed_s) s.\n",
 	"Command: `OUT=\($out) REQUESTS=\(.requests) RATE=\(.rate) SCENARIO=\(.scenario) hack/bench-replicas.sh` (`make bench-replicas` with those values).\n",
 	"A simulated fleet of 3 H100 servers of Llama-3.1-8B (`kvgate sim --fleet`), fresh for each setup (cold caches); the first \(.requests) requests of the aws suite'"'"'s \(.scenario) trace at \(.rate) requests/s, open loop (`kvgate bench --mode live`; workload in `<setup>/report.md`), through haproxy (mode tcp, balance roundrobin: each connection goes to the next replica) in front of the replicas; one InferenceGatewayConfig, the chat profile, for all.\n",

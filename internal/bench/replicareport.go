@@ -11,7 +11,7 @@ import (
 	"github.com/kvgate/kvgate/internal/report"
 )
 
-// The replicas suite's goal at the most replicas with shared state (issue 20).
+// The replicas suite's goal at the most replicas with shared state.
 const (
 	goalHitRatio = 0.95 // of one replica's prefix hit rate, at least
 	goalP95      = 10.0 // % over one replica's P95 TTFT, at most

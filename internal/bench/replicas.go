@@ -16,7 +16,7 @@ import (
 	"github.com/kvgate/kvgate/internal/workload"
 )
 
-// Gateway replicas in virtual time (issue 20): several kvgate replicas behind
+// Gateway replicas in virtual time: several kvgate replicas behind
 // one Kubernetes Service, each with its own routing core (picker, prefix index,
 // dispatch accounting per endpoint), all reading the same scrapes. Unshared,
 // each knows only the requests it routed itself. Shared, each also applies its

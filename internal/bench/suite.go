@@ -197,7 +197,7 @@ const (
 // the aws suite runs at); burst-at-once sends mixed-gpu's fleet bursts that
 // arrive within one scrape interval.
 //
-// Each scenario has issue 19's goal against the oracle: kvgate's P95
+// Each scenario has this goal against the oracle: kvgate's P95
 // TTFT closes at least half of the distance it has to the oracle's today where
 // that distance is above 5%. The distances are those of the full suite at seed
 // 0 (`kvgate bench --suite mixed`); seeds 1 and 2 (--seed) move them by under

@@ -300,7 +300,7 @@ func TestCRDValidation(t *testing.T) {
 	refuse("spec.schedulers", lots, "must have at most 100 items")
 	cases[len(cases)-1].spec["bbr"] = map[string]any{"enabled": true}
 
-	// auth, tls, diagnostics, buffers (issue 21)
+	// auth, tls, diagnostics, buffers
 	hash := "sha256:" + strings.Repeat("ab", 32)
 	refuse("spec.gateway.maxBufferedBytes", 1<<20-1, atLeast+"1048576")
 	accept("spec.gateway.maxBufferedBytes", 1<<20)

@@ -433,7 +433,7 @@ func TestForwardTier1(t *testing.T) {
 			var res Result
 			// Under a loaded -race run the upstream connection is, about once in
 			// fifty, closed locally a few milliseconds after the first event,
-			// before any deadline (not yet explained; see the issue 16 note):
+			// before any deadline (not yet explained):
 			// such a run is tried again rather than failed.
 			for try := 1; ; try++ {
 				b := newBench(t, []string{"streams"}, func(j *Job) {
