@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Live measurement of kvgate serve replicas sharing routing state (
-# docs/scaling.md): one simulated fleet of 3 H100 servers of an 8B model
+# Live measurement of kvgate serve replicas sharing routing state
+# (docs/scaling.md): one simulated fleet of 3 H100 servers of an 8B model
 # (kvgate sim --fleet), driven by the same open-loop shared-prefix trace through,
 # in turn, each setup on a fresh fleet (cold caches, fresh ports):
 #
