@@ -84,17 +84,8 @@ func startServer(t testing.TB, cfg *v1alpha1.InferenceGatewayConfig, opts Option
 	if opts.Logger == nil {
 		opts.Logger = quiet
 	}
-	s := New(gw.Router, opts)
-	gs := grpc.NewServer(ServerOptions()...)
-	extprocv3.RegisterExternalProcessorServer(gs, s)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = gs.Serve(ln) }()
-	t.Cleanup(gs.Stop)
-	ts := dialServer(t, ln.Addr().String())
-	ts.gw, ts.srv = gw, s
+	ts := serveCore(t, gw.Router, opts)
+	ts.gw = gw
 	if cfg != nil {
 		n := 0
 		for _, sc := range cfg.Spec.Schedulers {
@@ -105,6 +96,23 @@ func startServer(t testing.TB, cfg *v1alpha1.InferenceGatewayConfig, opts Option
 			return ts.metric(t, "kvgate_endpoint_healthy") == float64(n) && ts.metric(t, "kvgate_endpoint_stale") == 0
 		})
 	}
+	return ts
+}
+
+// serveCore serves an ext_proc server over core on loopback gRPC.
+func serveCore(t testing.TB, core Core, opts Options) *testServer {
+	t.Helper()
+	s := New(core, opts)
+	gs := grpc.NewServer(ServerOptions()...)
+	extprocv3.RegisterExternalProcessorServer(gs, s)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = gs.Serve(ln) }()
+	t.Cleanup(gs.Stop)
+	ts := dialServer(t, ln.Addr().String())
+	ts.srv = s
 	return ts
 }
 

@@ -10,24 +10,9 @@ import (
 	"github.com/kvgate/kvgate/api/v1alpha1"
 	"github.com/kvgate/kvgate/internal/auth"
 	"github.com/kvgate/kvgate/internal/route"
+	"github.com/kvgate/kvgate/internal/route/routetest"
 	"github.com/kvgate/kvgate/internal/simserver"
 )
-
-// reloading is a core that applies another configuration each time a request
-// takes its own: every step of that request then runs after a reload.
-type reloading struct {
-	*route.Router
-	t    testing.TB
-	next func() *v1alpha1.InferenceGatewayConfig
-}
-
-func (r *reloading) Current() route.Config {
-	c := r.Router.Current()
-	if err := r.Apply(r.next()); err != nil {
-		r.t.Error(err)
-	}
-	return c
-}
 
 // TestRequestKeepsItsConfiguration: a reload lands right after a request
 // took its configuration, before authentication, the body limit, the body
@@ -60,9 +45,7 @@ func TestRequestKeepsItsConfiguration(t *testing.T) {
 	if err := core.Apply(first); err != nil {
 		t.Fatal(err)
 	}
-	n := 0
-	r := &reloading{Router: core, t: t, next: func() *v1alpha1.InferenceGatewayConfig {
-		n++
+	r := &routetest.Reloading{Router: core, Next: func(n int) *v1alpha1.InferenceGatewayConfig {
 		if n%2 == 1 {
 			return other
 		}
@@ -84,7 +67,7 @@ func TestRequestKeepsItsConfiguration(t *testing.T) {
 			if err := core.Apply(first); err != nil {
 				t.Fatal(err)
 			}
-			n = 0
+			r.Taken.Store(0)
 			h := []string{"Content-Type", "application/json"}
 			if tc.key != "" {
 				h = append(h, "Authorization", "Bearer "+tc.key)
@@ -93,8 +76,11 @@ func TestRequestKeepsItsConfiguration(t *testing.T) {
 			if resp.StatusCode != tc.status {
 				t.Fatalf("status %d (%s), want %d", resp.StatusCode, e.Error.Message, tc.status)
 			}
-			if n != 1 {
+			if n := r.Taken.Load(); n != 1 {
 				t.Fatalf("the request took %d configurations, want 1", n)
+			}
+			if err := r.Err(); err != nil {
+				t.Fatal(err)
 			}
 			if tc.status == http.StatusOK {
 				if got := resp.Header.Get("X-Kvgate-Endpoint"); got != a {
