@@ -157,6 +157,18 @@ func ScanFor(r io.Reader, consumed *bytes.Buffer, w Want) (Scanned, error) {
 	return out, err
 }
 
+// ScanBody is ScanFor over a body held whole, checked to its end by the
+// scan's Rest: what ScanFor refuses and what a streaming front's Guard would
+// refuse. w.Spill must be nil.
+func ScanBody(body []byte, w Want) (Scanned, error) {
+	var consumed bytes.Buffer
+	sc, err := ScanFor(bytes.NewReader(body), &consumed, w)
+	if err == nil && sc.Rest != nil {
+		err = sc.Rest.Check(body[consumed.Len():])
+	}
+	return sc, err
+}
+
 // errEnough stops the scan once it holds what routing needs.
 var errEnough = errors.New("enough of the body read")
 

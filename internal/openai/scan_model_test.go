@@ -212,3 +212,43 @@ func BenchmarkGuard256KB(b *testing.B) {
 		}
 	}
 }
+
+// TestScanBody: a body held whole is read by the same rules as one that
+// streams, to its end.
+func TestScanBody(t *testing.T) {
+	pad := `"` + strings.Repeat("p", 2<<20) + `"` // past promptSearch: the scan stops before what follows
+	for _, tc := range []struct {
+		name, body, header string
+		model              string
+		found              bool   // the body named a model
+		err                string // "": none
+	}{
+		{"model", `{"model":"a","messages":[]}`, "", "a", true, ""},
+		{"no model", `{"messages":[]}`, "", "", false, ""},
+		{"header alone", `{"messages":[]}`, "h", "h", false, ""},
+		{"header and the same model", `{"messages":[],"model":"h"}`, "h", "h", false, ""},
+		{"header and another model", `{"model":"b"}`, "h", "", false, `the x-gateway-model-name header names model "h" but the body names "b"`},
+		{"case variant before the model", `{"MODEL":"a","model":"b"}`, "", "", false, `spelled "model", not "MODEL"`},
+		{"case variant after the model", `{"model":"b","Model":"a"}`, "", "", false, "more than once"},
+		{"duplicate", `{"model":"a","model":"b"}`, "", "", false, "more than once"},
+		{"duplicate past the scan", `{"model":"a","x":` + pad + `,"model":"b"}`, "", "", false, "more than once"},
+		{"duplicate under the header", `{"model":"h","model":"h"}`, "h", "", false, "more than once"},
+		{"not a string", `{"model":7}`, "", "", false, ErrModelNotString.Error()},
+		{"not a string under the header", `{"model":7}`, "h", "", false, ErrModelNotString.Error()},
+		{"not an object", `[1]`, "", "", false, ErrNotObject.Error()},
+		{"not JSON past the scan", `{"model":"a","x":` + pad + `,"y":NaN}`, "", "", false, "malformed JSON body"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sc, err := ScanBody([]byte(tc.body), Want{HeaderModel: tc.header})
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("error %v, want one mentioning %q", err, tc.err)
+				}
+				return
+			}
+			if err != nil || sc.Model != tc.model || sc.ModelFound != tc.found {
+				t.Fatalf("model %q found %v, error %v; want %q found %v", sc.Model, sc.ModelFound, err, tc.model, tc.found)
+			}
+		})
+	}
+}
