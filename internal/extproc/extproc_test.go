@@ -17,6 +17,7 @@ import (
 
 	"github.com/kvgate/kvgate/api/v1alpha1"
 	"github.com/kvgate/kvgate/internal/promtest"
+	"github.com/kvgate/kvgate/internal/proxy"
 	"github.com/kvgate/kvgate/internal/sim"
 	"github.com/kvgate/kvgate/internal/simserver"
 	"github.com/kvgate/kvgate/internal/simserver/simtest"
@@ -79,13 +80,14 @@ func TestPickAndStream(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			before := s.metric(t, "kvgate_tokens_total", "kind", "completion")
 			p := s.play(t, request{body: tc.body, headers: map[string]string{
-				"x-gateway-inference-objective": "chat", "x-gateway-destination-endpoint-subset": "10.9.9.9:1", "x-kvgate-explain": "1"}})
+				"x-gateway-inference-objective": "chat", "x-gateway-destination-endpoint-subset": "10.9.9.9:1", "x-kvgate-explain": "1",
+				"x-gateway-inference-fairness-id": "tenant-a", "x-gateway-model-name-rewrite": "other"}})
 			dest := p.destination(t)
 			if len(dest) != 2 || !slices.Contains(addrs, dest[0]) || !slices.Contains(addrs, dest[1]) || dest[0] == dest[1] {
 				t.Fatalf("destination %v: want both endpoints, the pick first", dest)
 			}
 			rm := p.headers.GetHeaderMutation().GetRemoveHeaders()
-			for _, h := range []string{"x-gateway-inference-objective", "x-gateway-destination-endpoint-subset", "x-kvgate-explain"} {
+			for _, h := range []string{"x-gateway-inference-objective", "x-gateway-destination-endpoint-subset", "x-kvgate-explain", "x-gateway-inference-fairness-id", "x-gateway-model-name-rewrite"} {
 				if !slices.Contains(rm, h) {
 					t.Errorf("control header %s not stripped (removed: %v)", h, rm)
 				}
@@ -542,6 +544,39 @@ func TestSessionAffinity(t *testing.T) {
 			}
 			if len(homes) < 2 {
 				t.Errorf("six sessions all lived on %v: the key did not spread them", homes)
+			}
+		})
+	}
+}
+
+// TestRequestIDHeader: a client's x-request-id passes on when it is one to
+// pass on (proxy.ValidRequestID, as in kvgate serve); any other is replaced
+// by a generated one, set on the request.
+func TestRequestIDHeader(t *testing.T) {
+	s := startServer(t, gatewayConfig(pool(startSims(t, 1, simserver.Options{})...)), Options{})
+	for _, tc := range []struct {
+		name, id string
+		kept     bool
+	}{
+		{"kept", "client-id-1", true},
+		{"128 characters kept", strings.Repeat("a", 128), true},
+		{"none", "", false},
+		{"too long", strings.Repeat("a", 129), false},
+		{"space", "a b", false},
+		{"non-ASCII", "idé", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := map[string]string{}
+			if tc.id != "" {
+				h[requestIDHeader] = tc.id
+			}
+			p := s.play(t, request{body: chatBody(llama, "hello"), headers: h})
+			id, set := setHeader(p.headers, requestIDHeader)
+			switch {
+			case tc.kept && set:
+				t.Errorf("the client's id %q replaced by %q", tc.id, id)
+			case !tc.kept && (!set || id == tc.id || !proxy.ValidRequestID(id)):
+				t.Errorf("the client's id %q: set %v to %q, want a generated one", tc.id, set, id)
 			}
 		})
 	}

@@ -56,27 +56,8 @@ const (
 	contentLengthLimit = 62000 // bytes per body response: under gRPC's and Envoy's limits (GIE uses the same)
 )
 
-// controlHeaders are read and stripped before the request goes upstream: the
-// protocol's own, and any a client sent to steer the pick.
-var controlHeaders = []string{"x-gateway-inference-fairness-id", objectiveHeader, "x-gateway-model-name-rewrite"}
-
 // objectiveHeader is proxy.ObjectiveHeader as Envoy spells header names.
 var objectiveHeader = strings.ToLower(proxy.ObjectiveHeader)
-
-func isControlHeader(name string) bool {
-	if strings.HasPrefix(name, DestinationHeader) && name != DestinationHeader {
-		return true // -subset, -served and the like; the destination itself is overwritten
-	}
-	if strings.HasPrefix(name, "x-kvgate-") {
-		return true
-	}
-	for _, h := range controlHeaders {
-		if name == h {
-			return true
-		}
-	}
-	return false
-}
 
 // Options configure a Server.
 type Options struct {
@@ -335,7 +316,7 @@ func (x *exchange) requestHeaders(msg *extprocv3.ProcessingRequest, h *extprocv3
 	// nothing of its rules.
 	x.cfg = x.s.gw.Current()
 	x.rid = x.headers[requestIDHeader]
-	if x.rid == "" || len(x.rid) > 128 {
+	if !proxy.ValidRequestID(x.rid) {
 		x.rid, x.ridSet = proxy.NewRequestID(), true
 	}
 	if x.s.opts.BBR == nil {
@@ -582,10 +563,9 @@ func (x *exchange) answerHeaders(set []*corev3.HeaderValueOption, remove []strin
 	}
 	if x.s.opts.BBR == nil {
 		// The body-based router runs before the picker, which still needs them.
-		// The client's credentials were for the gateway, not the model server.
-		creds := x.cfg.AuthEnabled()
+		policy := proxy.HeaderPolicy{Tier: proxy.Tier1, StripCredentials: x.cfg.AuthEnabled()}
 		for name := range x.headers {
-			if isControlHeader(name) || creds && auth.IsCredential(name) {
+			if policy.Withheld(name) && !setsHeader(set, name) {
 				remove = append(remove, name)
 			}
 		}
@@ -599,6 +579,17 @@ func (x *exchange) answerHeaders(set []*corev3.HeaderValueOption, remove []strin
 		}}},
 		DynamicMetadata: md,
 	})
+}
+
+// setsHeader says whether set overwrites the header name: the destination,
+// which a client may have sent too, is overwritten rather than removed.
+func setsHeader(set []*corev3.HeaderValueOption, name string) bool {
+	for _, h := range set {
+		if strings.EqualFold(h.GetHeader().GetKey(), name) {
+			return true
+		}
+	}
+	return false
 }
 
 // refuse answers the request with an OpenAI error instead of routing it, and

@@ -11,7 +11,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/kvgate/kvgate/internal/auth"
 	"github.com/kvgate/kvgate/internal/openai"
 	"github.com/kvgate/kvgate/internal/proxy"
 	"github.com/kvgate/kvgate/internal/route"
@@ -191,13 +190,8 @@ func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Re
 	tr := g.traceOf(ctx)
 	routed(tr, rt)
 	retry := "" // why the last attempt failed, counted when the next one starts
-	withheld := proxy.IsControlHeader
-	if authenticated {
-		// The client's credentials were for the gateway, not the model server.
-		withheld = func(name string) bool { return proxy.IsControlHeader(name) || auth.IsCredential(name) }
-	}
 	res := proxy.Forward(w, &proxy.Job{Targets: targets, Transport: rt.Transport(), Body: body, Request: r, Ctx: ctx,
-		RequestID: rid, Withheld: withheld, RetryStatus: retryStatus, MidStreamMessage: "the model server failed mid-response",
+		RequestID: rid, Policy: proxy.HeaderPolicy{Tier: proxy.Tier1, StripCredentials: authenticated}, RetryStatus: retryStatus, MidStreamMessage: "the model server failed mid-response",
 		WaitFirstByte: true, FirstByteTimeout: rt.FirstByteTimeout, IdleTimeout: rt.StreamIdleTimeout, WriteTimeout: rt.ClientWriteTimeout,
 		Acquire: func(i int) (func(), bool) {
 			if i == 0 {

@@ -605,7 +605,9 @@ func (r *Router) forward(w http.ResponseWriter, req *http.Request, g *generation
 	ranked(tr, model, st.tenant, len(cands), first)
 	res := proxy.Forward(w, &proxy.Job{
 		Targets: targets, Transport: r.opts.Transport, Body: proxy.WholeBody(body), Request: req, RequestID: rid,
-		Withheld: withheld, Header: header,
+		// The client's credentials stay here whether or not this router
+		// authenticates: a member is reached with none of them.
+		Policy: proxy.HeaderPolicy{Tier: proxy.Tier2, StripCredentials: true}, Header: header,
 		RetryStatus: func(code int) bool { return code >= 500 || code == http.StatusTooManyRequests },
 		// The first bytes come before the headers go out: a member that dies
 		// before them is still retried elsewhere.
@@ -774,22 +776,6 @@ func cheapest(cands []Candidate) int {
 		}
 	}
 	return best
-}
-
-// withheld says whether a client's header stays here rather than going on to
-// the member: the client's credentials (this router's business, not the
-// member's), and every one of kvgate's or the Endpoint Picker protocol's
-// headers but the model name — a client neither steers tier 1 nor reads its
-// internals. (proxy.RequestHeaders drops the hop-by-hop ones.)
-func withheld(name string) bool {
-	k := http.CanonicalHeaderKey(name)
-	switch k {
-	case "Authorization", "Api-Key":
-		return true
-	case "X-Gateway-Model-Name":
-		return false
-	}
-	return strings.HasPrefix(k, "X-Kvgate-") || strings.HasPrefix(k, "X-Gateway-")
 }
 
 func (r *Router) refuse(w http.ResponseWriter, model string, code int, typ, msg string) {

@@ -59,8 +59,8 @@ type Job struct {
 	// nil: the client's context.
 	Ctx       context.Context
 	RequestID string
-	// Withheld names the client's headers that stay here (see RequestHeaders).
-	Withheld func(name string) bool
+	// Policy says which of the client's headers stay here.
+	Policy HeaderPolicy
 	// Header is set on every upstream request after the client's headers.
 	Header http.Header
 	// RetryStatus says whether a target that answered status is given up on
@@ -428,7 +428,7 @@ func (j *Job) request(ctx context.Context, t Target, body io.ReadCloser) *http.R
 		}
 		return rc, nil
 	}
-	RequestHeaders(out.Header, r.Header, r.RemoteAddr, j.RequestID, j.Withheld)
+	j.Policy.Request(out.Header, r.Header, r.RemoteAddr, j.RequestID)
 	for k, vs := range j.Header {
 		out.Header[k] = vs
 	}

@@ -355,11 +355,11 @@ func TestForwardRequest(t *testing.T) {
 	client.Header.Set("Authorization", "Bearer x")
 	client.Header.Set("X-Kvgate-Explain", "1")
 	res := Forward(rec, &Job{Targets: []Target{{Name: "up", URL: u}}, Body: WholeBody([]byte(`{"model":"m"}`)), Request: client, RequestID: "rid-7",
-		Withheld: func(k string) bool { return k == "Authorization" }, Header: http.Header{"X-Gateway-Inference-Objective": {"batch"}},
+		Policy: HeaderPolicy{Tier: Tier1, StripCredentials: true}, Header: http.Header{"X-Gateway-Inference-Objective": {"batch"}},
 		OnCommit: func(_ int, _ int, h http.Header) { h.Del("X-Internal"); h.Set("X-Kvgate-Member", "up") }})
 	r := <-got
 	if r.URL.Path != "/base/v1/completions" || r.URL.RawQuery != "a=1" || <-bodies != `{"model":"m"}` || r.ContentLength != 13 ||
-		r.Header.Get("Authorization") != "" || r.Header.Get("X-Kvgate-Explain") != "1" || r.Header.Get("X-Request-Id") != "rid-7" ||
+		r.Header.Get("Authorization") != "" || r.Header.Get("X-Kvgate-Explain") != "" || r.Header.Get("X-Request-Id") != "rid-7" ||
 		r.Header.Get("X-Gateway-Inference-Objective") != "batch" || r.Header.Get("X-Forwarded-For") == "" {
 		t.Errorf("upstream got %s %v length %d", r.URL, r.Header, r.ContentLength)
 	}

@@ -1,7 +1,7 @@
 // Package proxy holds what both tiers do the same when they pass an OpenAI
 // request on: which paths they proxy, the request id, the header policy
-// (hop-by-hop headers both ways, kvgate's control headers, X-Forwarded-For),
-// and how a request body that cannot be read is refused.
+// (HeaderPolicy; hop-by-hop headers both ways), and how a request body that
+// cannot be read is refused.
 package proxy
 
 import (
@@ -9,7 +9,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"strconv"
@@ -83,34 +82,6 @@ func removeHop(dst, src http.Header) {
 	}
 }
 
-// IsControlHeader reports whether name is one of kvgate's or the Endpoint
-// Picker protocol's control headers: a client never picks the pod, sets a
-// priority or reads the gateway's internals through them.
-func IsControlHeader(name string) bool {
-	n := strings.ToLower(name)
-	return strings.HasPrefix(n, "x-gateway-destination-endpoint") || strings.HasPrefix(n, "x-kvgate-") || n == "x-gateway-inference-objective"
-}
-
-// RequestHeaders fills dst with the client's headers that go upstream: all
-// but the hop-by-hop ones and those drop names, then the request id and the
-// client's address appended to X-Forwarded-For.
-func RequestHeaders(dst, src http.Header, remoteAddr, rid string, drop func(name string) bool) {
-	for k, vs := range src {
-		if drop != nil && drop(k) {
-			continue
-		}
-		dst[k] = vs
-	}
-	removeHop(dst, src)
-	dst.Set("X-Request-Id", rid)
-	if ip, _, err := net.SplitHostPort(remoteAddr); err == nil {
-		if prior := src.Get("X-Forwarded-For"); prior != "" {
-			ip = prior + ", " + ip
-		}
-		dst.Set("X-Forwarded-For", ip)
-	}
-}
-
 // Refusal is a request kvgate answers itself: an HTTP status and an OpenAI
 // error, with the Retry-After to send (0: none) and whether the connection
 // is to be closed after it.
@@ -179,7 +150,3 @@ func BodyError(err error) (r *Refusal, ok bool) {
 	return &Refusal{Status: http.StatusBadRequest, Type: openai.TypeInvalidRequest,
 		Message: "the request body could not be read to its end", Close: true}, true
 }
-
-// ObjectiveHeader names the request's objective (the Gateway API Inference
-// Extension's InferenceObjective), whose priority spec.objectives gives.
-const ObjectiveHeader = "X-Gateway-Inference-Objective"

@@ -43,61 +43,11 @@ func TestRequestID(t *testing.T) {
 	}
 }
 
-func TestRequestHeaders(t *testing.T) {
-	src := http.Header{
-		"Content-Type":        {"application/json"},
-		"Connection":          {"keep-alive, X-Secret"},
-		"X-Secret":            {"s"},
-		"Keep-Alive":          {"timeout=5"},
-		"Te":                  {"trailers"},
-		"Trailer":             {"X-T"},
-		"Transfer-Encoding":   {"chunked"},
-		"Upgrade":             {"h2c"},
-		"Proxy-Authorization": {"Basic x"},
-		"Proxy-Connection":    {"keep-alive"},
-		"X-Kvgate-Explain":    {"1"},
-		"X-Request-Id":        {"client-id"},
-		"X-Forwarded-For":     {"10.0.0.1"},
-	}
-	dst := http.Header{}
-	RequestHeaders(dst, src, "192.0.2.7:5555", "rid-1", IsControlHeader)
-	want := http.Header{
-		"Content-Type":    {"application/json"},
-		"X-Request-Id":    {"rid-1"},
-		"X-Forwarded-For": {"10.0.0.1, 192.0.2.7"},
-	}
-	if fmt.Sprint(dst) != fmt.Sprint(want) {
-		t.Errorf("upstream headers\n got %v\nwant %v", dst, want)
-	}
-	t.Run("Connection-named header removed even when Connection itself is dropped", func(t *testing.T) {
-		dst := http.Header{}
-		RequestHeaders(dst, http.Header{"Connection": {"X-A"}, "X-A": {"1"}}, "", "r", func(k string) bool { return k == "Connection" })
-		if dst.Get("X-A") != "" {
-			t.Errorf("X-A forwarded: %v", dst)
-		}
-	})
-}
-
 func TestRemoveHopHeaders(t *testing.T) {
 	h := http.Header{"Connection": {"close, X-Hop"}, "X-Hop": {"1"}, "Transfer-Encoding": {"chunked"}, "Keep-Alive": {"x"}, "Content-Type": {"text/event-stream"}}
 	RemoveHopHeaders(h)
 	if len(h) != 1 || h.Get("Content-Type") == "" {
 		t.Errorf("after removing hop-by-hop headers: %v", h)
-	}
-}
-
-func TestIsControlHeader(t *testing.T) {
-	for name, want := range map[string]bool{
-		"X-Gateway-Destination-Endpoint":        true,
-		"x-gateway-destination-endpoint-subset": true,
-		"X-Kvgate-Explain":                      true,
-		"X-Gateway-Inference-Objective":         true,
-		"X-Gateway-Model-Name":                  false,
-		"Authorization":                         false,
-	} {
-		if got := IsControlHeader(name); got != want {
-			t.Errorf("IsControlHeader(%q) = %v, want %v", name, got, want)
-		}
 	}
 }
 
