@@ -486,7 +486,7 @@ func (x *exchange) scanAndDecide(first *extprocv3.HttpBody) error {
 	model := header
 	if model == "" {
 		if !sc.ModelFound {
-			return x.refuse(&proxy.Refusal{Status: http.StatusBadRequest, Type: openai.TypeInvalidRequest, Message: route.NoMatchingModel}, false)
+			return x.refuse(proxy.MissingModel(), false)
 		}
 		model = sc.Model
 	}
@@ -525,7 +525,7 @@ func (x *exchange) release(r *chunkReader) error {
 // decide picks an endpoint for the model and answers the request headers.
 func (x *exchange) decide(model string, prompt []byte) error {
 	if model == "" {
-		return x.refuse(&proxy.Refusal{Status: http.StatusBadRequest, Type: openai.TypeInvalidRequest, Message: route.NoMatchingModel}, false)
+		return x.refuse(proxy.MissingModel(), false)
 	}
 	size, _ := strconv.ParseInt(x.headers["content-length"], 10, 64)
 	if size <= 0 && x.held != nil {

@@ -53,16 +53,15 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if !proxy.Proxied(r.URL.Path) {
-		g.refuse(w, nil, &proxy.Refusal{Status: http.StatusNotFound, Type: openai.TypeNotFound, Message: fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path)})
+		g.refuse(w, nil, proxy.NoRoute(r.Method, r.URL.Path))
 		return
 	}
 	if r.Method != http.MethodPost {
-		w.Header().Set("Allow", http.MethodPost)
-		g.refuse(w, nil, &proxy.Refusal{Status: http.StatusMethodNotAllowed, Type: openai.TypeInvalidRequest, Message: "method " + r.Method + " not allowed; use POST"})
+		g.refuse(w, nil, proxy.MethodNotAllowed(r.Method))
 		return
 	}
 	if !cfg.Configured() {
-		g.refuse(w, nil, route.Unconfigured())
+		g.refuse(w, nil, proxy.NoConfiguration())
 		return
 	}
 	maxBody := cfg.MaxBody()
@@ -118,7 +117,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if model == "" {
 		if !sc.ModelFound {
-			g.refuse(w, nil, &proxy.Refusal{Status: http.StatusBadRequest, Type: openai.TypeInvalidRequest, Message: route.NoMatchingModel})
+			g.refuse(w, nil, proxy.MissingModel())
 			return
 		}
 		model = sc.Model

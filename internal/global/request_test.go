@@ -93,11 +93,11 @@ func TestBadInput(t *testing.T) {
 		{"bad JSON", "POST", "/v1/chat/completions", `{"model":`, nil, 400, "malformed JSON"},
 		{"not an object", "POST", "/v1/chat/completions", `[1]`, nil, 400, "malformed JSON"},
 		{"model not a string", "POST", "/v1/chat/completions", `{"model":7}`, nil, 400, "'model' must be a string"},
-		{"no model", "POST", "/v1/chat/completions", `{"messages":[]}`, nil, 400, "no model"},
+		{"no model", "POST", "/v1/chat/completions", `{"messages":[]}`, nil, 400, "no matching model"},
 		{"header and body disagree", "POST", "/v1/chat/completions", `{"model":"sql-lora"}`, []string{"X-Gateway-Model-Name", llama}, 400, "differ"},
 		{"max_tokens of the wrong type", "POST", "/v1/chat/completions", `{"model":"m","max_tokens":"lots"}`, nil, 400, "malformed JSON"},
 		{"too large", "POST", "/v1/chat/completions", `{"model":"` + strings.Repeat("x", 2000) + `"}`, nil, 413, "exceeds 1024 bytes"},
-		{"unknown model", "POST", "/v1/chat/completions", `{"model":"gpt-9"}`, nil, 404, "no member serves"},
+		{"unknown model", "POST", "/v1/chat/completions", `{"model":"gpt-9"}`, nil, 404, "no matching model"},
 		{"wrong method", "GET", "/v1/chat/completions", ``, nil, 405, "not allowed"},
 		{"unknown path", "POST", "/v1/nothing", `{}`, nil, 404, "no route"},
 	} {

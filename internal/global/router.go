@@ -371,11 +371,10 @@ func (r *Router) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		r.serveModels(w, g)
 		return
 	case !proxy.Proxied(req.URL.Path):
-		r.refuse(w, "", http.StatusNotFound, openai.TypeNotFound, fmt.Sprintf("no route for %s %s", req.Method, req.URL.Path))
+		r.refusal(w, "", proxy.NoRoute(req.Method, req.URL.Path))
 		return
 	case req.Method != http.MethodPost:
-		w.Header().Set("Allow", http.MethodPost)
-		r.refuse(w, "", http.StatusMethodNotAllowed, openai.TypeInvalidRequest, "method "+req.Method+" not allowed; use POST")
+		r.refusal(w, "", proxy.MethodNotAllowed(req.Method))
 		return
 	}
 	// net/http clears the deadline once the body is read, before it watches
@@ -395,12 +394,14 @@ func (r *Router) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		Stream              *bool           `json:"stream"`
 	}
 	if err := json.Unmarshal(body, &fields); err != nil {
-		r.refuse(w, "", http.StatusBadRequest, openai.TypeInvalidRequest, "malformed JSON body: "+err.Error())
+		ref, _ := proxy.BodyError(&openai.SyntaxError{Err: err})
+		r.refusal(w, "", ref)
 		return
 	}
 	var model string
 	if len(fields.Model) > 0 && string(fields.Model) != "null" && json.Unmarshal(fields.Model, &model) != nil {
-		r.refuse(w, "", http.StatusBadRequest, openai.TypeInvalidRequest, openai.ErrModelNotString.Error())
+		ref, _ := proxy.BodyError(openai.ErrModelNotString)
+		r.refusal(w, "", ref)
 		return
 	}
 	// Limits are kept by the model the member will serve, which is the body's:
@@ -408,13 +409,13 @@ func (r *Router) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	// a tenant route around its limit.
 	if h := req.Header.Get("X-Gateway-Model-Name"); h != "" {
 		if model != "" && h != model {
-			r.refuse(w, "", http.StatusBadRequest, openai.TypeInvalidRequest, "x-gateway-model-name and the body's model differ")
+			r.refusal(w, "", &proxy.Refusal{Status: http.StatusBadRequest, Type: openai.TypeInvalidRequest, Message: "x-gateway-model-name and the body's model differ"})
 			return
 		}
 		model = h
 	}
 	if model == "" {
-		r.refuse(w, "", http.StatusBadRequest, openai.TypeInvalidRequest, "no model: set the model in the request body")
+		r.refusal(w, "", proxy.MissingModel())
 		return
 	}
 	// Tokens reserved up front: the prompt at about four bytes a token plus
@@ -434,18 +435,17 @@ func (r *Router) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	if len(cands) == 0 {
 		if !g.known(model) {
 			// The model label stays empty: a client must not mint metric series.
-			r.refuse(w, "", http.StatusNotFound, openai.TypeNotFound, fmt.Sprintf("no member serves model %q", model))
+			r.refusal(w, "", proxy.UnknownModel())
 			return
 		}
-		w.Header().Set("Retry-After", "1")
-		r.refuse(w, model, http.StatusServiceUnavailable, openai.TypeOverloaded, fmt.Sprintf("no healthy member serves model %q", model))
+		r.refusal(w, model, &proxy.Refusal{Status: http.StatusServiceUnavailable, Type: openai.TypeOverloaded,
+			Message: fmt.Sprintf("no healthy member serves model %q", model), RetryAfter: 1})
 		return
 	}
 	var adm Admission
 	if g.limiter != nil {
 		adm, err = g.limiter.Admit(req.Context(), tenant, model, estimate)
 		if err != nil {
-			w.Header().Set("Retry-After", "1")
 			if req.Context().Err() != nil {
 				r.m.Requests.WithLabelValues("", model, proxy.CodeClientGone).Inc()
 				return
@@ -453,7 +453,8 @@ func (r *Router) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 			// internal/ratelimit warns of the outage now and then; a line a
 			// refused request would flood the log.
 			r.log.Debug("rate limiting unavailable; refusing (rateLimit.failMode: closed)", "request_id", rid, "err", err)
-			r.refuse(w, model, http.StatusServiceUnavailable, openai.TypeServer, "rate limiting is unavailable; retry later")
+			r.refusal(w, model, &proxy.Refusal{Status: http.StatusServiceUnavailable, Type: openai.TypeServer,
+				Message: "rate limiting is unavailable; retry later", RetryAfter: 1})
 			return
 		}
 		for k, vs := range adm.Headers {
@@ -461,12 +462,13 @@ func (r *Router) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		}
 		if !adm.Allowed {
 			if adm.TooLarge {
-				r.refuse(w, model, http.StatusTooManyRequests, openai.TypeRateLimit,
-					fmt.Sprintf("request too large: its %d estimated tokens exceed the tokens-per-minute limit of tenant %q on model %q; send less", estimate, tenant, model))
+				r.refusal(w, model, &proxy.Refusal{Status: http.StatusTooManyRequests, Type: openai.TypeRateLimit,
+					Message: fmt.Sprintf("request too large: its %d estimated tokens exceed the tokens-per-minute limit of tenant %q on model %q; send less", estimate, tenant, model)})
 				return
 			}
-			w.Header().Set("Retry-After", strconv.Itoa(max(1, int((adm.RetryAfter+time.Second-1)/time.Second))))
-			r.refuse(w, model, http.StatusTooManyRequests, openai.TypeRateLimit, fmt.Sprintf("rate limit reached for tenant %q on model %q; retry later", tenant, model))
+			r.refusal(w, model, &proxy.Refusal{Status: http.StatusTooManyRequests, Type: openai.TypeRateLimit,
+				Message:    fmt.Sprintf("rate limit reached for tenant %q on model %q; retry later", tenant, model),
+				RetryAfter: max(1, int((adm.RetryAfter+time.Second-1)/time.Second))})
 			return
 		}
 	}
@@ -776,10 +778,6 @@ func cheapest(cands []Candidate) int {
 		}
 	}
 	return best
-}
-
-func (r *Router) refuse(w http.ResponseWriter, model string, code int, typ, msg string) {
-	r.refusal(w, model, &proxy.Refusal{Status: code, Type: typ, Message: msg})
 }
 
 func (r *Router) refusal(w http.ResponseWriter, model string, ref *proxy.Refusal) {

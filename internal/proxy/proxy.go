@@ -1,7 +1,7 @@
 // Package proxy holds what both tiers do the same when they pass an OpenAI
 // request on: which paths they proxy, the request id, the header policy
-// (HeaderPolicy; hop-by-hop headers both ways), and how a request body that
-// cannot be read is refused.
+// (HeaderPolicy; hop-by-hop headers both ways), and the refusals both word
+// alike, a request body that cannot be read among them.
 package proxy
 
 import (
@@ -98,6 +98,8 @@ type Refusal struct {
 	Challenge string
 	// Param names the request parameter at fault, if one is.
 	Param string
+	// Allow is the Allow header of a refusal of the request's method.
+	Allow string
 }
 
 func (e *Refusal) Error() string { return strconv.Itoa(e.Status) + ": " + e.Message }
@@ -113,11 +115,47 @@ func (e *Refusal) Write(w http.ResponseWriter) {
 	if e.Challenge != "" {
 		w.Header().Set("WWW-Authenticate", e.Challenge)
 	}
+	if e.Allow != "" {
+		w.Header().Set("Allow", e.Allow)
+	}
 	openai.WriteErrorParam(w, e.Status, e.Type, e.Message, e.Param)
 }
 
 // JSON is the refusal's OpenAI error body.
 func (e *Refusal) JSON() []byte { return openai.ErrorJSONParam(e.Status, e.Type, e.Message, e.Param) }
+
+// NoRoute is the refusal of a path kvgate does not pass on.
+func NoRoute(method, path string) *Refusal {
+	return &Refusal{Status: http.StatusNotFound, Type: openai.TypeNotFound, Message: fmt.Sprintf("no route for %s %s", method, path)}
+}
+
+// MethodNotAllowed is the refusal of a method other than POST on a path
+// kvgate passes on.
+func MethodNotAllowed(method string) *Refusal {
+	return &Refusal{Status: http.StatusMethodNotAllowed, Type: openai.TypeInvalidRequest,
+		Message: "method " + method + " not allowed; use POST", Allow: http.MethodPost}
+}
+
+// noMatchingModel answers a request whose model cannot be routed, worded as
+// AWS's gateway words it.
+const noMatchingModel = "no matching model: set the model in the request body or the x-gateway-model-name header"
+
+// MissingModel is the refusal of a request that names no model.
+func MissingModel() *Refusal {
+	return &Refusal{Status: http.StatusBadRequest, Type: openai.TypeInvalidRequest, Message: noMatchingModel}
+}
+
+// UnknownModel is the refusal of a model nothing serves, or one the client
+// may not use: worded alike, so that a client cannot learn which models exist.
+func UnknownModel() *Refusal {
+	return &Refusal{Status: http.StatusNotFound, Type: openai.TypeNotFound, Message: noMatchingModel}
+}
+
+// NoConfiguration is the refusal of a request that arrives before any
+// configuration.
+func NoConfiguration() *Refusal {
+	return &Refusal{Status: http.StatusServiceUnavailable, Type: openai.TypeServer, Message: "the gateway has no configuration yet", RetryAfter: 1}
+}
 
 // TooLarge is the refusal of a body larger than limit bytes.
 func TooLarge(limit int64) *Refusal {

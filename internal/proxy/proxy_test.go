@@ -103,3 +103,31 @@ func TestRefusalRetryAfter(t *testing.T) {
 		t.Errorf("%d %v", rec.Code, rec.Header())
 	}
 }
+
+func TestRefusals(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		ref    *Refusal
+		status int
+		header string // a header the refusal sets, name=value
+		msg    string
+	}{
+		{"no route", NoRoute("POST", "/v1/nothing"), 404, "", "no route for POST /v1/nothing"},
+		{"method", MethodNotAllowed("GET"), 405, "Allow=POST", "method GET not allowed; use POST"},
+		{"missing model", MissingModel(), 400, "", noMatchingModel},
+		{"unknown model", UnknownModel(), 404, "", noMatchingModel},
+		{"no configuration", NoConfiguration(), 503, "Retry-After=1", "the gateway has no configuration yet"},
+		{"too large", TooLarge(10), 413, "Connection=close", "request body exceeds 10 bytes"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			rec := httptest.NewRecorder()
+			c.ref.Write(rec)
+			if rec.Code != c.status || !strings.Contains(rec.Body.String(), `"message":"`+c.msg+`"`) {
+				t.Errorf("wrote %d %s, want %d %q", rec.Code, rec.Body, c.status, c.msg)
+			}
+			if name, value, ok := strings.Cut(c.header, "="); ok && rec.Header().Get(name) != value {
+				t.Errorf("%s: %q, want %q", name, rec.Header().Get(name), value)
+			}
+		})
+	}
+}

@@ -2,12 +2,10 @@ package route
 
 import (
 	"fmt"
-	"net/http"
 	"reflect"
 
 	"github.com/kvgate/kvgate/api/v1alpha1"
 	"github.com/kvgate/kvgate/internal/auth"
-	"github.com/kvgate/kvgate/internal/openai"
 	"github.com/kvgate/kvgate/internal/proxy"
 )
 
@@ -67,5 +65,5 @@ func allowed(p *scheduler, id *auth.Identity) bool {
 // model the configuration does not route, so that a tenant cannot learn which
 // models exist behind allowedTenants (as /v1/models hides them too).
 func notAllowed() *proxy.Refusal {
-	return &proxy.Refusal{Status: http.StatusNotFound, Type: openai.TypeNotFound, Message: NoMatchingModel}
+	return proxy.UnknownModel()
 }

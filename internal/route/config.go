@@ -26,12 +26,6 @@ func (g *Router) Current() Config { return Config{g: g, rt: g.routes.Load()} }
 // Configured says whether there is a configuration at all.
 func (c Config) Configured() bool { return c.rt != nil }
 
-// Unconfigured is the refusal of a request that arrives before any
-// configuration.
-func Unconfigured() *proxy.Refusal {
-	return &proxy.Refusal{Status: http.StatusServiceUnavailable, Type: openai.TypeServer, Message: NoConfiguration, RetryAfter: 1}
-}
-
 // Authenticate checks a request's credentials against spec.auth: its
 // identity, nil when the configuration has none (anyone is served), or the
 // refusal to answer (401 or 403, with WWW-Authenticate), counted.

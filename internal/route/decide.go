@@ -17,13 +17,6 @@ import (
 	"github.com/kvgate/kvgate/internal/schedule"
 )
 
-// NoMatchingModel answers a request for a model no scheduler serves, worded as
-// AWS's gateway words it.
-const NoMatchingModel = "no matching model: set the model in the request body or the x-gateway-model-name header"
-
-// NoConfiguration answers a request that arrives before any configuration.
-const NoConfiguration = "the gateway has no configuration yet"
-
 // hashPool holds prompt block-hash slices.
 var hashPool = sync.Pool{New: func() any { s := make([]uint64, 0, prefix.DefaultMaxBlocks); return &s }}
 

@@ -151,12 +151,12 @@ func (g *Router) route(ctx context.Context, rt *routes, req Request) (*Route, *p
 	}
 	if rt == nil {
 		g.CountRefused(http.StatusServiceUnavailable)
-		return nil, Unconfigured()
+		return nil, proxy.NoConfiguration()
 	}
 	p := rt.byModel[req.Model]
 	if p == nil {
 		g.CountRefused(http.StatusNotFound)
-		return nil, &proxy.Refusal{Status: http.StatusNotFound, Type: openai.TypeNotFound, Message: NoMatchingModel}
+		return nil, proxy.UnknownModel()
 	}
 	if !allowed(p, req.Identity) {
 		// Counted as the unknown model it looks like; the log says why.
