@@ -91,10 +91,20 @@ func TestBadInput(t *testing.T) {
 		msg                      string
 	}{
 		{"bad JSON", "POST", "/v1/chat/completions", `{"model":`, nil, 400, "malformed JSON"},
-		{"not an object", "POST", "/v1/chat/completions", `[1]`, nil, 400, "malformed JSON"},
+		{"not an object", "POST", "/v1/chat/completions", `[1]`, nil, 400, "the body must be a JSON object"},
 		{"model not a string", "POST", "/v1/chat/completions", `{"model":7}`, nil, 400, "'model' must be a string"},
+		{"model not a string under the header", "POST", "/v1/chat/completions", `{"model":["` + llama + `"]}`, []string{"X-Gateway-Model-Name", llama}, 400, "'model' must be a string"},
 		{"no model", "POST", "/v1/chat/completions", `{"messages":[]}`, nil, 400, "no matching model"},
-		{"header and body disagree", "POST", "/v1/chat/completions", `{"model":"sql-lora"}`, []string{"X-Gateway-Model-Name", llama}, 400, "differ"},
+		// Go's encoding/json would read the last key matching without regard
+		// to case (MODEL); a Python server, the exact one (model).
+		{"case variant", "POST", "/v1/chat/completions", `{"MODEL":"gpt-9","model":"` + llama + `"}`, nil, 400, `spelled "model", not "MODEL"`},
+		{"case variant alone", "POST", "/v1/chat/completions", `{"Model":"` + llama + `"}`, nil, 400, `spelled "model", not "Model"`},
+		{"duplicate", "POST", "/v1/chat/completions", `{"model":"gpt-9","model":"` + llama + `"}`, nil, 400, "more than once"},
+		{"duplicate under the header", "POST", "/v1/chat/completions", `{"model":"` + llama + `","model":"` + llama + `"}`, []string{"X-Gateway-Model-Name", llama}, 400, "more than once"},
+		{"header and body disagree", "POST", "/v1/chat/completions", `{"model":"sql-lora"}`, []string{"X-Gateway-Model-Name", llama},
+			400, `the x-gateway-model-name header names model "` + llama + `" but the body names "sql-lora"`},
+		{"header and a later body model disagree", "POST", "/v1/chat/completions", `{"messages":[],"model":"sql-lora"}`, []string{"X-Gateway-Model-Name", llama},
+			400, `but the body names "sql-lora"`},
 		{"max_tokens of the wrong type", "POST", "/v1/chat/completions", `{"model":"m","max_tokens":"lots"}`, nil, 400, "malformed JSON"},
 		{"too large", "POST", "/v1/chat/completions", `{"model":"` + strings.Repeat("x", 2000) + `"}`, nil, 413, "exceeds 1024 bytes"},
 		{"unknown model", "POST", "/v1/chat/completions", `{"model":"gpt-9"}`, nil, 404, "no matching model"},

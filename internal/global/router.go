@@ -386,36 +386,31 @@ func (r *Router) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		r.refusal(w, "", ref)
 		return
 	}
+	// The model, read as tier 1 reads it: the member runs the body's, so a
+	// header naming another (a base model under an adapter's limit, which
+	// would let a tenant route around its limit), or a body naming one twice
+	// or in a spelling decoders read differently, is refused.
+	sc, err := openai.ScanBody(body, openai.Want{HeaderModel: req.Header.Get(proxy.ModelHeader)})
+	if ref, ok := proxy.BodyError(err); ok {
+		r.refusal(w, "", ref)
+		return
+	}
+	model := sc.Model
+	if model == "" {
+		r.refusal(w, "", proxy.MissingModel())
+		return
+	}
+	// The token limits only size the reservation, settled with the usage the
+	// member reports.
 	var fields struct {
-		Model               json.RawMessage `json:"model"`
-		MaxTokens           *int64          `json:"max_tokens"`
-		MaxCompletionTokens *int64          `json:"max_completion_tokens"`
-		MaxOutputTokens     *int64          `json:"max_output_tokens"`
-		Stream              *bool           `json:"stream"`
+		MaxTokens           *int64 `json:"max_tokens"`
+		MaxCompletionTokens *int64 `json:"max_completion_tokens"`
+		MaxOutputTokens     *int64 `json:"max_output_tokens"`
+		Stream              *bool  `json:"stream"`
 	}
 	if err := json.Unmarshal(body, &fields); err != nil {
 		ref, _ := proxy.BodyError(&openai.SyntaxError{Err: err})
 		r.refusal(w, "", ref)
-		return
-	}
-	var model string
-	if len(fields.Model) > 0 && string(fields.Model) != "null" && json.Unmarshal(fields.Model, &model) != nil {
-		ref, _ := proxy.BodyError(openai.ErrModelNotString)
-		r.refusal(w, "", ref)
-		return
-	}
-	// Limits are kept by the model the member will serve, which is the body's:
-	// a header naming another (a base model under an adapter's limit) would let
-	// a tenant route around its limit.
-	if h := req.Header.Get("X-Gateway-Model-Name"); h != "" {
-		if model != "" && h != model {
-			r.refusal(w, "", &proxy.Refusal{Status: http.StatusBadRequest, Type: openai.TypeInvalidRequest, Message: "x-gateway-model-name and the body's model differ"})
-			return
-		}
-		model = h
-	}
-	if model == "" {
-		r.refusal(w, "", proxy.MissingModel())
 		return
 	}
 	// Tokens reserved up front: the prompt at about four bytes a token plus
