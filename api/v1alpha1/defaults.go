@@ -197,12 +197,12 @@ func (s SchedulerSpec) PrefixCapacity() int {
 	return DefaultPrefixCapacity
 }
 
-// ProfileName is the scheduler's weight profile, "kvgate" when unset.
+// ProfileName is the scheduler's weight profile, ProfileKvgate when unset.
 func (s SchedulerSpec) ProfileName() string {
 	if s.Profile != "" {
 		return s.Profile
 	}
-	return "kvgate"
+	return string(ProfileKvgate)
 }
 
 // DurationOr is d, or def when d is unset: how every optional duration of
@@ -246,11 +246,13 @@ func (g GatewaySpec) UnhealthyAfter() int {
 	return DefaultUnhealthyAfter
 }
 
-// ByName lists the weights by scorer name; unset ones are nil.
-func (w Weights) ByName() map[string]*int32 {
-	return map[string]*int32{"queue": w.Queue, "kvCache": w.KVCache, "prefix": w.Prefix, "loraAffinity": w.LoRAAffinity,
-		"runningRequests": w.RunningRequests, "prefillQueue": w.PrefillQueue, "errorRate": w.ErrorRate,
-		"predictedLatency": w.PredictedLatency, "sessionAffinity": w.SessionAffinity}
+// ByName lists the weights by scorer name; unset ones are nil. It is the one
+// place that ties a field to its scorer: a scorer added to the picker without
+// a field here fails internal/schedule's tests.
+func (w Weights) ByName() map[ScorerName]*int32 {
+	return map[ScorerName]*int32{ScorerQueue: w.Queue, ScorerKVCache: w.KVCache, ScorerPrefix: w.Prefix,
+		ScorerLoRAAffinity: w.LoRAAffinity, ScorerRunningRequests: w.RunningRequests, ScorerPrefillQueue: w.PrefillQueue,
+		ScorerErrorRate: w.ErrorRate, ScorerPredictedLatency: w.PredictedLatency, ScorerSessionAffinity: w.SessionAffinity}
 }
 
 // Outliers is the outlier detection in force: failures in a row that eject an

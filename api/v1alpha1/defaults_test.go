@@ -1,6 +1,8 @@
 package v1alpha1
 
 import (
+	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -47,5 +49,28 @@ func TestDefaults(t *testing.T) {
 	if gw.Attempts() != 1 || gw.InFlightLimit() != 4 || gw.QueueWait() != d.Duration || gw.Connect() != d.Duration || gw.HeaderTimeout() != d.Duration || gw.RetryBuffer() != 10 ||
 		gw.FirstByte() != d.Duration || gw.StreamIdle() != d.Duration || gw.ClientWrite() != d.Duration {
 		t.Errorf("gateway accessors ignore set fields: %+v", gw)
+	}
+}
+
+// TestWeightsByName: ByName gives every field of Weights under the field's
+// YAML key, so that a weight's scorer is the one its key names.
+func TestWeightsByName(t *testing.T) {
+	var w Weights
+	v := reflect.ValueOf(&w).Elem()
+	for i := range v.NumField() {
+		n := int32(i + 1)
+		v.Field(i).Set(reflect.ValueOf(&n))
+	}
+	by := w.ByName()
+	if len(by) != v.NumField() {
+		t.Errorf("ByName has %d names, Weights %d fields", len(by), v.NumField())
+	}
+	for i := range v.NumField() {
+		key, _, _ := strings.Cut(v.Type().Field(i).Tag.Get("json"), ",")
+		t.Run(key, func(t *testing.T) {
+			if got := by[ScorerName(key)]; got == nil || *got != int32(i+1) {
+				t.Errorf("ByName()[%q] is not the field %s", key, v.Type().Field(i).Name)
+			}
+		})
 	}
 }

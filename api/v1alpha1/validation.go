@@ -105,7 +105,7 @@ var hostPort = regexp.MustCompile(HostPortPattern)
 // Known names for the enumerated fields.
 var (
 	Pickers     = []string{"kvgate", "least-request", "round-robin", "random", "power-of-two"}
-	Profiles    = []string{"kvgate", "chat", "batch", "gie-default"}
+	Profiles    = []string{string(ProfileKvgate), string(ProfileChat), string(ProfileBatch), string(ProfileGIEDefault)}
 	EngineTypes = []string{"vllm", "sglang", "trtllm", "triton", "tgi", "llamacpp", EngineCustom}
 )
 
@@ -466,7 +466,7 @@ func (v *fieldErrors) scoring(p string, sc SchedulerSpec) {
 	if w := sc.Weights; w != nil {
 		for name, val := range w.ByName() {
 			if val != nil && *val < 0 {
-				v.add(p+".weights."+name, "must be ≥ 0, got %d", *val)
+				v.add(p+".weights."+string(name), "must be ≥ 0, got %d", *val)
 			}
 		}
 	}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"io"
 	"os"
 	"strings"
@@ -9,6 +10,7 @@ import (
 	"golang.org/x/term"
 
 	"github.com/kvgate/kvgate/internal/bench"
+	"github.com/kvgate/kvgate/internal/schedule"
 )
 
 func newBenchCmd() *cobra.Command {
@@ -89,6 +91,8 @@ descent over each scorer's weight) and prints the best weights, their gain over 
 profile on the same trace, and a weights block ready to paste into a scheduler. On a terminal,
 a line per evaluated setting goes to stderr.
 
+Scorers searched (the others score every simulated endpoint alike):
+` + tunedScorers() + `
 Examples:
   kvgate tune --trace trace.jsonl --fleet fleet.yaml --objective p95-ttft
   kvgate tune --suite aws --quick --objective p95-e2e --profile batch`,
@@ -109,10 +113,21 @@ Examples:
 	f.StringSliceVar(&cfg.Scenarios, "scenario", nil, "with --suite: only these scenarios")
 	f.BoolVar(&cfg.Quick, "quick", false, "with --suite: a tenth of each workload")
 	f.StringVar(&cfg.Objective, "objective", "p95-ttft", "p95-ttft, p99-ttft, p50-ttft, p95-e2e or throughput")
-	f.StringVar(&cfg.Profile, "profile", "kvgate", "profile to start from and to compare against")
+	profiles := schedule.ProfileNames()
+	f.StringVar(&cfg.Profile, "profile", string(profiles[0]), fmt.Sprintf("profile to start from and to compare against %v", profiles))
 	f.BoolVar(&cfg.Spreads, "spreads", false, "also search the queue and running spreads (profile design)")
 	f.Uint64Var(&cfg.Seed, "seed", 0, "added to every workload seed")
 	return cmd
+}
+
+// tunedScorers lists the scorers kvgate tune searches, a line each with what
+// the scorer prefers.
+func tunedScorers() string {
+	var b strings.Builder
+	for _, s := range bench.TunedScorers() {
+		fmt.Fprintf(&b, "  %-17s %s\n", s.Name, s.Description)
+	}
+	return b.String()
 }
 
 // progress is where a long command reports progress: stderr when it is a

@@ -7,6 +7,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/kvgate/kvgate/internal/bench"
+	"github.com/kvgate/kvgate/internal/schedule"
 )
 
 // Progress goes to a terminal only: not to a buffer, a file or a pipe.
@@ -56,5 +59,29 @@ func TestBenchReplicasFlags(t *testing.T) {
 	}
 	if _, err := run(t, "bench", "--replicas", "2"); err == nil || !strings.Contains(err.Error(), "--replicas applies to --suite replicas") {
 		t.Fatalf("bench --replicas 2 on the aws suite: %v", err)
+	}
+}
+
+// tune's help lists, from the registry, each scorer it searches with what the
+// scorer prefers, and every profile it can start from.
+func TestTuneHelpFromRegistry(t *testing.T) {
+	out, err := run(t, "tune", "--help")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []string
+	for _, s := range bench.TunedScorers() {
+		want = append(want, string(s.Name)+" ", s.Description)
+	}
+	for _, p := range schedule.ProfileNames() {
+		want = append(want, string(p))
+	}
+	if len(want) < 4 {
+		t.Fatalf("only %v to look for", want)
+	}
+	for _, w := range want {
+		if !strings.Contains(out, w) {
+			t.Errorf("tune --help: no %q\n%s", w, out)
+		}
 	}
 }

@@ -327,7 +327,10 @@ func TestSimCancelled(t *testing.T) {
 // profile that schedule registers, or weights a user can set, so a bench
 // result names something a user can configure.
 func TestPoliciesRegistered(t *testing.T) {
-	known := append(schedule.PickerNames(), schedule.ProfileNames()...)
+	known := schedule.PickerNames()
+	for _, n := range schedule.ProfileNames() {
+		known = append(known, string(n))
+	}
 	for _, p := range Policies {
 		if benchPolicy(p) { // kube-proxy, weighted-round-robin, oracle: what a fleet gets without kvgate
 			continue

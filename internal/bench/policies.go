@@ -7,6 +7,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/kvgate/kvgate/api/v1alpha1"
 	"github.com/kvgate/kvgate/internal/schedule"
 	"github.com/kvgate/kvgate/internal/sim"
 )
@@ -33,21 +34,21 @@ const (
 func benchProfile(policy string) (schedule.Profile, bool) {
 	switch policy {
 	case ChatFixedSpeed:
-		p, err := schedule.LookupProfile("chat")
+		p, err := schedule.LookupProfile(string(v1alpha1.ProfileChat))
 		if err != nil {
 			return schedule.Profile{}, false
 		}
-		delete(p.Weights, "predictedLatency")
+		delete(p.Weights, v1alpha1.ScorerPredictedLatency)
 		return p, true
 	case PredictedLatency:
-		return schedule.Profile{Weights: schedule.Weights{"predictedLatency": 1}}, true
+		return schedule.Profile{Weights: schedule.Weights{v1alpha1.ScorerPredictedLatency: 1}}, true
 	}
 	return schedule.Profile{}, false
 }
 
 // PolicyDescriptions says in one line what each of Policies does, for the
-// report.
-var PolicyDescriptions = map[string]string{
+// report; a kvgate profile's line is the registry's (schedule.Profiles).
+var PolicyDescriptions = withProfiles(map[string]string{
 	"round-robin":   "per-request round-robin (ideal L7)",
 	"least-request": "fewest requests in flight through the gateway, ties at random",
 	"random":        "an endpoint drawn uniformly at random per request",
@@ -58,16 +59,20 @@ var PolicyDescriptions = map[string]string{
 		"as connections open, in a random client order",
 	WeightedRoundRobin: "smooth weighted round-robin, static weights from each server's measured capacity " +
 		"(highest rate at P95 TTFT ≤ 2 s on this workload)",
-	"gie-default":  "kvgate's picker with the Gateway API Inference Extension's default weights (queue 2, kvCache 2, prefix 3)",
-	"kvgate":       "kvgate's default profile (chat)",
-	"chat":         "kvgate's chat profile: KV cache, queue and queued prefill tokens, prefix affinity, error rate, predicted latency",
-	"batch":        "kvgate's batch profile: KV cache, queue and prefix affinity, error rate",
 	ChatFixedSpeed: "kvgate's chat profile without predictedLatency (its default before it learned each endpoint's speed)",
 	PredictedLatency: "kvgate's picker with the predictedLatency scorer alone: each endpoint's time to first token for the request, " +
 		"predicted from the speed learned of its answers",
 	// The report labels the oracle a reference itself.
 	Oracle: "sees every engine's exact state at each arrival (no scrape lag) and sends the request where its " +
 		"simulated TTFT is lowest",
+})
+
+// withProfiles adds the built-in profiles' descriptions to a policy's.
+func withProfiles(m map[string]string) map[string]string {
+	for _, p := range schedule.Profiles() {
+		m[string(p.Name)] = p.Description
+	}
+	return m
 }
 
 // DefaultDraws is how many runs Jobs makes of a randomised policy.

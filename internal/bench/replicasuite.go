@@ -14,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kvgate/kvgate/api/v1alpha1"
 	"github.com/kvgate/kvgate/internal/report"
 	"github.com/kvgate/kvgate/internal/schedule"
 )
@@ -30,7 +31,7 @@ var DefaultReplicas = []int{1, 2, 4, 8}
 // at the most replicas, the delays swept and the profile without learned
 // speeds.
 const (
-	replicasPolicy    = "chat" // kvgate's default profile
+	replicasPolicy    = string(v1alpha1.ProfileChat) // kvgate's default profile
 	replicasReference = "least-request"
 )
 
@@ -143,7 +144,7 @@ func replicaVariants(cfg Config, s Scenario) []replicaVariant {
 // from its answers (the predictedLatency scorer).
 func learnsSpeed(policy string) bool {
 	p, err := schedule.LookupProfile(policy)
-	return err == nil && p.Weights["predictedLatency"] > 0
+	return err == nil && p.Weights[v1alpha1.ScorerPredictedLatency] > 0
 }
 
 // ReplicaResult is one run of the replicas suite, as results.json holds it.

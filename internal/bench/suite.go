@@ -5,6 +5,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvgate/kvgate/api/v1alpha1"
 	"github.com/kvgate/kvgate/internal/report"
 	"github.com/kvgate/kvgate/internal/simserver"
 	"github.com/kvgate/kvgate/internal/workload"
@@ -174,7 +175,7 @@ func mixedFleet() simserver.FleetSpec {
 // ahead is the goal "kvgate's P95 TTFT no higher than round-robin's,
 // least-request's and gie-default's".
 func ahead() []report.Goal {
-	return []report.Goal{{Percentile: 95}, {Percentile: 95, Against: "least-request"}, {Percentile: 95, Against: "gie-default"}}
+	return []report.Goal{{Percentile: 95}, {Percentile: 95, Against: "least-request"}, {Percentile: 95, Against: string(v1alpha1.ProfileGIEDefault)}}
 }
 
 // The burst-at-once scenario's bursts: what the mixed fleet's four H100s

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvgate/kvgate/api/v1alpha1"
 	"github.com/kvgate/kvgate/internal/report"
 	"github.com/kvgate/kvgate/internal/schedule"
 	"github.com/kvgate/kvgate/internal/workload"
@@ -32,7 +33,7 @@ type TuneConfig struct {
 	Scenarios            []string
 	Quick                bool
 	Objective            string // a key of Objectives; default p95-ttft
-	Profile              string // the starting profile (default "kvgate")
+	Profile              string // the starting profile (default v1alpha1.ProfileKvgate)
 	// Spreads also searches the load scorers' spreads (profile design; the
 	// configuration file sets only weights).
 	Spreads bool
@@ -68,7 +69,7 @@ func Tune(ctx context.Context, w io.Writer, cfg TuneConfig) (schedule.Profile, e
 		return schedule.Profile{}, fmt.Errorf("unknown objective %q (known: %s)", cfg.Objective, strings.Join(slices.Sorted(maps.Keys(Objectives)), ", "))
 	}
 	if cfg.Profile == "" {
-		cfg.Profile = "kvgate"
+		cfg.Profile = string(v1alpha1.ProfileKvgate)
 	}
 	start, err := schedule.LookupProfile(cfg.Profile)
 	if err != nil {
@@ -106,7 +107,7 @@ func Tune(ctx context.Context, w io.Writer, cfg TuneConfig) (schedule.Profile, e
 		jobs := make([]Job, len(scenarios))
 		for i, s := range scenarios {
 			pp := p
-			jobs[i] = Job{Scenario: s, Trace: traces[i], Policy: "kvgate", Options: SimOptions{Seed: cfg.Seed, Profile: &pp}}
+			jobs[i] = Job{Scenario: s, Trace: traces[i], Policy: string(v1alpha1.ProfileKvgate), Options: SimOptions{Seed: cfg.Seed, Profile: &pp}}
 		}
 		res, err := RunSimJobs(ctx, jobs, nil)
 		if err != nil {
@@ -134,10 +135,10 @@ func Tune(ctx context.Context, w io.Writer, cfg TuneConfig) (schedule.Profile, e
 	startScore := bestScore
 	note(cfg.Profile, 0, 0, 0, bestScore, bestScore)
 	fmt.Fprintf(w, "  start  %s  → %s\n", describe(best), fmtScore(cfg.Objective, bestScore))
-	// The simulated fleet never fails and the traces carry no session keys, so
-	// errorRate and sessionAffinity score every endpoint alike: searching them
-	// would only cost time.
-	dims := slices.DeleteFunc(schedule.WeightNames(), func(n string) bool { return n == "errorRate" || n == "sessionAffinity" })
+	var dims []string
+	for _, s := range TunedScorers() {
+		dims = append(dims, string(s.Name))
+	}
 	if cfg.Spreads {
 		dims = append(dims, "queueSpread", "runningSpread", "prefillSpread")
 	}
@@ -201,6 +202,14 @@ func Tune(ctx context.Context, w io.Writer, cfg TuneConfig) (schedule.Profile, e
 	return best, nil
 }
 
+// TunedScorers are the scorers whose weights Tune searches: those the
+// simulated fleet exercises (ScorerSpec.Tuned), in the order the picker runs
+// them. The others score every simulated endpoint alike, and searching them
+// would only cost time.
+func TunedScorers() []schedule.ScorerSpec {
+	return slices.DeleteFunc(schedule.Scorers(), func(s schedule.ScorerSpec) bool { return !s.Tuned })
+}
+
 func with(p schedule.Profile, dim string, v float64) schedule.Profile {
 	p.Weights = maps.Clone(p.Weights)
 	switch dim {
@@ -211,13 +220,13 @@ func with(p schedule.Profile, dim string, v float64) schedule.Profile {
 	case "prefillSpread":
 		p.PrefillSpread = v
 	default:
-		p.Weights[dim] = v
+		p.Weights[v1alpha1.ScorerName(dim)] = v
 	}
 	return p
 }
 
-func activeWeights(p schedule.Profile) []string {
-	var out []string
+func activeWeights(p schedule.Profile) []v1alpha1.ScorerName {
+	var out []v1alpha1.ScorerName
 	for k, v := range p.Weights {
 		if v > 0 {
 			out = append(out, k)
@@ -231,7 +240,7 @@ func describe(p schedule.Profile) string {
 }
 
 // weightsBlock writes every scorer's weight, zeros included, so that pasting it
-// over a profile sets all five.
+// over a profile sets them all.
 func weightsBlock(p schedule.Profile) string {
 	var parts []string
 	for _, k := range schedule.WeightNames() {

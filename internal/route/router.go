@@ -700,8 +700,7 @@ func (g *Router) fleetConfig(gw v1alpha1.GatewaySpec) fleet.Config {
 // usesPrefix says whether a scheduler's picker scores prefix affinity.
 func usesPrefix(sc v1alpha1.SchedulerSpec, override *schedule.Profile) bool {
 	pr, err := profile(sc, override)
-	// predictedLatency counts a cached prefix as no prefill work.
-	return err == nil && sc.PickerName() == schedule.PickerKvgate && (pr.Weights["prefix"] > 0 || pr.Weights["predictedLatency"] > 0)
+	return err == nil && sc.PickerName() == schedule.PickerKvgate && pr.UsesPrefix()
 }
 
 // newPicker builds a scheduler's picker: the GPU-aware weighted picker for

@@ -1,6 +1,7 @@
 package schedule_test
 
 import (
+	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -24,18 +25,15 @@ func TestNamesInStep(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	weights := []string{}
-	for name := range (v1alpha1.Weights{}).ByName() {
-		weights = append(weights, name)
-	}
+	weights := asStrings(slices.Collect(maps.Keys((v1alpha1.Weights{}).ByName())))
 	for _, c := range []struct {
 		field      string // the SchedulerSpec field whose CRD enum lists the names
 		registered []string
 		validated  []string
 	}{
 		{field: "Picker", registered: schedule.PickerNames(), validated: v1alpha1.Pickers},
-		{field: "Profile", registered: schedule.ProfileNames(), validated: v1alpha1.Profiles},
-		{field: "", registered: schedule.WeightNames(), validated: weights},
+		{field: "Profile", registered: asStrings(schedule.ProfileNames()), validated: v1alpha1.Profiles},
+		{field: "", registered: asStrings(schedule.WeightNames()), validated: weights},
 	} {
 		name := c.field
 		if name == "" {
@@ -70,6 +68,15 @@ func crdEnum(t *testing.T, src, field string) []string {
 		t.Fatalf("no enum marker above %s in types.go", field)
 	}
 	return strings.Split(strings.TrimSpace(m[1]), ";")
+}
+
+// asStrings converts typed names to strings.
+func asStrings[T ~string](names []T) []string {
+	out := make([]string, len(names))
+	for i, n := range names {
+		out[i] = string(n)
+	}
+	return out
 }
 
 func sameSet(a, b []string) bool {

@@ -1,6 +1,7 @@
 // Package schedule picks the endpoint for a request. A picker is a function of the
-// request's features and the candidates' snapshots: no I/O and no clock, so the
-// gateway, the Envoy picker and the virtual-time benchmark run the same code.
+// request's features and the candidates' snapshots: no I/O and no clock (but to
+// time its plugins for a Timer, which decides nothing), so the gateway, the
+// Envoy picker and the virtual-time benchmark run the same code.
 package schedule
 
 import (
@@ -9,6 +10,8 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sync/atomic"
+
+	"github.com/kvgate/kvgate/api/v1alpha1"
 )
 
 // Request is what a picker knows of a request.
@@ -40,25 +43,37 @@ type Candidate struct {
 	PredictedTTFT float64
 }
 
-// ScoreNames name the per-scorer scores a Candidate can carry, in their order in
-// Scores.
-var ScoreNames = [...]string{"queue", "kvCache", "prefix", "loraAffinity", "runningRequests", "prefillQueue", "errorRate",
-	"predictedLatency", "sessionAffinity", "inFlight"}
+// ScoreInFlight names the score the least-request picker ranks by, which
+// Scores holds after the scorers'.
+const ScoreInFlight = "inFlight"
+
+// inFlightScore is ScoreInFlight's index in Scores.
+const inFlightScore = len(scorers)
 
 // Scores are a candidate's per-scorer scores; a fixed array, not a map, because a
 // decision fills one per candidate.
 type Scores struct {
-	v   [len(ScoreNames)]float64
-	set uint16
+	v   [len(scorers) + 1]float64
+	set uint16 // bit i: v[i] was computed
+}
+
+// Scores.set has a bit per score: this fails to compile when the scorers
+// outgrow it.
+var _ [16 - len(Scores{}.v)]struct{}
+
+// scoreName is the name of the score at index i of Scores.
+func scoreName(i int) string {
+	if i == inFlightScore {
+		return ScoreInFlight
+	}
+	return string(scorers[i].Name)
 }
 
 func scoreIndex(name string) int {
-	for i, n := range ScoreNames {
-		if n == name {
-			return i
-		}
+	if name == ScoreInFlight {
+		return inFlightScore
 	}
-	return -1
+	return scorerIndex(v1alpha1.ScorerName(name))
 }
 
 func (s *Scores) put(i int, v float64) { s.v[i], s.set = v, s.set|1<<i }
@@ -72,11 +87,11 @@ func (s Scores) Get(name string) (float64, bool) {
 	return s.v[i], true
 }
 
-// All yields the set scores in ScoreNames order.
+// All yields the set scores: the scorers' in registry order, then inFlight.
 func (s Scores) All() iter.Seq2[string, float64] {
 	return func(yield func(string, float64) bool) {
-		for i, n := range ScoreNames {
-			if s.set&(1<<i) != 0 && !yield(n, s.v[i]) {
+		for i := range s.v {
+			if s.set&(1<<i) != 0 && !yield(scoreName(i), s.v[i]) {
 				return
 			}
 		}
@@ -179,8 +194,6 @@ func (p *Random) Pick(_ Request, eps []Endpoint) Decision {
 	}
 	return Decision{Ranked: out}
 }
-
-var inFlightScore = scoreIndex("inFlight")
 
 // PowerOfTwo samples two endpoints at random and takes the one with fewer requests
 // in flight (the other is the fallback): the classic load balancer that needs no

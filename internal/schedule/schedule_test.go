@@ -3,6 +3,8 @@ package schedule
 import (
 	"maps"
 	"testing"
+
+	"github.com/kvgate/kvgate/api/v1alpha1"
 )
 
 func addrs(d Decision) []string {
@@ -87,15 +89,22 @@ func TestUnknownPicker(t *testing.T) {
 }
 
 func TestProfile(t *testing.T) {
+	spec := func(name v1alpha1.ProfileName) Weights {
+		p, ok := lookupProfile(name)
+		if !ok {
+			t.Fatalf("no profile %q", name)
+		}
+		return p.Profile.Weights
+	}
 	for _, tc := range []struct {
 		name    string
 		want    Weights
 		wantErr bool
 	}{
 		{"gie-default", GIEDefault, false},
-		{"", profiles[DefaultProfile].Weights, false},
-		{"kvgate", profiles[DefaultProfile].Weights, false},
-		{"batch", profiles["batch"].Weights, false},
+		{"", spec(DefaultProfile), false},
+		{"kvgate", spec(DefaultProfile), false},
+		{"batch", spec(v1alpha1.ProfileBatch), false},
 		{"fastest", nil, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

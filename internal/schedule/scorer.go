@@ -4,6 +4,7 @@ import (
 	"math"
 	"slices"
 
+	"github.com/kvgate/kvgate/api/v1alpha1"
 	"github.com/kvgate/kvgate/internal/engine"
 	"github.com/kvgate/kvgate/internal/latency"
 )
@@ -40,7 +41,7 @@ type Signals struct {
 // Scorer scores every candidate in [0,1], higher is better, into out (as long as
 // eps).
 type Scorer interface {
-	Name() string
+	Name() v1alpha1.ScorerName
 	Score(req Request, eps []Endpoint, out []float64)
 }
 
@@ -76,7 +77,7 @@ type KVCache struct{}
 var _ Scorer = KVCache{}
 
 // Name implements Scorer.
-func (KVCache) Name() string { return "kvCache" }
+func (KVCache) Name() v1alpha1.ScorerName { return v1alpha1.ScorerKVCache }
 
 // Reads implements Reader.
 func (KVCache) Reads(Request) engine.Signals { return engine.SignalKVUsage }
@@ -95,7 +96,7 @@ type Queue struct{ Spread float64 }
 var _ Scorer = Queue{}
 
 // Name implements Scorer.
-func (Queue) Name() string { return "queue" }
+func (Queue) Name() v1alpha1.ScorerName { return v1alpha1.ScorerQueue }
 
 // Reads implements Reader.
 func (Queue) Reads(Request) engine.Signals { return engine.SignalQueue }
@@ -114,7 +115,7 @@ type RunningRequests struct{ Spread float64 }
 var _ Scorer = RunningRequests{}
 
 // Name implements Scorer.
-func (RunningRequests) Name() string { return "runningRequests" }
+func (RunningRequests) Name() v1alpha1.ScorerName { return v1alpha1.ScorerRunningRequests }
 
 // Reads implements Reader.
 func (RunningRequests) Reads(Request) engine.Signals { return engine.SignalRunning }
@@ -135,7 +136,7 @@ type LoRAAffinity struct{}
 var _ Scorer = LoRAAffinity{}
 
 // Name implements Scorer.
-func (LoRAAffinity) Name() string { return "loraAffinity" }
+func (LoRAAffinity) Name() v1alpha1.ScorerName { return v1alpha1.ScorerLoRAAffinity }
 
 // Reads implements Reader: only an adapter's request needs to know where
 // adapters are.
@@ -170,7 +171,7 @@ type Prefix struct{}
 var _ Scorer = Prefix{}
 
 // Name implements Scorer.
-func (Prefix) Name() string { return "prefix" }
+func (Prefix) Name() v1alpha1.ScorerName { return v1alpha1.ScorerPrefix }
 
 // Score implements Scorer.
 func (Prefix) Score(_ Request, eps []Endpoint, out []float64) {
@@ -187,7 +188,7 @@ type PrefillQueue struct{ Spread float64 }
 var _ Scorer = PrefillQueue{}
 
 // Name implements Scorer.
-func (PrefillQueue) Name() string { return "prefillQueue" }
+func (PrefillQueue) Name() v1alpha1.ScorerName { return v1alpha1.ScorerPrefillQueue }
 
 // Score implements Scorer.
 func (q PrefillQueue) Score(_ Request, eps []Endpoint, out []float64) {
@@ -211,7 +212,7 @@ const ErrorRateSpread = 0.25
 var _ Scorer = ErrorRate{}
 
 // Name implements Scorer.
-func (ErrorRate) Name() string { return "errorRate" }
+func (ErrorRate) Name() v1alpha1.ScorerName { return v1alpha1.ScorerErrorRate }
 
 // Score implements Scorer.
 func (r ErrorRate) Score(_ Request, eps []Endpoint, out []float64) {
@@ -233,7 +234,7 @@ type PredictedLatency struct{}
 var _ Scorer = PredictedLatency{}
 
 // Name implements Scorer.
-func (PredictedLatency) Name() string { return "predictedLatency" }
+func (PredictedLatency) Name() v1alpha1.ScorerName { return v1alpha1.ScorerPredictedLatency }
 
 // Score implements Scorer; out holds the predictions, seconds, until the last
 // step.
@@ -327,7 +328,7 @@ const SessionLoadBound = 1.25
 var _ Scorer = SessionAffinity{}
 
 // Name implements Scorer.
-func (SessionAffinity) Name() string { return "sessionAffinity" }
+func (SessionAffinity) Name() v1alpha1.ScorerName { return v1alpha1.ScorerSessionAffinity }
 
 // Score implements Scorer.
 func (SessionAffinity) Score(_ Request, eps []Endpoint, out []float64) {

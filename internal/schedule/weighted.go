@@ -1,21 +1,19 @@
 package schedule
 
 import (
-	"fmt"
-
-	"github.com/kvgate/kvgate/internal/engine"
 	"maps"
 	"math"
 	"slices"
 	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvgate/kvgate/api/v1alpha1"
+	"github.com/kvgate/kvgate/internal/engine"
 )
 
 // Weights of the scorers, by scorer name.
-type Weights map[string]float64
-
-// GIEDefault are the weights of the Gateway API Inference Extension's default
-// profile, which AWS's gateway documents too.
-var GIEDefault = Weights{"queue": 2, "kvCache": 2, "prefix": 3}
+type Weights map[v1alpha1.ScorerName]float64
 
 // Profile is a named set of weights with the spreads of the load scorers.
 type Profile struct {
@@ -27,15 +25,6 @@ type Profile struct {
 	QueueSpread, RunningSpread float64
 	// PrefillSpread is the prefillQueue scorer's spread, in tokens.
 	PrefillSpread float64
-}
-
-// profiles are the built-in profiles by name; docs/benchmarks.md says how the chat
-// and batch weights were chosen.
-var profiles = map[string]Profile{
-	"gie-default": {Weights: GIEDefault},
-	"chat": {Weights: Weights{"queue": 1, "kvCache": 6, "prefix": 3, "prefillQueue": 2, "errorRate": 6, "predictedLatency": 3},
-		QueueSpread: 16},
-	"batch": {Weights: Weights{"queue": 1, "kvCache": 3, "prefix": 3, "errorRate": 4}, QueueSpread: 8},
 }
 
 // Equal reports whether two profiles score alike (a missing weight is 0).
@@ -60,9 +49,9 @@ func (p Profile) Equal(o Profile) bool {
 // residency is cache affinity too, so unless the profile weighs it, it weighs as
 // much as the prefix and outweighs a request or two of queue difference.
 func (p Profile) WithAdapters() Profile {
-	if _, set := p.Weights["loraAffinity"]; !set {
+	if _, set := p.Weights[v1alpha1.ScorerLoRAAffinity]; !set {
 		p.Weights = maps.Clone(p.Weights)
-		p.Weights["loraAffinity"] = 3
+		p.Weights[v1alpha1.ScorerLoRAAffinity] = 3
 	}
 	return p
 }
@@ -74,28 +63,22 @@ const SessionWeight = 6
 
 // WithSessions returns the profile for a pool with session affinity.
 func (p Profile) WithSessions() Profile {
-	if _, set := p.Weights["sessionAffinity"]; !set {
+	if _, set := p.Weights[v1alpha1.ScorerSessionAffinity]; !set {
 		p.Weights = maps.Clone(p.Weights)
-		p.Weights["sessionAffinity"] = SessionWeight
+		p.Weights[v1alpha1.ScorerSessionAffinity] = SessionWeight
 	}
 	return p
 }
 
-// DefaultProfile is the profile of a scheduler that names none.
-const DefaultProfile = "chat"
-
-// LookupProfile returns a copy of the named profile ("kvgate" is the default
-// profile).
-func LookupProfile(name string) (Profile, error) {
-	if name == "" || name == PickerKvgate {
-		name = DefaultProfile
+// UsesPrefix says whether the profile weighs a scorer that reads the
+// request's prefix affinity (ScorerSpec.Prefix).
+func (p Profile) UsesPrefix() bool {
+	for i := range scorers {
+		if scorers[i].Prefix && p.Weights[scorers[i].Name] > 0 {
+			return true
+		}
 	}
-	p, ok := profiles[name]
-	if !ok {
-		return Profile{}, fmt.Errorf("unknown profile %q", name)
-	}
-	p.Weights = maps.Clone(p.Weights)
-	return p, nil
+	return false
 }
 
 // Thresholds mark an endpoint saturated (the GIE defaults).
@@ -121,8 +104,14 @@ type Weighted struct {
 	// predicts: the predictedLatency scorer runs, and the ranked candidates
 	// carry its prediction (x-kvgate-explain).
 	predicts bool
-	rng      *lockedRand
-	scratch  sync.Pool // *pickScratch
+	// filterTimers (aligned with filters) and scoreTimers (with scorers) take
+	// each plugin's time in a timed decision, one in timeOneIn; nil when the
+	// picker is not timed.
+	filterTimers, scoreTimers []func(time.Duration)
+	timeOneIn                 uint64
+	decisions                 atomic.Uint64
+	rng                       *lockedRand
+	scratch                   sync.Pool // *pickScratch
 }
 
 // pickScratch holds one decision's working memory.
@@ -146,24 +135,85 @@ func NewWeighted(pr Profile, t Thresholds, seed uint64) *Weighted {
 	}
 	w := pr.Weights
 	p := &Weighted{thresholds: t, rng: newLockedRand(seed)}
-	for _, s := range []Scorer{Queue{Spread: pr.QueueSpread}, KVCache{}, Prefix{}, LoRAAffinity{}, RunningRequests{Spread: pr.RunningSpread},
-		PrefillQueue{Spread: pr.PrefillSpread}, ErrorRate{Spread: ErrorRateSpread}, PredictedLatency{}, SessionAffinity{}} {
-		if w[s.Name()] > 0 {
-			p.scorers = append(p.scorers, s)
-			p.weights = append(p.weights, w[s.Name()])
-			p.slots = append(p.slots, scoreIndex(s.Name()))
+	for i, s := range scorers {
+		if w[s.Name] > 0 {
+			p.scorers = append(p.scorers, s.New(pr))
+			p.weights = append(p.weights, w[s.Name])
+			p.slots = append(p.slots, i)
 		}
 	}
-	if w["errorRate"] > 0 {
+	if w[v1alpha1.ScorerErrorRate] > 0 {
 		p.failing = ErrorRateSpread
 	}
-	p.predicts = w["predictedLatency"] > 0
+	p.predicts = w[v1alpha1.ScorerPredictedLatency] > 0
 	return p
+}
+
+// The extension points a Timer is told of, named as the Gateway API Inference
+// Extension names them in its plugin metrics.
+const (
+	PointFilter = "Filter"
+	PointScorer = "Scorer"
+)
+
+// Timer times the weighted picker's plugins: given an extension point and a
+// plugin's name, it returns the function a timed decision calls once with the
+// time spent in that plugin, across all candidates.
+type Timer func(point, plugin string) func(time.Duration)
+
+// TimeOneIn is how many decisions the gateway times one of. Timing a plugin
+// reads the clock and adds to a histogram, about 0.1 µs each on a virtual
+// machine, against a decision of some 20 µs with ten plugins: timing every
+// decision would add 5%, one in 8 under 1%, and a sample of decisions has
+// their distribution.
+const TimeOneIn = 8
+
+// WithTimer has the picker time its filters and scorers in one decision of
+// every oneIn (1: all); it asks t for their functions now, so that a decision
+// only reads the clock. A nil t times nothing. Call it before the picker is
+// used.
+func (p *Weighted) WithTimer(t Timer, oneIn int) *Weighted {
+	p.filterTimers, p.scoreTimers, p.timeOneIn = nil, nil, uint64(max(oneIn, 1))
+	if t == nil {
+		return p
+	}
+	for _, f := range filters {
+		p.filterTimers = append(p.filterTimers, t(PointFilter, string(f.Name)))
+	}
+	for _, s := range p.scorers {
+		p.scoreTimers = append(p.scoreTimers, t(PointScorer, string(s.Name())))
+	}
+	return p
+}
+
+// stopwatch times consecutive steps, reading the monotonic clock once a step.
+type stopwatch struct {
+	t0   time.Time
+	last time.Duration
+}
+
+func (s *stopwatch) start() { s.t0 = time.Now() }
+
+// lap returns the time since the previous lap (or the start).
+func (s *stopwatch) lap() time.Duration {
+	at := time.Since(s.t0)
+	d := at - s.last
+	s.last = at
+	return d
 }
 
 // Pick implements Picker. It reorders eps (filtered-out endpoints move to the back).
 func (p *Weighted) Pick(req Request, eps []Endpoint) Decision {
-	cands := p.filter(req, eps)
+	// One stopwatch times the filters, then the scorers: a plugin costs a
+	// single reading of the clock. The first decision is timed, then one in
+	// timeOneIn; sw stays nil in the others.
+	var w stopwatch
+	var sw *stopwatch
+	if p.filterTimers != nil && (p.timeOneIn == 1 || (p.decisions.Add(1)-1)%p.timeOneIn == 0) {
+		w.start()
+		sw = &w
+	}
+	cands := p.filter(req, eps, sw)
 	n := len(cands)
 	if n == 0 {
 		return Decision{}
@@ -191,6 +241,9 @@ func (p *Weighted) Pick(req Request, eps []Endpoint) Decision {
 			kept += p.weights[k]
 		}
 	}
+	if sw != nil {
+		sw.lap() // the decision's own work since the last filter is no plugin's
+	}
 	for k, s := range p.scorers {
 		if !sc.ran[k] {
 			continue
@@ -198,8 +251,16 @@ func (p *Weighted) Pick(req Request, eps []Endpoint) Decision {
 		v := resize(sc.vals[k], n)
 		sc.vals[k] = v
 		s.Score(req, cands, v)
+		if sw != nil {
+			p.scoreTimers[k](sw.lap())
+		}
+	}
+	for k := range p.scorers {
+		if !sc.ran[k] {
+			continue
+		}
 		w := p.weights[k] * all / kept
-		for i, x := range v {
+		for i, x := range sc.vals[k] {
 			sc.total[i] += w * x
 		}
 	}
@@ -246,13 +307,34 @@ func resize[T any](s []T, n int) []T {
 	return s[:n]
 }
 
-// filter keeps, in turn, healthy endpoints, fresh ones, unsaturated ones and ones
-// that can take the request's adapter — each step only when something is left, so
-// the picker fails open rather than refusing. It partitions eps in place and
-// returns the kept front.
-func (p *Weighted) filter(req Request, eps []Endpoint) []Endpoint {
-	eps = keep(eps, func(e *Endpoint) bool { return e.Healthy })
-	eps = keep(eps, func(e *Endpoint) bool { return !e.Stale })
+// filter applies the filters in turn (FilterSpec), timing each on sw unless
+// it is nil. It partitions eps in place and returns the kept front.
+func (p *Weighted) filter(req Request, eps []Endpoint, sw *stopwatch) []Endpoint {
+	if len(eps) == 0 {
+		return eps
+	}
+	for i := range filters {
+		eps = filters[i].keep(p, req, eps)
+		if sw != nil {
+			p.filterTimers[i](sw.lap())
+		}
+	}
+	return eps
+}
+
+// healthy keeps the endpoints whose scrapes succeed.
+func (*Weighted) healthy(_ Request, eps []Endpoint) []Endpoint {
+	return keep(eps, func(e *Endpoint) bool { return e.Healthy })
+}
+
+// fresh keeps the endpoints whose metrics are not stale.
+func (*Weighted) fresh(_ Request, eps []Endpoint) []Endpoint {
+	return keep(eps, func(e *Endpoint) bool { return !e.Stale })
+}
+
+// unsaturated keeps the endpoints under the queue and KV-cache thresholds and,
+// when errorRate runs, not failing much more than the best.
+func (p *Weighted) unsaturated(req Request, eps []Endpoint) []Endpoint {
 	// A failing endpoint is no refuge from saturation: were it the only one
 	// left unsaturated (its broken requests free it early), the filter would
 	// hand it every request whatever its score.
@@ -288,16 +370,21 @@ func (p *Weighted) filter(req Request, eps []Endpoint) []Endpoint {
 			}
 		}
 	}
-	eps = keep(eps, func(e *Endpoint) bool {
+	return keep(eps, func(e *Endpoint) bool {
 		return roomy(e) && (e.Waiting < queueLimit || !math.IsInf(best, 1) && PredictTTFT(req, e) < best)
 	})
-	if req.Adapter != "" {
-		eps = keep(eps, func(e *Endpoint) bool {
-			return !e.HasLoRA || slices.Contains(e.RunningAdapters, req.Adapter) || slices.Contains(e.WaitingAdapters, req.Adapter) ||
-				len(e.RunningAdapters)+len(e.WaitingAdapters) < e.MaxLoRA
-		})
+}
+
+// adapterRoom keeps, for an adapter's request, the endpoints that run the
+// adapter, have it queued, or have a free slot to load it.
+func (*Weighted) adapterRoom(req Request, eps []Endpoint) []Endpoint {
+	if req.Adapter == "" {
+		return eps
 	}
-	return eps
+	return keep(eps, func(e *Endpoint) bool {
+		return !e.HasLoRA || slices.Contains(e.RunningAdapters, req.Adapter) || slices.Contains(e.WaitingAdapters, req.Adapter) ||
+			len(e.RunningAdapters)+len(e.WaitingAdapters) < e.MaxLoRA
+	})
 }
 
 // keep moves the endpoints ok accepts to the front and returns them, or returns
