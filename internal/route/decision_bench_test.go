@@ -11,6 +11,7 @@ import (
 	"github.com/kvgate/kvgate/internal/fleet"
 	"github.com/kvgate/kvgate/internal/prefix"
 	"github.com/kvgate/kvgate/internal/schedule"
+	"github.com/kvgate/kvgate/internal/telemetry"
 )
 
 // BenchmarkDecision times one routing decision as serve makes it for an 8k-token
@@ -84,7 +85,7 @@ func decisionScheduler(b *testing.B, n int, profile *schedule.Profile) (*schedul
 		addrs = append(addrs, fmt.Sprintf("10.0.%d.%d:8000", i/250, i%250+1))
 	}
 	sc := schedulerSpec("p", llama, addrs...)
-	picker, err := newPicker(sc, profile, 1)
+	picker, err := newPicker(sc, profile, 1, telemetry.NewGateway().PluginTimer)
 	if err != nil {
 		b.Fatal(err)
 	}

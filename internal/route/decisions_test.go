@@ -95,7 +95,7 @@ func TestDecisionLogScores(t *testing.T) {
 
 func decisionPicker(t *testing.T) schedule.Picker {
 	t.Helper()
-	p, err := newPicker(schedulerSpec("p", llama), nil, 1)
+	p, err := newPicker(schedulerSpec("p", llama), nil, 1, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

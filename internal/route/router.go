@@ -295,7 +295,7 @@ func (g *Router) Apply(cfg *v1alpha1.InferenceGatewayConfig) error {
 	if err != nil {
 		return err
 	}
-	b, err := build(cfg, old, buildEnv{profile: g.opts.Profile, seed: g.opts.Seed, auth: as, tls: tlsOf, endpoints: g.endpoints, sessions: g.sessions})
+	b, err := build(cfg, old, buildEnv{profile: g.opts.Profile, seed: g.opts.Seed, timer: g.m.PluginTimer, auth: as, tls: tlsOf, endpoints: g.endpoints, sessions: g.sessions})
 	if err != nil {
 		return err
 	}
@@ -333,6 +333,7 @@ func reusable(old *routes, gw v1alpha1.GatewaySpec) map[string]*scheduler {
 type buildEnv struct {
 	profile   *schedule.Profile
 	seed      uint64
+	timer     schedule.Timer
 	auth      *authState
 	tls       map[string]*backendTLS
 	endpoints map[string]*endpoint   // by scheduler and address
@@ -412,7 +413,7 @@ func (b *built) scheduler(sc v1alpha1.SchedulerSpec, old *scheduler, env buildEn
 		p = &scheduler{name: sc.Name, spec: sc, picker: old.picker, transport: old.transport, tls: old.tls}
 		b.kept[old.transport] = true
 	} else {
-		picker, err := newPicker(sc, env.profile, seed)
+		picker, err := newPicker(sc, env.profile, seed, env.timer)
 		if err != nil {
 			return nil, fmt.Errorf("scheduler %s: %w", sc.Name, err)
 		}
@@ -704,8 +705,9 @@ func usesPrefix(sc v1alpha1.SchedulerSpec, override *schedule.Profile) bool {
 }
 
 // newPicker builds a scheduler's picker: the GPU-aware weighted picker for
-// "kvgate" (the default), or a baseline.
-func newPicker(sc v1alpha1.SchedulerSpec, override *schedule.Profile, seed uint64) (schedule.Picker, error) {
+// "kvgate" (the default), its filters and scorers timed by timer in one
+// decision of schedule.TimeOneIn, or a baseline.
+func newPicker(sc v1alpha1.SchedulerSpec, override *schedule.Profile, seed uint64, timer schedule.Timer) (schedule.Picker, error) {
 	if sc.PickerName() != schedule.PickerKvgate {
 		return schedule.New(sc.PickerName(), seed)
 	}
@@ -713,7 +715,7 @@ func newPicker(sc v1alpha1.SchedulerSpec, override *schedule.Profile, seed uint6
 	if err != nil {
 		return nil, err
 	}
-	return schedule.NewWeighted(pr, schedule.Thresholds{Queue: float64(sc.SaturationQueue()), KVUsage: sc.SaturationKV()}, seed), nil
+	return schedule.NewWeighted(pr, schedule.Thresholds{Queue: float64(sc.SaturationQueue()), KVUsage: sc.SaturationKV()}, seed).WithTimer(timer, schedule.TimeOneIn), nil
 }
 
 // profile is a scheduler's profile with its own weights on top.

@@ -9,6 +9,7 @@ import (
 
 	"github.com/kvgate/kvgate/api/v1alpha1"
 	"github.com/kvgate/kvgate/internal/engine"
+	"github.com/kvgate/kvgate/internal/telemetry"
 )
 
 // TestScorerRegistry: each scorer is registered once, builds a scorer of its
@@ -222,4 +223,35 @@ func TestTimer(t *testing.T) {
 			t.Errorf("ranked %v, timed %v", addrs(d), r.calls)
 		}
 	})
+}
+
+// BenchmarkTimer compares a decision over 64 endpoints untimed and timed into
+// the gateway's plugin histogram, every time or one in TimeOneIn: the
+// difference is what the timing costs.
+func BenchmarkTimer(b *testing.B) {
+	chat, err := LookupProfile(string(DefaultProfile))
+	if err != nil {
+		b.Fatal(err)
+	}
+	var eps []Endpoint
+	for i := range 64 {
+		e := ep(fmt.Sprintf("e%d", i), engine.Metrics{Waiting: float64(i % 4), KVUsage: float64(i%7) / 10})
+		e.PrefixMatch = float64(i%5) / 5
+		eps = append(eps, e)
+	}
+	for _, tc := range []struct {
+		name  string
+		timer Timer
+		oneIn int
+	}{{"untimed", nil, 1}, {"every decision timed", telemetry.NewGateway().PluginTimer, 1},
+		{"one in TimeOneIn timed", telemetry.NewGateway().PluginTimer, TimeOneIn}} {
+		b.Run(tc.name, func(b *testing.B) {
+			p := NewWeighted(chat, Thresholds{}, 1).WithTimer(tc.timer, tc.oneIn)
+			req := Request{PromptTokens: 8000}
+			b.ReportAllocs()
+			for b.Loop() {
+				p.Pick(req, eps)
+			}
+		})
+	}
 }

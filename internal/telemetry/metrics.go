@@ -3,6 +3,8 @@
 package telemetry
 
 import (
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 )
@@ -11,6 +13,8 @@ import (
 var (
 	latencyBuckets  = []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320}
 	decisionBuckets = []float64{0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1}
+	// A scorer over a few candidates takes well under a microsecond.
+	pluginBuckets = []float64{0.0000005, 0.000001, 0.0000025, 0.000005, 0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.01}
 )
 
 // Gateway holds the gateway's metrics on their own registry.
@@ -21,6 +25,7 @@ type Gateway struct {
 	Duration       *prometheus.HistogramVec // scheduler
 	TTFT           *prometheus.HistogramVec // scheduler
 	Decision       prometheus.Histogram
+	Plugins        *prometheus.HistogramVec // extension_point, plugin
 	PrefixMatch    *prometheus.HistogramVec // scheduler
 	Tokens         *prometheus.CounterVec   // scheduler, kind
 	Retries        *prometheus.CounterVec   // scheduler, reason
@@ -56,6 +61,10 @@ func NewGateway() *Gateway {
 			Name: "kvgate_decision_duration_seconds", Buckets: decisionBuckets,
 			Help: "Time from a request's arrival to the choice of its endpoint: reading the body up to the model, admission and the picker.",
 		}),
+		Plugins: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "kvgate_plugin_duration_seconds", Buckets: pluginBuckets,
+			Help: "Time a decision spent in each filter and scorer of the GPU-aware picker, across all candidates, by extension point (Filter, Scorer) and plugin; one decision in 8 is timed.",
+		}, []string{"extension_point", "plugin"}),
 		PrefixMatch: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "kvgate_prefix_match_ratio", Buckets: []float64{0, 0.1, 0.25, 0.5, 0.75, 0.9, 1},
 			Help: "Share of a prompt's leading blocks the chosen endpoint was believed to hold, for requests of pools that score prefix affinity.",
@@ -105,10 +114,18 @@ func NewGateway() *Gateway {
 			Help: "Requests refused with 503 because holding their body's head would have taken the bytes held past spec.gateway.maxBufferedBytes.",
 		}),
 	}
-	g.Registry.MustRegister(g.Requests, g.Duration, g.TTFT, g.Decision, g.PrefixMatch, g.Tokens, g.Retries, g.Ejections, g.Shed, g.SLOMisses, g.StreamErrors,
+	g.Registry.MustRegister(g.Requests, g.Duration, g.TTFT, g.Decision, g.Plugins, g.PrefixMatch, g.Tokens, g.Retries, g.Ejections, g.Shed, g.SLOMisses, g.StreamErrors,
 		g.InFlight, g.Reloads, g.ConfigAccepted, g.Buffered, g.BufferRefused,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return g
+}
+
+// PluginTimer returns what records one decision's time in a picker plugin
+// (schedule.Timer): the series is looked up once, here, so that a decision
+// only adds to it.
+func (g *Gateway) PluginTimer(point, plugin string) func(time.Duration) {
+	o := g.Plugins.WithLabelValues(point, plugin)
+	return func(d time.Duration) { o.Observe(d.Seconds()) }
 }
 
 // ExtProc holds the metrics of the Envoy ext_proc data plane (`kvgate epp`); the
