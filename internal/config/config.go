@@ -95,17 +95,31 @@ func Parse(name string, data []byte) (*v1alpha1.InferenceGatewayConfig, error) {
 // Document is a file Decode read, kept for the lines of problems found after
 // decoding.
 type Document struct {
-	name string
-	root *yaml.Node // the document's top mapping
+	name       string
+	root       *yaml.Node // the document's top mapping
+	deprecated []string
 }
+
+// Renamed is a field's former name, still read for a release: in the
+// mapping at Path (such as spec.auth.jwt), the key Old is read as New.
+type Renamed struct {
+	Path, Old, New string
+}
+
+// Deprecated lists the former names the document used, one line each, such
+// as "global.yaml:7: spec.auth.jwt.jwksURL is deprecated; use jwksURI": for
+// the caller to log once when it applies the document.
+func (d *Document) Deprecated() []string { return d.deprecated }
 
 // Decode reads the one YAML (or JSON) document in data into out, strictly:
 // an unknown field or a value of the wrong kind is a problem naming its
 // field path and line, and every one is reported at once; so is a file with
 // no document, or more than one. what names the document and fields its
-// top-level fields, for messages. Every configuration file kvgate reads goes
-// through here.
-func Decode(name string, data []byte, out any, what, fields string) (*Document, error) {
+// top-level fields, for messages. A field under a name in renamed is read
+// under its new name, noted in the Document's Deprecated; one given under
+// both names is a problem. Every configuration file kvgate reads goes through
+// here.
+func Decode(name string, data []byte, out any, what, fields string, renamed ...Renamed) (*Document, error) {
 	fail := func(ps ...Problem) error { return &Error{File: name, Problems: ps} }
 	var root yaml.Node
 	dec := yaml.NewDecoder(bytes.NewReader(data))
@@ -127,15 +141,72 @@ func Decode(name string, data []byte, out any, what, fields string) (*Document, 
 	if doc.Kind != yaml.MappingNode {
 		return nil, fail(Problem{Line: doc.Line, Message: "the document must be a mapping with " + fields})
 	}
-	var problems []Problem
+	d := &Document{name: name, root: doc}
+	problems := d.rename(renamed)
 	walk(doc, reflect.TypeOf(out), "", &problems)
 	if len(problems) > 0 {
 		return nil, fail(problems...)
 	}
+	if len(d.deprecated) > 0 {
+		// The keys were renamed in the tree: decode that. Lines of later
+		// problems still come from the tree, which keeps them.
+		var err error
+		if data, err = yaml.Marshal(&root); err != nil {
+			return nil, fail(Problem{Message: err.Error()})
+		}
+	}
 	if err := sigsyaml.UnmarshalStrict(data, out); err != nil {
 		return nil, fail(Problem{Message: err.Error()})
 	}
-	return &Document{name: name, root: doc}, nil
+	return d, nil
+}
+
+// rename gives the document's fields in renamed their new names, noting each
+// in d.deprecated; a field given under both names is a problem.
+func (d *Document) rename(renamed []Renamed) []Problem {
+	var problems []Problem
+	for _, r := range renamed {
+		m := mappingAt(d.root, r.Path)
+		if m == nil {
+			continue
+		}
+		oldAt, newAt := -1, -1
+		for i := 0; i+1 < len(m.Content); i += 2 {
+			switch m.Content[i].Value {
+			case r.Old:
+				oldAt = i
+			case r.New:
+				newAt = i
+			}
+		}
+		if oldAt < 0 {
+			continue
+		}
+		k := m.Content[oldAt]
+		if newAt >= 0 {
+			problems = append(problems, Problem{Line: k.Line, Path: join(r.Path, r.Old),
+				Message: fmt.Sprintf("is the deprecated name of %s, which is set too: keep only %s", r.New, r.New)})
+			// Dropped so that the walk does not call it unknown as well.
+			m.Content = slices.Delete(m.Content, oldAt, oldAt+2)
+			continue
+		}
+		k.Value = r.New
+		d.deprecated = append(d.deprecated, fmt.Sprintf("%s:%d: %s is deprecated; use %s", d.name, k.Line, join(r.Path, r.Old), r.New))
+	}
+	return problems
+}
+
+// mappingAt is the mapping at a path of keys such as spec.auth.jwt, or nil.
+func mappingAt(n *yaml.Node, path string) *yaml.Node {
+	for _, part := range splitPath(path) {
+		if _, n = child(n, part); n == nil {
+			return nil
+		}
+	}
+	if n = deref(n); n.Kind != yaml.MappingNode {
+		return nil
+	}
+	return n
 }
 
 // Check is nil when errs is empty, else an *Error listing each with the line
@@ -327,28 +398,42 @@ func lineOf(doc *yaml.Node, path string) int {
 	n := doc
 	line := doc.Line
 	for _, part := range splitPath(path) {
-		var next *yaml.Node
+		key, next := child(n, part)
 		switch {
-		case part.index >= 0 && n.Kind == yaml.SequenceNode && part.index < len(n.Content):
-			next = n.Content[part.index]
-		case part.index < 0 && n.Kind == yaml.MappingNode:
-			for i := 0; i+1 < len(n.Content); i += 2 {
-				if n.Content[i].Value == part.key {
-					line = n.Content[i].Line
-					next = n.Content[i+1]
-					break
-				}
-			}
-		}
-		if next == nil {
+		case next == nil:
 			return line
+		case key != nil:
+			line = key.Line
+		default:
+			line = next.Line
 		}
 		n = next
-		if part.index >= 0 {
-			line = n.Line
-		}
 	}
 	return line
+}
+
+// child is the node a path part names in n (an alias read as its anchor),
+// with its key when n is a mapping; nil when n has no such node.
+func child(n *yaml.Node, part pathPart) (key, value *yaml.Node) {
+	n = deref(n)
+	switch {
+	case part.index >= 0 && n.Kind == yaml.SequenceNode && part.index < len(n.Content):
+		return nil, n.Content[part.index]
+	case part.index < 0 && n.Kind == yaml.MappingNode:
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			if n.Content[i].Value == part.key {
+				return n.Content[i], n.Content[i+1]
+			}
+		}
+	}
+	return nil, nil
+}
+
+func deref(n *yaml.Node) *yaml.Node {
+	if n.Kind == yaml.AliasNode {
+		return n.Alias
+	}
+	return n
 }
 
 type pathPart struct {

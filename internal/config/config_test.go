@@ -222,3 +222,49 @@ func TestDocumentedCustomMap(t *testing.T) {
 		t.Fatalf("docs: %+v\ntest: %+v", got, want.Spec.Schedulers[0].Metrics)
 	}
 }
+
+// TestDecodeRenamed: a field under its former name is read under its new one
+// and noted with its line; under both names it is an error; elsewhere in the
+// document the former name is as unknown as any other.
+func TestDecodeRenamed(t *testing.T) {
+	type inner struct {
+		URI  string   `json:"uri"`
+		Tags []string `json:"tags,omitempty"`
+	}
+	type doc struct {
+		A     inner  `json:"a"`
+		Other *inner `json:"other,omitempty"`
+	}
+	renamed := []Renamed{{Path: "a", Old: "url", New: "uri"}, {Path: "a", Old: "tag", New: "tags"}}
+	for _, tc := range []struct {
+		name, yaml string
+		want       doc
+		warnings   []string
+		err        string
+	}{
+		{name: "current names", yaml: "a:\n  uri: x\n", want: doc{A: inner{URI: "x"}}},
+		{name: "former names", yaml: "a:\n  url: x\n  tag: [t]\n", want: doc{A: inner{URI: "x", Tags: []string{"t"}}},
+			warnings: []string{"f.yaml:2: a.url is deprecated; use uri", "f.yaml:3: a.tag is deprecated; use tags"}},
+		{name: "through an alias", yaml: "other: &b {url: x}\na: *b\n", want: doc{A: inner{URI: "x"}, Other: &inner{URI: "x"}},
+			warnings: []string{"f.yaml:1: a.url is deprecated; use uri"}},
+		{name: "both names", yaml: "a:\n  uri: x\n  url: y\n", err: "f.yaml:3: a.url: is the deprecated name of uri, which is set too: keep only uri"},
+		{name: "former name elsewhere", yaml: "a: {uri: x}\nother: {url: y}\n", err: "f.yaml:2: other.url: unknown field"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var got doc
+			d, err := Decode("f.yaml", []byte(tc.yaml), &got, "test document", "a", renamed...)
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("Decode: %v, want an error with %q", err, tc.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(got, tc.want) || !reflect.DeepEqual(d.Deprecated(), tc.warnings) {
+				t.Fatalf("decoded %+v with warnings %q, want %+v with %q", got, d.Deprecated(), tc.want, tc.warnings)
+			}
+		})
+	}
+}
