@@ -214,6 +214,25 @@ func DurationOr(d *metav1.Duration, def time.Duration) time.Duration {
 	return def
 }
 
+// TenantClaimName is the claim holding a token's tenant.
+func (j JWTSpec) TenantClaimName() string {
+	if j.TenantClaim != "" {
+		return j.TenantClaim
+	}
+	return DefaultTenantClaim
+}
+
+// Refresh is how often the JWKS is fetched again.
+func (j JWTSpec) Refresh() time.Duration {
+	return DurationOr(j.RefreshInterval, DefaultRefreshInterval)
+}
+
+// Skew is the clock skew allowed on exp and nbf.
+func (j JWTSpec) Skew() time.Duration { return DurationOr(j.Leeway, DefaultLeeway) }
+
+// Fetch bounds one fetch of the JWKS.
+func (j JWTSpec) Fetch() time.Duration { return DurationOr(j.FetchTimeout, DefaultFetchTimeout) }
+
 // ScrapeInterval is the time between two scrapes of an endpoint.
 func (g GatewaySpec) ScrapeInterval() time.Duration {
 	if g.Scrape == nil {

@@ -93,7 +93,9 @@ type InferenceGatewayConfigSpec struct {
 
 // AuthSpec is how clients prove who they are: API keys, JWTs, or both. A
 // request whose credentials are refused gets 401 with WWW-Authenticate; one
-// whose tenant a scheduler's allowedTenants leaves out gets 403.
+// whose tenant a scheduler's allowedTenants leaves out gets 403. It is the
+// spec.auth of both tiers: kvgate serve and epp here, and kvgate global's
+// GlobalRouterConfig.
 //
 // +kubebuilder:validation:XValidation:rule="has(self.jwt) || (has(self.apiKeys) && size(self.apiKeys) > 0) || (has(self.allowAnonymous) && self.allowAnonymous)",message="no authentication configured: set apiKeys, jwt or allowAnonymous"
 type AuthSpec struct {
@@ -146,6 +148,20 @@ type JWTSpec struct {
 	// +kubebuilder:validation:Pattern=`^(0|(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+)$`
 	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('1s')",message="must be at least 1s"
 	RefreshInterval *metav1.Duration `json:"refreshInterval,omitempty"`
+	// Leeway is the clock skew allowed on exp and nbf (default 30s, at most
+	// 5m: more would keep an expired token good far longer than its issuer
+	// meant).
+	// +optional
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:Pattern=`^(0|(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+)$`
+	// +kubebuilder:validation:XValidation:rule="duration(self) <= duration('5m')",message="must be between 0 and 5m0s"
+	Leeway *metav1.Duration `json:"leeway,omitempty"`
+	// FetchTimeout bounds one fetch of the JWKS (default 10s).
+	// +optional
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:Pattern=`^(0|(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+)$`
+	// +kubebuilder:validation:XValidation:rule="duration(self) > duration('0s')",message="must be positive"
+	FetchTimeout *metav1.Duration `json:"fetchTimeout,omitempty"`
 }
 
 // ClaimRequirement is a claim a token must carry with one of Values: a string

@@ -1,6 +1,8 @@
 package v1alpha1
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"maps"
 	"net"
@@ -42,6 +44,10 @@ const (
 	DefaultScrapeTimeout       = time.Second
 	DefaultStaleAfter          = 2 * time.Second
 	DefaultUnhealthyAfter      = 3
+	DefaultTenantClaim         = "sub"
+	DefaultRefreshInterval     = 5 * time.Minute
+	DefaultLeeway              = 30 * time.Second
+	DefaultFetchTimeout        = 10 * time.Second
 )
 
 // App protocols of model servers.
@@ -270,70 +276,127 @@ func (v *fieldErrors) names(p string, list []string, limit int) {
 // MsgAllowedTenants is the refusal of allowedTenants without spec.auth.
 const MsgAllowedTenants = "allowedTenants needs spec.auth: without it no request has a tenant"
 
-// apiKeyHash is the form of APIKeySpec.Hash.
-var apiKeyHash = regexp.MustCompile(`^sha256:[0-9a-fA-F]{64}$`)
-
 func (v *fieldErrors) auth(s *InferenceGatewayConfigSpec) {
-	a := s.Auth
-	if a == nil {
-		for i, sc := range s.Schedulers {
-			if len(sc.AllowedTenants) > 0 {
-				v.add(fmt.Sprintf("spec.schedulers[%d].allowedTenants", i), MsgAllowedTenants)
-			}
-		}
+	if s.Auth != nil {
+		*v = append(*v, s.Auth.Validate("spec.auth")...)
 		return
 	}
+	for i, sc := range s.Schedulers {
+		if len(sc.AllowedTenants) > 0 {
+			v.add(fmt.Sprintf("spec.schedulers[%d].allowedTenants", i), MsgAllowedTenants)
+		}
+	}
+}
+
+// Bounds of JWTSpec's durations, which the CRD's markers repeat.
+const (
+	// MinRefreshInterval keeps a typo such as "5s" for "5m" from turning into
+	// a fetch per request; one second is still short enough for tests.
+	MinRefreshInterval = time.Second
+	// MaxLeeway bounds the clock skew accepted on exp and nbf: more would
+	// make an expired token good for far longer than its issuer meant.
+	MaxLeeway  = 5 * time.Minute
+	maxAPIKeys = 10000
+)
+
+// KeyHashPrefix names the only hash APIKeySpec.Hash accepts.
+const KeyHashPrefix = "sha256:"
+
+// KeyDigest is the SHA-256 digest an APIKeySpec.Hash names, in either case
+// of hex. Its errors never quote the value: an operator who pasted the raw key
+// into the hash field would otherwise find it in the logs and the status.
+func KeyDigest(hash string) ([sha256.Size]byte, error) {
+	var d [sha256.Size]byte
+	hexPart, ok := strings.CutPrefix(hash, KeyHashPrefix)
+	if !ok {
+		return d, fmt.Errorf(`must start with %q (printf %%s "$KEY" | sha256sum)`, KeyHashPrefix)
+	}
+	if len(hexPart) != hex.EncodedLen(sha256.Size) {
+		return d, fmt.Errorf("want %d hex digits after %q, got %d characters", hex.EncodedLen(sha256.Size), KeyHashPrefix, len(hexPart))
+	}
+	if _, err := hex.Decode(d[:], []byte(hexPart)); err != nil {
+		return d, fmt.Errorf("not hexadecimal after %q", KeyHashPrefix)
+	}
+	return d, nil
+}
+
+// Validate checks an auth section whose path in its document is at
+// ("spec.auth" in both tiers' documents; "" names the fields alone) and
+// returns every problem found, each at the path of its field.
+func (a *AuthSpec) Validate(at string) []FieldError {
+	var v fieldErrors
+	path := func(p string) string {
+		switch {
+		case at == "":
+			return p
+		case p == "":
+			return at
+		}
+		return at + "." + p
+	}
 	if a.JWT == nil && len(a.APIKeys) == 0 && !a.AllowAnonymous {
-		v.add("spec.auth", "no authentication configured: set apiKeys, jwt or allowAnonymous")
+		v.add(path(""), "no authentication configured: set apiKeys, jwt or allowAnonymous")
 	}
-	if len(a.APIKeys) > 10000 {
-		v.add("spec.auth.apiKeys", "lists %d keys, at most 10000 allowed", len(a.APIKeys))
+	if len(a.APIKeys) > maxAPIKeys {
+		v.add(path("apiKeys"), "lists %d keys, at most %d allowed", len(a.APIKeys), maxAPIKeys)
 	}
-	seen := map[string]int{}
+	seen := make(map[[sha256.Size]byte]int, len(a.APIKeys))
 	for i, k := range a.APIKeys {
-		p := fmt.Sprintf("spec.auth.apiKeys[%d]", i)
+		p := path(fmt.Sprintf("apiKeys[%d]", i))
 		if strings.TrimSpace(k.Tenant) == "" {
 			v.add(p+".tenant", "must not be empty")
 		}
-		// The message never quotes the value: a raw key pasted here would
-		// otherwise reach the logs and the status.
-		if !apiKeyHash.MatchString(k.Hash) {
-			v.add(p+".hash", `must be "sha256:" and 64 hex digits (printf %%s "$KEY" | sha256sum)`)
+		d, err := KeyDigest(k.Hash)
+		if err != nil {
+			v.add(p+".hash", "%v", err)
 			continue
 		}
-		h := strings.ToLower(k.Hash)
-		if j, dup := seen[h]; dup {
-			v.add(p+".hash", "same key as spec.auth.apiKeys[%d]", j)
+		// One key naming two tenants would make the tenant depend on the
+		// order of the list; the same entry twice is a copy-paste slip.
+		if j, dup := seen[d]; dup {
+			v.add(p+".hash", "same key as %s (tenant %q)", path(fmt.Sprintf("apiKeys[%d]", j)), a.APIKeys[j].Tenant)
 			continue
 		}
-		seen[h] = i
+		seen[d] = i
 	}
 	if j := a.JWT; j != nil {
-		if j.JWKSURI == "" {
-			v.add("spec.auth.jwt.jwksURI", "is required")
-		} else if u, err := url.Parse(j.JWKSURI); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			v.add("spec.auth.jwt.jwksURI", "want an absolute http or https URL, got %q", j.JWKSURI)
+		j.validate(&v, path("jwt"))
+	}
+	return v
+}
+
+// validate checks a JWTSpec at path p.
+func (j *JWTSpec) validate(v *fieldErrors, p string) {
+	if j.JWKSURI == "" {
+		v.add(p+".jwksURI", "is required")
+	} else if u, err := url.Parse(j.JWKSURI); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		v.add(p+".jwksURI", "want an absolute http or https URL, got %q", j.JWKSURI)
+	}
+	for i, au := range j.Audiences {
+		if au == "" {
+			v.add(fmt.Sprintf("%s.audiences[%d]", p, i), "must not be empty")
 		}
-		for i, au := range j.Audiences {
-			if au == "" {
-				v.add(fmt.Sprintf("spec.auth.jwt.audiences[%d]", i), "must not be empty")
-			}
+	}
+	if c := j.TenantClaim; c != "" && slices.Contains(strings.Split(c, "."), "") {
+		v.add(p+".tenantClaim", "%q has an empty name between dots", c)
+	}
+	for i, rc := range j.RequiredClaims {
+		rp := fmt.Sprintf("%s.requiredClaims[%d]", p, i)
+		if rc.Name == "" || slices.Contains(strings.Split(rc.Name, "."), "") {
+			v.add(rp+".name", "must be a claim name, dots between non-empty names")
 		}
-		if c := j.TenantClaim; c != "" && slices.Contains(strings.Split(c, "."), "") {
-			v.add("spec.auth.jwt.tenantClaim", "%q has an empty name between dots", c)
+		if len(rc.Values) == 0 {
+			v.add(rp+".values", "must list at least one value")
 		}
-		for i, rc := range j.RequiredClaims {
-			p := fmt.Sprintf("spec.auth.jwt.requiredClaims[%d]", i)
-			if rc.Name == "" || slices.Contains(strings.Split(rc.Name, "."), "") {
-				v.add(p+".name", "must be a claim name, dots between non-empty names")
-			}
-			if len(rc.Values) == 0 {
-				v.add(p+".values", "must list at least one value")
-			}
-		}
-		if d := j.RefreshInterval; d != nil && d.Duration < time.Second {
-			v.add("spec.auth.jwt.refreshInterval", "must be at least 1s")
-		}
+	}
+	if d := j.RefreshInterval; d != nil && d.Duration < MinRefreshInterval {
+		v.add(p+".refreshInterval", "must be at least %v, got %v", MinRefreshInterval, d.Duration)
+	}
+	if d := j.Leeway; d != nil && (d.Duration < 0 || d.Duration > MaxLeeway) {
+		v.add(p+".leeway", "must be between 0 and %v, got %v", MaxLeeway, d.Duration)
+	}
+	if d := j.FetchTimeout; d != nil && d.Duration <= 0 {
+		v.add(p+".fetchTimeout", "must be positive, got %v", d.Duration)
 	}
 }
 

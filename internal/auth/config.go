@@ -108,7 +108,7 @@ func FromSpec(s *v1alpha1.AuthSpec) Config {
 	}
 	if j := s.JWT; j != nil {
 		c.JWT = &JWTConfig{JWKSURL: j.JWKSURI, Issuer: j.Issuer, Audience: j.Audiences, TenantClaim: j.TenantClaim,
-			RefreshInterval: j.RefreshInterval, RequiredClaims: j.RequiredClaims}
+			RefreshInterval: j.RefreshInterval, Leeway: j.Leeway, FetchTimeout: j.FetchTimeout, RequiredClaims: j.RequiredClaims}
 	}
 	return c
 }

@@ -314,6 +314,11 @@ func TestCRDValidation(t *testing.T) {
 	refuse("spec.auth.jwt", map[string]any{"jwksURI": "https://idp/keys", "refreshInterval": "500ms"}, "must be at least 1s")
 	cases[len(cases)-1].field = "spec.auth.jwt.refreshInterval"
 	accept("spec.auth.jwt", map[string]any{"jwksURI": "https://idp/keys", "audiences": []any{"kvgate"}, "requiredClaims": []any{map[string]any{"name": "scope", "values": []any{"inference"}}}})
+	refuse("spec.auth.jwt", map[string]any{"jwksURI": "https://idp/keys", "leeway": "6m"}, "must be between 0 and 5m0s")
+	cases[len(cases)-1].field = "spec.auth.jwt.leeway"
+	refuse("spec.auth.jwt", map[string]any{"jwksURI": "https://idp/keys", "fetchTimeout": "0s"}, "must be positive")
+	cases[len(cases)-1].field = "spec.auth.jwt.fetchTimeout"
+	accept("spec.auth.jwt", map[string]any{"jwksURI": "https://idp/keys", "leeway": "5m", "fetchTimeout": "1ms"})
 	refuse("spec.schedulers[0].allowedTenants", []any{"acme"}, v1alpha1.MsgAllowedTenants)
 	cases[len(cases)-1].apiField = "spec.schedulers"
 	accept("spec.tls", map[string]any{"certFile": "/c", "keyFile": "/k", "minVersion": "1.3"})
