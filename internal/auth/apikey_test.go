@@ -13,6 +13,7 @@ import (
 	"github.com/golang-jwt/jwt/v5"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvgate/kvgate/api/v1alpha1"
 	"github.com/kvgate/kvgate/internal/auth"
 	"github.com/kvgate/kvgate/internal/logtest"
 	"github.com/kvgate/kvgate/internal/openai"
@@ -24,8 +25,8 @@ const (
 	keyBeta = "sk-beta-9876543210"
 )
 
-func apiKeyConfig() auth.Config {
-	return auth.Config{APIKeys: []auth.APIKey{
+func apiKeyConfig() *v1alpha1.AuthSpec {
+	return &v1alpha1.AuthSpec{APIKeys: []v1alpha1.APIKeySpec{
 		{Tenant: "acme", Hash: auth.HashKey(keyAcme)},
 		{Tenant: "beta", Hash: auth.HashKey(keyBeta)},
 	}}
@@ -259,7 +260,7 @@ func TestReregister(t *testing.T) {
 }
 
 func TestNewRejectsInvalidConfig(t *testing.T) {
-	if _, err := auth.New(context.Background(), auth.Config{}, auth.Options{}); err == nil {
+	if _, err := auth.New(context.Background(), &v1alpha1.AuthSpec{}, auth.Options{}); err == nil {
 		t.Fatal("New accepted an empty config")
 	}
 }

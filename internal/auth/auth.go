@@ -1,5 +1,6 @@
-// Package auth authenticates OpenAI-style API requests to `kvgate global` and
-// names their tenant, which rate limits and SLOs are keyed by.
+// Package auth authenticates OpenAI-style API requests to kvgate (serve, epp
+// and global) and names their tenant, which rate limits and SLOs are keyed by.
+// Its configuration is v1alpha1.AuthSpec, the spec.auth of both tiers.
 //
 // Two kinds of credentials are accepted:
 //
@@ -21,13 +22,17 @@ import (
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
+	"encoding/hex"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvgate/kvgate/api/v1alpha1"
 )
 
 // Identity.Method values.
@@ -84,14 +89,22 @@ type keyEntry struct {
 	tenant string
 }
 
-// New validates cfg and builds an Authenticator. With JWT configured it
-// fetches the JWKS once before returning (bounded by fetchTimeout); a failure
-// there is logged, not returned, so that an identity provider's outage does
-// not keep API-key clients out: JWTs are refused until a later fetch succeeds,
-// and Ready says so.
-func New(ctx context.Context, cfg Config, opts Options) (*Authenticator, error) {
-	if err := cfg.Validate(); err != nil {
-		return nil, err
+// New validates spec (an InferenceGatewayConfig's or a GlobalRouterConfig's
+// spec.auth) and builds an Authenticator. With JWT configured it fetches the
+// JWKS once before returning (bounded by fetchTimeout); a failure there is
+// logged, not returned, so that an identity provider's outage does not keep
+// API-key clients out: JWTs are refused until a later fetch succeeds, and
+// Ready says so.
+func New(ctx context.Context, spec *v1alpha1.AuthSpec, opts Options) (*Authenticator, error) {
+	if spec == nil {
+		spec = &v1alpha1.AuthSpec{}
+	}
+	if problems := spec.Validate(""); len(problems) > 0 {
+		msgs := make([]string, len(problems))
+		for i, p := range problems {
+			msgs[i] = p.Error()
+		}
+		return nil, fmt.Errorf("invalid auth config: %s", strings.Join(msgs, "; "))
 	}
 	if opts.HTTPClient == nil {
 		opts.HTTPClient = &http.Client{}
@@ -106,9 +119,9 @@ func New(ctx context.Context, cfg Config, opts Options) (*Authenticator, error) 
 	if err != nil {
 		return nil, err
 	}
-	a := &Authenticator{anonymous: cfg.AllowAnonymous, m: m, log: opts.Logger}
-	for _, k := range cfg.APIKeys {
-		d, _ := parseHash(k.Hash) // checked by Validate
+	a := &Authenticator{anonymous: spec.AllowAnonymous, m: m, log: opts.Logger}
+	for _, k := range spec.APIKeys {
+		d, _ := v1alpha1.KeyDigest(k.Hash) // checked by Validate
 		a.keys = append(a.keys, keyEntry{digest: d, tenant: k.Tenant})
 	}
 	if len(a.keys) > 0 {
@@ -117,12 +130,12 @@ func New(ctx context.Context, cfg Config, opts Options) (*Authenticator, error) 
 	if a.anonymous {
 		m.requests.WithLabelValues(MethodAnonymous, "ok")
 	}
-	if cfg.JWT != nil {
+	if spec.JWT != nil {
 		m.requests.WithLabelValues(MethodJWT, "ok")
 		ctx, stop := context.WithCancel(ctx)
-		src := newKeySource(ctx, cfg.JWT, opts, m)
+		src := newKeySource(ctx, spec.JWT, opts, m)
 		failing := src.refresh(ctx, triggerStartup) != nil
-		a.jwt = newJWTVerifier(cfg.JWT, src, opts.Now)
+		a.jwt = newJWTVerifier(spec.JWT, src, opts.Now)
 		a.stop, a.done = stop, make(chan struct{})
 		go func() {
 			defer close(a.done)
@@ -130,6 +143,12 @@ func New(ctx context.Context, cfg Config, opts Options) (*Authenticator, error) 
 		}()
 	}
 	return a, nil
+}
+
+// HashKey is the configuration form of a raw API key: "sha256:<hex>".
+func HashKey(raw string) string {
+	sum := sha256.Sum256([]byte(raw))
+	return v1alpha1.KeyHashPrefix + hex.EncodeToString(sum[:])
 }
 
 // Close stops the background JWKS refresh and waits for it to end.

@@ -6,15 +6,16 @@ import (
 
 	"github.com/golang-jwt/jwt/v5"
 
+	"github.com/kvgate/kvgate/api/v1alpha1"
 	"github.com/kvgate/kvgate/internal/auth"
 )
 
 func BenchmarkAuthenticate(b *testing.B) {
 	for _, n := range []int{1, 100, 1000} {
 		b.Run(fmt.Sprintf("api_key/keys=%d", n), func(b *testing.B) {
-			cfg := auth.Config{}
+			cfg := &v1alpha1.AuthSpec{}
 			for i := range n {
-				cfg.APIKeys = append(cfg.APIKeys, auth.APIKey{Tenant: fmt.Sprint("t", i), Hash: auth.HashKey(fmt.Sprint("sk-", i))})
+				cfg.APIKeys = append(cfg.APIKeys, v1alpha1.APIKeySpec{Tenant: fmt.Sprint("t", i), Hash: auth.HashKey(fmt.Sprint("sk-", i))})
 			}
 			a, _ := newAuth(b, cfg, nil)
 			r := request("Authorization", fmt.Sprint("Bearer sk-", n/2))
@@ -27,7 +28,7 @@ func BenchmarkAuthenticate(b *testing.B) {
 		})
 	}
 
-	a, _ := newAuth(b, auth.Config{JWT: jwtConfig(standardJWKS(b))}, newClock())
+	a, _ := newAuth(b, &v1alpha1.AuthSpec{JWT: jwtConfig(standardJWKS(b))}, newClock())
 	for _, tc := range []struct {
 		name   string
 		method jwt.SigningMethod

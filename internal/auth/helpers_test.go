@@ -21,7 +21,9 @@ import (
 	jose "github.com/go-jose/go-jose/v4"
 	"github.com/golang-jwt/jwt/v5"
 	"github.com/prometheus/client_golang/prometheus"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/kvgate/kvgate/api/v1alpha1"
 	"github.com/kvgate/kvgate/internal/auth"
 )
 
@@ -182,21 +184,23 @@ func with(c jwt.MapClaims, kv ...any) jwt.MapClaims {
 	return out
 }
 
+func dur(d time.Duration) *metav1.Duration { return &metav1.Duration{Duration: d} }
+
 // jwtConfig accepts tokens from srv for the test issuer and audience.
-func jwtConfig(srv *jwksServer) *auth.JWTConfig {
-	return &auth.JWTConfig{JWKSURL: srv.URL, Issuer: testIssuer, Audience: []string{testAudience}}
+func jwtConfig(srv *jwksServer) *v1alpha1.JWTSpec {
+	return &v1alpha1.JWTSpec{JWKSURI: srv.URL, Issuer: testIssuer, Audiences: []string{testAudience}}
 }
 
 // newAuth builds an Authenticator on its own registry, closed at the end of
 // the test.
-func newAuth(t testing.TB, cfg auth.Config, clock *fakeClock) (*auth.Authenticator, *prometheus.Registry) {
+func newAuth(t testing.TB, spec *v1alpha1.AuthSpec, clock *fakeClock) (*auth.Authenticator, *prometheus.Registry) {
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	opts := auth.Options{Registerer: reg, Logger: slog.New(slog.DiscardHandler)}
 	if clock != nil {
 		opts.Now = clock.Now
 	}
-	a, err := auth.New(context.Background(), cfg, opts)
+	a, err := auth.New(context.Background(), spec, opts)
 	if err != nil {
 		t.Fatal(err)
 	}

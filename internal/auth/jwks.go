@@ -20,6 +20,8 @@ import (
 	"time"
 
 	jose "github.com/go-jose/go-jose/v4"
+
+	"github.com/kvgate/kvgate/api/v1alpha1"
 )
 
 const (
@@ -66,14 +68,14 @@ type keySource struct {
 // fetchError boxes an error for atomic.Pointer.
 type fetchError struct{ err error }
 
-func newKeySource(ctx context.Context, cfg *JWTConfig, opts Options, m *metrics) *keySource {
-	logURL := cfg.JWKSURL
-	if u, err := url.Parse(cfg.JWKSURL); err == nil {
+func newKeySource(ctx context.Context, spec *v1alpha1.JWTSpec, opts Options, m *metrics) *keySource {
+	logURL := spec.JWKSURI
+	if u, err := url.Parse(spec.JWKSURI); err == nil {
 		logURL = u.Redacted()
 	}
 	return &keySource{
-		url: cfg.JWKSURL, logURL: logURL, client: opts.HTTPClient,
-		timeout: cfg.fetchTimeout(), interval: cfg.refreshInterval(),
+		url: spec.JWKSURI, logURL: logURL, client: opts.HTTPClient,
+		timeout: spec.Fetch(), interval: spec.Refresh(),
 		now: opts.Now, log: opts.Logger, m: m, ctx: ctx,
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/golang-jwt/jwt/v5"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvgate/kvgate/api/v1alpha1"
 	"github.com/kvgate/kvgate/internal/auth"
 	"github.com/kvgate/kvgate/internal/logtest"
 	"github.com/kvgate/kvgate/internal/promtest"
@@ -30,7 +31,7 @@ func refreshes(t *testing.T, reg prometheus.Gatherer, trigger, result string) fl
 func TestJWKSRotation(t *testing.T) {
 	srv := newJWKSServer(t, jwk(rsaKey1(), "rsa-1", "RS256"))
 	clock := newClock()
-	a, reg := newAuth(t, auth.Config{JWT: jwtConfig(srv)}, clock)
+	a, reg := newAuth(t, &v1alpha1.AuthSpec{JWT: jwtConfig(srv)}, clock)
 	if srv.hits.Load() != 1 {
 		t.Fatalf("%d fetches at startup, want 1", srv.hits.Load())
 	}
@@ -115,7 +116,7 @@ func TestJWKSFailureKeepsLastGoodSet(t *testing.T) {
 			clock := newClock()
 			jc := jwtConfig(srv)
 			jc.FetchTimeout = dur(200 * time.Millisecond)
-			a, reg := newAuth(t, auth.Config{JWT: jc}, clock)
+			a, reg := newAuth(t, &v1alpha1.AuthSpec{JWT: jc}, clock)
 			good := sign(t, jwt.SigningMethodRS256, rsaKey1(), "rsa-1", goodClaims("acme"))
 			check(t, a, request(bearer(good)...), "acme", "")
 
@@ -144,7 +145,7 @@ func TestJWKSPeriodicRefresh(t *testing.T) {
 	jc.RefreshInterval = dur(time.Second)
 	// The fake clock stands still, so no unknown kid can force a fetch: only
 	// the periodic refresh can load rsa-2.
-	a, reg := newAuth(t, auth.Config{JWT: jc}, newClock())
+	a, reg := newAuth(t, &v1alpha1.AuthSpec{JWT: jc}, newClock())
 	srv.setKeys(t, jwk(rsaKey2(), "rsa-2", "RS256"))
 
 	deadline := time.Now().Add(10 * time.Second)
@@ -213,7 +214,7 @@ func TestJWKSUnusableKeysSkipped(t *testing.T) {
 	srv := newJWKSServer(t)
 	srv.setBody(http.StatusOK, body)
 	logs := &logtest.Buffer{}
-	a, err := auth.New(context.Background(), auth.Config{JWT: jwtConfig(srv)}, auth.Options{
+	a, err := auth.New(context.Background(), &v1alpha1.AuthSpec{JWT: jwtConfig(srv)}, auth.Options{
 		Logger: slog.New(slog.NewTextHandler(logs, nil)), Now: newClock().Now,
 	})
 	if err != nil {
@@ -252,7 +253,7 @@ func TestJWKSUnusableKeysSkipped(t *testing.T) {
 // Close ends the refresh loop; a second Close is harmless.
 func TestClose(t *testing.T) {
 	srv := newJWKSServer(t, jwk(rsaKey1(), "rsa-1", "RS256"))
-	a, err := auth.New(context.Background(), auth.Config{JWT: jwtConfig(srv)}, auth.Options{Logger: slog.New(slog.DiscardHandler)})
+	a, err := auth.New(context.Background(), &v1alpha1.AuthSpec{JWT: jwtConfig(srv)}, auth.Options{Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}

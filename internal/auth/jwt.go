@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/golang-jwt/jwt/v5"
+
+	"github.com/kvgate/kvgate/api/v1alpha1"
 )
 
 // Errors of the key lookup, told apart in classify.
@@ -36,10 +38,10 @@ type requiredClaim struct {
 	values []string
 }
 
-func newJWTVerifier(cfg *JWTConfig, keys *keySource, now func() time.Time) *jwtVerifier {
+func newJWTVerifier(spec *v1alpha1.JWTSpec, keys *keySource, now func() time.Time) *jwtVerifier {
 	opts := []jwt.ParserOption{
 		jwt.WithValidMethods(acceptedAlgs()),
-		jwt.WithLeeway(cfg.leeway()),
+		jwt.WithLeeway(spec.Skew()),
 		jwt.WithTimeFunc(now),
 		// A token without exp would be good forever once leaked.
 		jwt.WithExpirationRequired(),
@@ -47,18 +49,18 @@ func newJWTVerifier(cfg *JWTConfig, keys *keySource, now func() time.Time) *jwtV
 		// digits instead of passing through float64.
 		jwt.WithJSONNumber(),
 	}
-	if cfg.Issuer != "" {
-		opts = append(opts, jwt.WithIssuer(cfg.Issuer))
+	if spec.Issuer != "" {
+		opts = append(opts, jwt.WithIssuer(spec.Issuer))
 	}
-	if len(cfg.Audience) > 0 {
-		opts = append(opts, jwt.WithAudience(cfg.Audience...))
+	if len(spec.Audiences) > 0 {
+		opts = append(opts, jwt.WithAudience(spec.Audiences...))
 	}
-	claim := cfg.tenantClaim()
+	claim := spec.TenantClaimName()
 	v := &jwtVerifier{
 		keys: keys, parser: jwt.NewParser(opts...),
 		claim: claim, claimPath: strings.Split(claim, "."),
 	}
-	for _, rc := range cfg.RequiredClaims {
+	for _, rc := range spec.RequiredClaims {
 		v.required = append(v.required, requiredClaim{name: rc.Name, path: strings.Split(rc.Name, "."), values: rc.Values})
 	}
 	return v

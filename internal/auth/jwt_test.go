@@ -14,6 +14,7 @@ import (
 
 	"github.com/golang-jwt/jwt/v5"
 
+	"github.com/kvgate/kvgate/api/v1alpha1"
 	"github.com/kvgate/kvgate/internal/auth"
 	"github.com/kvgate/kvgate/internal/promtest"
 )
@@ -184,7 +185,7 @@ func TestTenantClaim(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			jc := jwtConfig(srv)
 			jc.TenantClaim = tt.claim
-			a, _ := newAuth(t, auth.Config{JWT: jc}, newClock())
+			a, _ := newAuth(t, &v1alpha1.AuthSpec{JWT: jc}, newClock())
 			tok := sign(t, jwt.SigningMethodES256, ecKey(), "ec-1", tt.claims)
 			check(t, a, request(bearer(tok)...), tt.wantTenant, tt.wantReason)
 		})

@@ -173,7 +173,7 @@ func startLive(t *testing.T) *live {
 		Tenants:   []global.Tenant{{Name: "acme"}},
 		Routing:   global.Routing{HeartbeatInterval: heartbeat, HeartbeatTimeout: &metav1.Duration{Duration: 5 * time.Second}},
 		RateLimit: &global.RateLimit{Redis: redis.Addr()},
-		Auth:      &auth.Config{APIKeys: []auth.APIKey{{Tenant: "acme", Hash: auth.HashKey(apiKey)}}},
+		Auth:      &v1alpha1.AuthSpec{APIKeys: []v1alpha1.APIKeySpec{{Tenant: "acme", Hash: auth.HashKey(apiKey)}}},
 	}}
 	gpath := filepath.Join(t.TempDir(), "global.yaml")
 	writeYAML(t, gpath, gcfg)

@@ -12,7 +12,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kvgate/kvgate/api/v1alpha1"
-	"github.com/kvgate/kvgate/internal/auth"
 	"github.com/kvgate/kvgate/internal/config"
 )
 
@@ -29,6 +28,10 @@ type Config struct {
 	Kind       string            `json:"kind"`
 	Metadata   metav1.ObjectMeta `json:"metadata,omitempty"`
 	Spec       Spec              `json:"spec"`
+
+	// deprecated are the former field names the file used, to log when the
+	// configuration is applied.
+	deprecated []string
 }
 
 // Spec is the configuration's body.
@@ -42,8 +45,9 @@ type Spec struct {
 	// RateLimit, when set, enforces the tenants' and models' limits.
 	RateLimit *RateLimit `json:"rateLimit,omitempty"`
 	// Auth, when it lists API keys or a JWT issuer, requires every request to
-	// the API to authenticate; the tenant comes from the key or a claim.
-	Auth *auth.Config `json:"auth,omitempty"`
+	// the API to authenticate; the tenant comes from the key or a claim. It is
+	// the spec.auth of an InferenceGatewayConfig, validated alike.
+	Auth *v1alpha1.AuthSpec `json:"auth,omitempty"`
 }
 
 // Member is one tier-1 gateway.
@@ -207,19 +211,31 @@ func Load(path string) (*Config, error) {
 	return Parse(path, data)
 }
 
+// renamed are the fields of spec.auth whose tier-2 names gave way to the
+// InferenceGatewayConfig's; the old names are read for one more release.
+var renamed = []config.Renamed{
+	{Path: "spec.auth.jwt", Old: "jwksURL", New: "jwksURI"},
+	{Path: "spec.auth.jwt", Old: "audience", New: "audiences"},
+}
+
 // Parse decodes a configuration strictly — an unknown field or a value of
 // the wrong kind is an error naming its path and line — and validates it.
 func Parse(name string, data []byte) (*Config, error) {
 	var c Config
-	doc, err := config.Decode(name, data, &c, Kind, "apiVersion, kind, metadata and spec")
+	doc, err := config.Decode(name, data, &c, Kind, "apiVersion, kind, metadata and spec", renamed...)
 	if err != nil {
 		return nil, err
 	}
 	if err := doc.Check(c.problems()); err != nil {
 		return nil, err
 	}
+	c.deprecated = doc.Deprecated()
 	return &c, nil
 }
+
+// Deprecated lists the former field names the file used, one line each
+// ("file:line: spec.auth.jwt.jwksURL is deprecated; use jwksURI").
+func (c *Config) Deprecated() []string { return c.deprecated }
 
 // Validate reports every problem with the configuration in one error.
 func (c *Config) Validate() error {
@@ -240,7 +256,7 @@ func (c *Config) problems() []v1alpha1.FieldError {
 	validateTenants(p, c.Spec.Tenants)
 	validateRouting(p, c.Spec.Routing)
 	if a := c.Spec.Auth; a != nil {
-		p.errs = append(p.errs, a.Problems("spec.auth")...)
+		p.errs = append(p.errs, a.Validate("spec.auth")...)
 	}
 	validateRateLimit(p, c.Spec.RateLimit)
 	return p.errs

@@ -1,8 +1,15 @@
 package global
 
 import (
+	"context"
+	"log/slog"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/kvgate/kvgate/internal/auth"
+	"github.com/kvgate/kvgate/internal/authtest"
+	"github.com/kvgate/kvgate/internal/logtest"
 )
 
 func TestParse(t *testing.T) {
@@ -57,5 +64,109 @@ func TestPrice(t *testing.T) {
 	four, rate := 4.0, 5e6
 	if p := (Member{PricePerGPUHour: &four, TokensPerGPUHour: &rate}).Price(); p < 0.8-1e-12 || p > 0.8+1e-12 {
 		t.Fatalf("4 an hour at 5M tokens an hour: %v per million, want 0.8", p)
+	}
+}
+
+// TestParseAuth: spec.auth is the InferenceGatewayConfig's AuthSpec, read
+// strictly and checked by its validator, each error naming its field and line.
+func TestParseAuth(t *testing.T) {
+	const head = "apiVersion: gateway.kvgate.io/v1alpha1\nkind: GlobalRouterConfig\nspec:\n" +
+		"  members:\n  - {name: a, url: 'http://a:8080', adminURL: 'http://a:9090'}\n  auth:\n"
+	t.Run("full", func(t *testing.T) {
+		cfg, err := Parse("g.yaml", []byte(head+`    apiKeys:
+    - tenant: acme
+      hash: `+auth.HashKey("sk-acme")+`
+    jwt:
+      jwksURI: https://idp.example.com/.well-known/jwks.json
+      issuer: https://idp.example.com/
+      audiences: [kvgate, other]
+      tenantClaim: org.id
+      requiredClaims: [{name: scope, values: [inference]}]
+      refreshInterval: 2m
+      leeway: 10s
+      fetchTimeout: 3s
+    allowAnonymous: true
+`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		a := cfg.Spec.Auth
+		j := a.JWT
+		if len(a.APIKeys) != 1 || a.APIKeys[0].Tenant != "acme" || !a.AllowAnonymous ||
+			j == nil || j.JWKSURI != "https://idp.example.com/.well-known/jwks.json" || j.TenantClaim != "org.id" || len(j.Audiences) != 2 ||
+			len(j.RequiredClaims) != 1 || j.RefreshInterval.Duration != 2*time.Minute || j.Leeway.Duration != 10*time.Second || j.FetchTimeout.Duration != 3*time.Second {
+			t.Fatalf("parsed %+v, jwt %+v", a, j)
+		}
+		if w := cfg.Deprecated(); len(w) != 0 {
+			t.Fatalf("deprecation warnings %q for a file with the current names", w)
+		}
+	})
+	// The tier-2 names of before are read for a release, each noted for a
+	// warning naming its successor and its line.
+	t.Run("former names", func(t *testing.T) {
+		cfg, err := Parse("g.yaml", []byte(head+"    jwt:\n      jwksURL: https://idp/jwks\n      audience: [kvgate]\n"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if j := cfg.Spec.Auth.JWT; j.JWKSURI != "https://idp/jwks" || len(j.Audiences) != 1 || j.Audiences[0] != "kvgate" {
+			t.Fatalf("parsed %+v", j)
+		}
+		want := []string{"g.yaml:8: spec.auth.jwt.jwksURL is deprecated; use jwksURI", "g.yaml:9: spec.auth.jwt.audience is deprecated; use audiences"}
+		if got := cfg.Deprecated(); strings.Join(got, "\n") != strings.Join(want, "\n") {
+			t.Fatalf("warnings %q, want %q", got, want)
+		}
+	})
+	for _, c := range []struct{ name, doc, want string }{
+		{"unknown field", "    apiKeys: []\n    allowAnonymus: true\n", "g.yaml:8: spec.auth.allowAnonymus: unknown field"},
+		{"nested unknown", "    jwt:\n      jwks_uri: https://idp/jwks\n", "g.yaml:8: spec.auth.jwt.jwks_uri: unknown field"},
+		{"bad duration", "    jwt:\n      jwksURI: https://idp/jwks\n      refreshInterval: 5\n", "g.yaml:9: spec.auth.jwt.refreshInterval"},
+		{"fails validation", "    apiKeys:\n    - tenant: a\n      hash: sha256:00\n", "g.yaml:9: spec.auth.apiKeys[0].hash: want 64 hex digits"},
+		{"wrong type", "    allowAnonymous: maybe\n", "g.yaml:7: spec.auth.allowAnonymous: must be true or false"},
+		{"nothing configured", "    allowAnonymous: false\n", "g.yaml:6: spec.auth: no authentication configured"},
+		{"leeway too large", "    jwt: {jwksURI: 'https://idp/jwks', leeway: 6m}\n", "g.yaml:7: spec.auth.jwt.leeway: must be between 0 and 5m0s"},
+		{"fetch timeout", "    jwt: {jwksURI: 'https://idp/jwks', fetchTimeout: 0s}\n", "spec.auth.jwt.fetchTimeout: must be positive"},
+		{"former name validated at its line", "    jwt:\n      jwksURL: ftp://idp/jwks\n", "g.yaml:8: spec.auth.jwt.jwksURI: want an absolute http or https URL"},
+		{"former and current name", "    jwt:\n      jwksURI: https://idp/jwks\n      jwksURL: https://idp/jwks\n",
+			"g.yaml:9: spec.auth.jwt.jwksURL: is the deprecated name of jwksURI, which is set too: keep only jwksURI"},
+		{"both audiences", "    jwt:\n      audience: [a]\n      jwksURI: https://idp/jwks\n      audiences: [b]\n",
+			"g.yaml:8: spec.auth.jwt.audience: is the deprecated name of audiences, which is set too: keep only audiences"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := Parse("g.yaml", []byte(head+c.doc))
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("Parse: %v, want an error with %q", err, c.want)
+			}
+		})
+	}
+}
+
+// TestReloadWarnsDeprecated: a configuration applied with a former field name
+// logs its warning once; one without logs none.
+func TestReloadWarnsDeprecated(t *testing.T) {
+	idp := authtest.New(t)
+	var logged logtest.Buffer
+	r := New(routerConfig(steadyRouting(), Member{Name: "a", URL: "http://127.0.0.1:1", AdminURL: "http://127.0.0.1:1"}),
+		Options{Logger: slog.New(slog.NewTextHandler(&logged, nil))})
+	dp := newDeps(context.Background(), &Options{Logger: quiet})
+	defer dp.close()
+	doc := func(jwt string) []byte {
+		return []byte("apiVersion: gateway.kvgate.io/v1alpha1\nkind: GlobalRouterConfig\nspec:\n" +
+			"  members:\n  - {name: a, url: 'http://127.0.0.1:1', adminURL: 'http://127.0.0.1:1'}\n" +
+			"  auth:\n    jwt: {" + jwt + ": '" + idp.URL + "'}\n")
+	}
+	const warning = "spec.auth.jwt.jwksURL is deprecated; use jwksURI"
+	r.reload("g.yaml", doc("jwksURL"), nil, dp)
+	if n := strings.Count(logged.String(), warning); n != 1 {
+		t.Fatalf("the warning logged %d times, want once: %s", n, logged.String())
+	}
+	r.mu.Lock()
+	active := r.active
+	r.mu.Unlock()
+	if a := active.Spec.Auth; a == nil || a.JWT.JWKSURI != idp.URL {
+		t.Fatalf("the configuration with the former name not applied: %s", logged.String())
+	}
+	r.reload("g.yaml", doc("jwksURI"), nil, dp)
+	if n := strings.Count(logged.String(), warning); n != 1 {
+		t.Fatalf("the warning logged %d times after a file without the former name, want once: %s", n, logged.String())
 	}
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 
+	"github.com/kvgate/kvgate/api/v1alpha1"
 	"github.com/kvgate/kvgate/internal/auth"
 	"github.com/kvgate/kvgate/internal/logtest"
 	"github.com/kvgate/kvgate/internal/redistest"
@@ -38,7 +39,7 @@ func startLimitedLog(t testing.TB, log *slog.Logger, member Member, redisAddr, f
 	// Heartbeats that tolerate a loaded machine: these tests are about limits,
 	// and a member marked down would turn requests into 503s.
 	cfg := routerConfig(Routing{HeartbeatInterval: d(200 * time.Millisecond), HeartbeatTimeout: d(10 * time.Second)}, member)
-	cfg.Spec.Auth = &auth.Config{APIKeys: []auth.APIKey{{Tenant: "acme", Hash: auth.HashKey("sk-acme")}, {Tenant: "beta", Hash: auth.HashKey("sk-beta")}}}
+	cfg.Spec.Auth = &v1alpha1.AuthSpec{APIKeys: []v1alpha1.APIKeySpec{{Tenant: "acme", Hash: auth.HashKey("sk-acme")}, {Tenant: "beta", Hash: auth.HashKey("sk-beta")}}}
 	// A generous least wait for Redis: these tests are about what the limits
 	// admit, on a machine that may be busy (CI runs packages side by side);
 	// internal/ratelimit's TestSlowRedis covers short waits on a slow Redis.

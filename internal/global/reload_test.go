@@ -16,6 +16,7 @@ import (
 
 	"sigs.k8s.io/yaml"
 
+	"github.com/kvgate/kvgate/api/v1alpha1"
 	"github.com/kvgate/kvgate/internal/auth"
 	"github.com/kvgate/kvgate/internal/simserver"
 	"github.com/kvgate/kvgate/internal/waittest"
@@ -44,8 +45,8 @@ func TestReload(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	keys := func(k string) *auth.Config {
-		return &auth.Config{APIKeys: []auth.APIKey{{Tenant: "acme", Hash: auth.HashKey(k)}}}
+	keys := func(k string) *v1alpha1.AuthSpec {
+		return &v1alpha1.AuthSpec{APIKeys: []v1alpha1.APIKeySpec{{Tenant: "acme", Hash: auth.HashKey(k)}}}
 	}
 	first := routerConfig(steadyRouting(), a.member("a", 1))
 	first.Spec.Auth = keys("sk-old")
@@ -322,7 +323,7 @@ func TestDepsReuse(t *testing.T) {
 	defer dp.close()
 	cfg := func(key string, timeout time.Duration) *Config {
 		c := routerConfig(steadyRouting(), Member{Name: "a", URL: "http://127.0.0.1:1", AdminURL: "http://127.0.0.1:1"})
-		c.Spec.Auth = &auth.Config{APIKeys: []auth.APIKey{{Tenant: "acme", Hash: auth.HashKey(key)}}}
+		c.Spec.Auth = &v1alpha1.AuthSpec{APIKeys: []v1alpha1.APIKeySpec{{Tenant: "acme", Hash: auth.HashKey(key)}}}
 		// Redis is dialled lazily: no server is needed to build the limiter.
 		c.Spec.RateLimit = &RateLimit{Redis: "127.0.0.1:1", Timeout: d(timeout)}
 		c.Spec.Tenants = []Tenant{{Name: "acme", Limits: []TenantLimit{{Model: "*", Limits: Limits{RequestsPerMinute: 5}}}}}
@@ -375,7 +376,7 @@ func TestDepsReuse(t *testing.T) {
 	// A JWT issuer unreachable at reload time: the reload is refused rather
 	// than every token failing until it comes back.
 	jwt := cfg("k2", 2*time.Second)
-	jwt.Spec.Auth.JWT = &auth.JWTConfig{JWKSURL: "http://127.0.0.1:1/jwks.json", FetchTimeout: d(200 * time.Millisecond)}
+	jwt.Spec.Auth.JWT = &v1alpha1.JWTSpec{JWKSURI: "http://127.0.0.1:1/jwks.json", FetchTimeout: d(200 * time.Millisecond)}
 	if _, _, _, err := dp.build(jwt, true); err == nil || dp.au != a3 {
 		t.Fatalf("a reload whose JWKS cannot be loaded: err %v, authenticator replaced %v", err, dp.au != a3)
 	}

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvgate/kvgate/api/v1alpha1"
 	"github.com/kvgate/kvgate/internal/auth"
 	"github.com/kvgate/kvgate/internal/route"
 	"github.com/kvgate/kvgate/internal/simserver"
@@ -478,7 +479,7 @@ func TestTenantObjective(t *testing.T) {
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = w.Write([]byte(`{"choices":[]}`))
 	})
-	au, err := auth.New(context.Background(), auth.Config{APIKeys: []auth.APIKey{
+	au, err := auth.New(context.Background(), &v1alpha1.AuthSpec{APIKeys: []v1alpha1.APIKeySpec{
 		{Tenant: "acme", Hash: auth.HashKey("sk-acme")}, {Tenant: "beta", Hash: auth.HashKey("sk-beta")}}}, auth.Options{Logger: quiet})
 	if err != nil {
 		t.Fatal(err)

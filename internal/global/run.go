@@ -17,6 +17,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"sigs.k8s.io/yaml"
 
+	"github.com/kvgate/kvgate/api/v1alpha1"
 	"github.com/kvgate/kvgate/internal/auth"
 	"github.com/kvgate/kvgate/internal/ratelimit"
 	"github.com/kvgate/kvgate/internal/reload"
@@ -79,6 +80,7 @@ func Run(ctx context.Context, o ServerOptions) error {
 	r := New(o.Config, o.Router)
 	r.Start(hbCtx)
 	r.recordLoad(o.Config, nil)
+	warnDeprecated(log, o.Config)
 	apiLn, adminLn, err := serving.Listen(o.Listen, o.AdminListen)
 	if err != nil {
 		return err
@@ -128,6 +130,15 @@ func (r *Router) reload(path string, data []byte, readErr error, d *deps) {
 	r.m.Reloads.WithLabelValues("success").Inc()
 	r.recordLoad(cfg, nil)
 	r.log.Info("configuration reloaded", "members", len(cfg.Spec.Members))
+	warnDeprecated(r.log, cfg)
+}
+
+// warnDeprecated logs each former field name an applied configuration used,
+// once per load, so that its author renames it before the name goes.
+func warnDeprecated(log *slog.Logger, cfg *Config) {
+	for _, w := range cfg.Deprecated() {
+		log.Warn(w)
+	}
 }
 
 // recordLoad notes the outcome of loading a configuration for /debug/config.
@@ -151,7 +162,7 @@ type deps struct {
 	m   *Metrics
 	rlm *ratelimit.Metrics // registered once, shared by every limiter built
 
-	authSpec *auth.Config
+	authSpec *v1alpha1.AuthSpec
 	au       *auth.Authenticator
 	rlSpec   *RateLimit
 	rl       *ratelimit.Limiter
@@ -177,7 +188,7 @@ func (d *deps) build(cfg *Config, reload bool) (*auth.Authenticator, Limiter, fu
 		au, authSpec = nil, a
 		if a != nil && (len(a.APIKeys) > 0 || a.JWT != nil) {
 			var err error
-			if au, err = auth.New(d.ctx, *a, auth.Options{Logger: d.log, Registerer: d.m.Registry}); err != nil {
+			if au, err = auth.New(d.ctx, a, auth.Options{Logger: d.log, Registerer: d.m.Registry}); err != nil {
 				return nil, nil, nil, fmt.Errorf("auth: %w", err)
 			}
 			// Refused only when it would lose keys the running one has: with

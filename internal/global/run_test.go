@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvgate/kvgate/api/v1alpha1"
 	"github.com/kvgate/kvgate/internal/auth"
 	"github.com/kvgate/kvgate/internal/simserver"
 	"github.com/kvgate/kvgate/internal/waittest"
@@ -19,7 +20,7 @@ import (
 func TestRun(t *testing.T) {
 	m := startTier1(t, 1, simserver.Options{})
 	cfg := routerConfig(steadyRouting(), m.member("only", 1))
-	cfg.Spec.Auth = &auth.Config{APIKeys: []auth.APIKey{{Tenant: "acme", Hash: auth.HashKey("sk-acme")}}}
+	cfg.Spec.Auth = &v1alpha1.AuthSpec{APIKeys: []v1alpha1.APIKeySpec{{Tenant: "acme", Hash: auth.HashKey("sk-acme")}}}
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}

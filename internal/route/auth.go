@@ -34,7 +34,7 @@ func (g *Router) buildAuth(spec *v1alpha1.AuthSpec) (st *authState, fresh bool, 
 	if spec == nil {
 		return nil, false, nil
 	}
-	a, err := auth.New(g.fleetCtx, auth.FromSpec(spec), auth.Options{Logger: g.log, Registerer: g.m.Registry})
+	a, err := auth.New(g.fleetCtx, spec, auth.Options{Logger: g.log, Registerer: g.m.Registry})
 	if err != nil {
 		return nil, false, fmt.Errorf("spec.auth: %w", err)
 	}
