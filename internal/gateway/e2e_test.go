@@ -23,6 +23,7 @@ import (
 
 	"github.com/kvgate/kvgate/api/v1alpha1"
 	"github.com/kvgate/kvgate/internal/logtest"
+	"github.com/kvgate/kvgate/internal/route"
 	"github.com/kvgate/kvgate/internal/sim"
 	"github.com/kvgate/kvgate/internal/simserver"
 	"github.com/kvgate/kvgate/internal/waittest"
@@ -285,41 +286,43 @@ func TestKillMidStreamEndsWithError(t *testing.T) {
 	}
 }
 
+// TestAdmission: a refusal of the routing core's admission (when and why it
+// refuses is internal/route's TestAdmission) reaches the client as its status,
+// with Retry-After, and an OpenAI error body; a routeTimeout while the
+// endpoint hangs ends the request with 504.
 func TestAdmission(t *testing.T) {
-	slow, slowAddr := startSim(t, llama, simserver.Options{})
-	_ = slow
-	t.Run("no endpoint", func(t *testing.T) {
-		cfg := gatewayConfig(v1alpha1.SchedulerSpec{Name: "empty", ModelName: llama, ModelSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "none"}}})
-		_, base := startGateway(t, cfg)
-		resp, _, e := call(t, "POST", base+"/v1/chat/completions", chat(llama))
-		if resp.StatusCode != 503 || resp.Header.Get("Retry-After") == "" || !strings.Contains(e.Error.Message, "no ready endpoint") {
-			t.Fatalf("%d Retry-After=%q %q", resp.StatusCode, resp.Header.Get("Retry-After"), e.Error.Message)
-		}
-	})
-	t.Run("saturated", func(t *testing.T) {
-		cfg := gatewayConfig(scheduler("p", llama, slowAddr))
-		one, wait := int32(1), metav1.Duration{Duration: 100 * time.Millisecond}
-		cfg.Spec.Gateway.MaxInFlightPerEndpoint, cfg.Spec.Gateway.QueueTimeout = &one, &wait
-		g, base := startGateway(t, cfg)
-		long := make(chan struct{})
-		go func() {
-			defer close(long)
-			call(t, "POST", base+"/v1/chat/completions", chat(llama, `"max_tokens":200`, `"ignore_eos":true`))
-		}()
-		waittest.Until(t, 2*time.Second, "the long request in flight", func() bool { return counter(t, g, "kvgate_endpoint_in_flight") == 1 })
-		resp, _, e := call(t, "POST", base+"/v1/chat/completions", chat(llama))
-		if resp.StatusCode != 429 || resp.Header.Get("Retry-After") == "" {
-			t.Fatalf("saturated pool: %d %q", resp.StatusCode, e.Error.Message)
-		}
-		// A request that waits for the slot gets it once the long one ends.
-		<-long
-		if resp, _, _ := call(t, "POST", base+"/v1/chat/completions", chat(llama)); resp.StatusCode != 200 {
-			t.Fatalf("after the slot freed: %d", resp.StatusCode)
-		}
-		if got := counter(t, g, "kvgate_shed_total", "reason", "saturated"); got != 1 {
-			t.Errorf("shed counter %v", got)
-		}
-	})
+	for _, tc := range []struct {
+		name   string
+		cfg    func() *v1alpha1.InferenceGatewayConfig
+		status int
+		typ    string
+		msg    string
+	}{
+		{"no endpoint", func() *v1alpha1.InferenceGatewayConfig {
+			return gatewayConfig(v1alpha1.SchedulerSpec{Name: "empty", ModelName: llama, ModelSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "none"}}})
+		}, http.StatusServiceUnavailable, "overloaded_error", "no ready endpoint"},
+		{"saturated", func() *v1alpha1.InferenceGatewayConfig {
+			cfg := gatewayConfig(scheduler("p", llama, "127.0.0.1:1")) // never reached: its one slot is held
+			one, wait := int32(1), metav1.Duration{Duration: 50 * time.Millisecond}
+			cfg.Spec.Gateway.MaxInFlightPerEndpoint, cfg.Spec.Gateway.QueueTimeout = &one, &wait
+			return cfg
+		}, http.StatusTooManyRequests, "overloaded_error", "in flight"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g, base := startGateway(t, tc.cfg())
+			if tc.status == http.StatusTooManyRequests {
+				held, ref := g.Route(context.Background(), route.Request{Model: llama})
+				if ref != nil {
+					t.Fatalf("holding the slot: %d %s", ref.Status, ref.Message)
+				}
+				defer held.Finish(route.Outcome{Status: http.StatusOK})
+			}
+			resp, _, e := call(t, "POST", base+"/v1/chat/completions", chat(llama))
+			if resp.StatusCode != tc.status || resp.Header.Get("Retry-After") != "1" || e.Error.Type != tc.typ || e.Error.Code != tc.status || !strings.Contains(e.Error.Message, tc.msg) {
+				t.Fatalf("%d Retry-After=%q %+v, want %d Retry-After=1 type %s saying %q", resp.StatusCode, resp.Header.Get("Retry-After"), e.Error, tc.status, tc.typ, tc.msg)
+			}
+		})
+	}
 	t.Run("route timeout", func(t *testing.T) {
 		hang, hangAddr := startSim(t, llama, simserver.Options{})
 		_ = hang.SetFaults(simserver.Faults{HangRate: 1})
@@ -515,54 +518,4 @@ func TestBrokenJSONBodyCutsConnection(t *testing.T) {
 	waittest.Until(t, 2*time.Second, "the in-flight count to return to zero", func() bool {
 		return counter(t, g, "kvgate_endpoint_in_flight") == 0 && counter(t, g, "kvgate_stream_errors_total") == 1
 	})
-}
-
-// The GPU-aware picker counts its own dispatches between scrapes: a burst arriving
-// faster than the 50 ms scrape interval spreads over the pool instead of herding
-// onto the endpoint that looked idlest at the last scrape.
-func TestGPUAwarePicking(t *testing.T) {
-	_, idle := startSim(t, llama, simserver.Options{})
-	_, busy := startSim(t, llama, simserver.Options{})
-	// Scrapes 200 ms apart: the burst below lands between two of them, so only the
-	// gateway's own accounting can spread it.
-	g, base := startGateway(t, gatewayConfig(scheduler("p", llama, idle, busy)), func(o *setup) { o.Core.Fleet.Interval = 200 * time.Millisecond })
-	// Two long requests on busy, sent to it directly: it looks busier than idle.
-	for range 2 {
-		go func() {
-			resp, err := http.Post("http://"+busy+"/v1/chat/completions", "application/json", strings.NewReader(chat(llama, `"max_tokens":3000`, `"ignore_eos":true`)))
-			if err == nil {
-				_, _ = io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
-			}
-		}()
-	}
-	waittest.Until(t, 3*time.Second, "both endpoints scraped, busy running 2", func() bool {
-		s := g.Snapshot([]string{idle, busy})
-		return len(s) == 2 && s[0].Scraped && s[1].Running == 2
-	})
-	var mu sync.Mutex
-	served := map[string]int{}
-	var wg sync.WaitGroup
-	for range 20 {
-		wg.Go(func() {
-			resp, err := http.Post(base+"/v1/chat/completions", "application/json", strings.NewReader(chat(llama, `"max_tokens":50`, `"ignore_eos":true`)))
-			if err != nil {
-				return
-			}
-			_, _ = io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			mu.Lock()
-			served[resp.Header.Get("X-Kvgate-Endpoint")]++
-			mu.Unlock()
-		})
-	}
-	wg.Wait()
-	if counter(t, g, "kvgate_endpoint_healthy") != 2 || counter(t, g, "kvgate_endpoint_stale") != 0 {
-		t.Errorf("fleet metrics: healthy %v stale %v", counter(t, g, "kvgate_endpoint_healthy"), counter(t, g, "kvgate_endpoint_stale"))
-	}
-	// Without the accounting every request would go to the pod with the emptier KV
-	// cache at the last scrape.
-	if served[idle]+served[busy] != 20 || served[busy] < 3 || served[idle] < 3 {
-		t.Fatalf("burst of 20 split %d idle / %d busy: it herded", served[idle], served[busy])
-	}
 }
