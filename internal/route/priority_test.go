@@ -1,10 +1,15 @@
 package route
 
 import (
+	"context"
+	"net/http"
 	"slices"
 	"testing"
+	"time"
 
+	"github.com/kvgate/kvgate/api/v1alpha1"
 	"github.com/kvgate/kvgate/internal/schedule"
+	"github.com/kvgate/kvgate/internal/waittest"
 )
 
 func TestWaitQueue(t *testing.T) {
@@ -35,5 +40,131 @@ func TestWaitQueue(t *testing.T) {
 	}
 	if q.remove([]*endpoint{a, b}, 0) || q.n.Load() != 0 || len(q.by) != 0 {
 		t.Fatalf("after everyone left: %d waiting, %v kept", q.n.Load(), q.by)
+	}
+}
+
+// TestObjectivePriority: with the only endpoint at its limit, a request whose
+// objective is sheddable (priority < 0) is refused at once with 429; of the
+// requests waiting, the freed slot goes to the highest priority first,
+// whatever their arrival order.
+func TestObjectivePriority(t *testing.T) {
+	clk := newClock()
+	cfg := testConfig(schedulerSpec("p", llama, ep1))
+	admission(cfg, 1, time.Minute)
+	cfg.Spec.Objectives = []v1alpha1.ObjectiveSpec{{Name: "batch", Priority: -1}, {Name: "chat", Priority: 10}, {Name: "bulk", Priority: 0}}
+	g := newRouter(t, clk, cfg)
+	ctx := context.Background()
+	holder := pick(t, g, Request{Model: llama})
+
+	start := time.Now()
+	if _, ref := g.Current().Route(ctx, Request{Model: llama, Objective: "batch"}); ref == nil || ref.Status != http.StatusTooManyRequests || ref.RetryAfter == 0 {
+		t.Fatalf("the sheddable request: %+v, want a 429 with Retry-After", ref)
+	} else if took := time.Since(start); took > time.Second {
+		t.Fatalf("the sheddable request waited %v before its 429", took)
+	}
+	if metric(t, g, "kvgate_shed_total", "reason", "sheddable") != 1 {
+		t.Error("the sheddable refusal is not counted")
+	}
+
+	type picked struct {
+		who string
+		r   *Route
+	}
+	got := make(chan picked, 16)
+	wait := func(who, objective string) {
+		t.Helper()
+		n := g.Waiting()
+		go func() {
+			r, ref := g.Current().Route(ctx, Request{Model: llama, Objective: objective})
+			if ref != nil {
+				t.Errorf("%s refused: %d %s", who, ref.Status, ref.Message)
+			}
+			got <- picked{who, r}
+		}()
+		waittest.Until(t, 5*time.Second, who+" waiting", func() bool { return g.Waiting() == n+1 })
+	}
+	// The holder ends; the next request to take the endpoint must be want.
+	var order []string
+	next := func(want string) {
+		t.Helper()
+		holder.Finish(Outcome{Status: http.StatusOK})
+		select {
+		case p := <-got:
+			order = append(order, p.who)
+			if p.r == nil || p.who != want {
+				t.Fatalf("%s took the endpoint, want %s (order so far %v)", p.who, want, order)
+			}
+			holder = p.r
+		case <-time.After(5 * time.Second):
+			t.Fatalf("nobody took the freed endpoint, want %s", want)
+		}
+	}
+	// A high-priority request waits first, then five of priority 0 (no
+	// objective, one not configured, one of priority 0): the freed slot goes
+	// to the high one whether the waiters are woken first-come or last-come.
+	wait("high-1", "chat")
+	for i := range 5 {
+		wait("low", []string{"", "no-such-objective", "bulk"}[i%3])
+	}
+	next("high-1")
+	// Another important request arrives while the five still wait: it too
+	// goes first.
+	wait("high-2", "chat")
+	next("high-2")
+	for range 5 {
+		next("low")
+	}
+	holder.Finish(Outcome{Status: http.StatusOK})
+	if n := g.Waiting(); n != 0 {
+		t.Fatalf("%d still registered as waiting", n)
+	}
+}
+
+// TestObjectivePrioritySubset: a higher-priority request waiting for an
+// endpoint it alone may use (the proxy's subset hint) holds back nobody from
+// the other endpoints — neither a priority-0 request nor a sheddable one, which
+// takes the free endpoint rather than a 429.
+func TestObjectivePrioritySubset(t *testing.T) {
+	clk := newClock()
+	cfg := testConfig(schedulerSpec("p", llama, ep1, ep2))
+	admission(cfg, 1, 5*time.Second)
+	cfg.Spec.Objectives = []v1alpha1.ObjectiveSpec{{Name: "batch", Priority: -1}, {Name: "chat", Priority: 10}}
+	g := newRouter(t, clk, cfg)
+	timed := func(objective string, subset ...string) (*Route, time.Duration) {
+		t.Helper()
+		start := time.Now()
+		return pick(t, g, Request{Model: llama, Objective: objective, Subset: subset}), time.Since(start)
+	}
+	holdA, _ := timed("", ep1)
+	high := make(chan *Route, 1)
+	go func() {
+		r, ref := g.Current().Route(context.Background(), Request{Model: llama, Objective: "chat", Subset: []string{ep1}})
+		if ref != nil {
+			t.Errorf("the high-priority request was refused: %d %s", ref.Status, ref.Message)
+		}
+		high <- r
+	}()
+	waittest.Until(t, 5*time.Second, "the high-priority request waiting for ep1", func() bool { return g.Waiting() == 1 })
+
+	for _, objective := range []string{"", "batch"} {
+		r, took := timed(objective)
+		if r.Served() != ep2 || took > time.Second {
+			t.Fatalf("objective %q got %s after %v, want ep2 at once", objective, r.Served(), took)
+		}
+		r.Finish(Outcome{Status: http.StatusOK})
+	}
+
+	holdA.Finish(Outcome{Status: http.StatusOK})
+	select {
+	case r := <-high:
+		if r == nil || r.Served() != ep1 {
+			t.Fatalf("the high-priority request got %v, want ep1", r)
+		}
+		r.Finish(Outcome{Status: http.StatusOK})
+	case <-time.After(5 * time.Second):
+		t.Fatal("the high-priority request was not given ep1 when it freed")
+	}
+	if n := g.Waiting(); n != 0 {
+		t.Fatalf("%d still registered as waiting", n)
 	}
 }
