@@ -51,7 +51,7 @@ func TestAdmission(t *testing.T) {
 			}
 		}, status: http.StatusServiceUnavailable, retry: true, msg: "no ready endpoint", shed: "no_endpoint"},
 		{name: "empty subset hint", req: Request{Subset: []string{}},
-			status: http.StatusServiceUnavailable, msg: "subset", shed: "no_endpoint"},
+			status: http.StatusServiceUnavailable, retry: true, msg: "subset", shed: "no_endpoint"},
 		{name: "subset outside the scheduler", req: Request{Subset: []string{"10.9.9.9:8000"}},
 			status: http.StatusServiceUnavailable, retry: true, msg: "subset", shed: "no_endpoint"},
 		{name: "saturated", before: fill, status: http.StatusTooManyRequests, retry: true, msg: "in flight", shed: "saturated", waits: true},

@@ -9,7 +9,6 @@ import (
 
 	"github.com/kvgate/kvgate/internal/auth"
 	"github.com/kvgate/kvgate/internal/fleet"
-	"github.com/kvgate/kvgate/internal/openai"
 	"github.com/kvgate/kvgate/internal/peers"
 	"github.com/kvgate/kvgate/internal/proxy"
 	"github.com/kvgate/kvgate/internal/schedule"
@@ -166,7 +165,9 @@ func (g *Router) route(ctx context.Context, rt *routes, req Request) (*Route, *p
 	}
 	if t := p.spec.Timeout(); t > 0 {
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithDeadline(ctx, req.Start.Add(t))
+		// What is left of it on the router's clock, timed by the wall's: the
+		// two differ in virtual time.
+		ctx, cancel = context.WithTimeout(ctx, t-g.now().Sub(req.Start))
 		defer cancel()
 	}
 	sc := snapshotPool.Get().(*snapshotScratch)
@@ -176,9 +177,8 @@ func (g *Router) route(ctx context.Context, rt *routes, req Request) (*Route, *p
 	limit := g.slots(rt.gw.InFlightLimit())
 	subset := req.Subset
 	if subset != nil && len(subset) == 0 {
-		g.m.Shed.WithLabelValues(p.name, "no_endpoint").Inc()
 		g.count(p.name, req.Model, "", "503")
-		return nil, &proxy.Refusal{Status: http.StatusServiceUnavailable, Type: openai.TypeOverloaded, Message: "the proxy's subset hint lists no endpoint"}
+		return nil, g.shed(p, "no_endpoint", http.StatusServiceUnavailable, "the proxy's subset hint lists no endpoint")
 	}
 	session := ""
 	switch {
