@@ -57,3 +57,52 @@ func Start(t testing.TB, cfg *v1alpha1.InferenceGatewayConfig, core host.Core, g
 	t.Cleanup(admin.Close)
 	return &Server{Host: h, URL: api.URL, AdminURL: admin.URL}
 }
+
+// Serving is kvgate serve running for a test (Serve): its listeners'
+// addresses, and Run's end.
+type Serving struct {
+	host.Addrs
+	stop context.CancelFunc
+	done chan struct{}
+	err  error
+}
+
+// Serve runs kvgate serve (Run; o.Ready is its own) until Stop or the end of
+// the test, and returns once the listeners accept. Run failing fails the test.
+func Serve(t testing.TB, o host.Options, gw gateway.Options) *Serving {
+	t.Helper()
+	ready := make(chan host.Addrs, 1)
+	o.Ready = ready
+	ctx, stop := context.WithCancel(context.Background())
+	s := &Serving{stop: stop, done: make(chan struct{})}
+	go func() {
+		defer close(s.done)
+		s.err = Run(ctx, o, gw)
+	}()
+	select {
+	case s.Addrs = <-ready:
+	case <-s.done:
+		stop()
+		t.Fatalf("kvgate serve did not start: %v", s.err)
+	}
+	t.Cleanup(func() {
+		s.Stop()
+		if err := s.Err(); err != nil {
+			t.Errorf("kvgate serve: %v", err)
+		}
+	})
+	return s
+}
+
+// Stop is the stop signal: the drain starts, and Done is closed once it is
+// over.
+func (s *Serving) Stop() { s.stop() }
+
+// Done is closed when Run has returned.
+func (s *Serving) Done() <-chan struct{} { return s.done }
+
+// Err waits for Run to return and is its error.
+func (s *Serving) Err() error {
+	<-s.done
+	return s.err
+}
