@@ -84,7 +84,7 @@ func TestBackendTLS(t *testing.T) {
 	_, fallbackAddr := startSim(t, "m3", simserver.Options{TLS: &tls.Config{Certificates: []tls.Certificate{caA.Issue(t, "vllm.models.svc")}}})
 
 	path := filepath.Join(dir, "igwc.yaml")
-	writeAtomically(t, path, backendTLSYAML(caFile, goodAddr, plainAddr, wrongAddr, fallbackAddr))
+	simtest.WriteFile(t, path, []byte(backendTLSYAML(caFile, goodAddr, plainAddr, wrongAddr, fallbackAddr)))
 	var logs logtest.Buffer
 	ready := make(chan host.Addrs, 1)
 	hup := make(chan os.Signal, 1)
@@ -223,7 +223,7 @@ func TestBackendTLS(t *testing.T) {
 	t.Run("a CA file gone bad refuses the reload", func(t *testing.T) {
 		bad := filepath.Join(dir, "bad.pem")
 		simtest.WriteFile(t, bad, []byte("not PEM"))
-		writeAtomically(t, path, backendTLSYAML(bad, goodAddr, plainAddr, wrongAddr, fallbackAddr))
+		simtest.WriteFile(t, path, []byte(backendTLSYAML(bad, goodAddr, plainAddr, wrongAddr, fallbackAddr)))
 		waittest.Until(t, 10*time.Second, "the reload refused", func() bool {
 			d := readDebugConfig(t, addrs.Admin)
 			return !d.Accepted && strings.Contains(d.Error, "spec.schedulers[0].backendTLS.caFile") && strings.Contains(d.Error, "no PEM certificate")
@@ -275,4 +275,25 @@ func scraped(t *testing.T, url string) prometheus.Gatherer {
 		}
 		return out, nil
 	})
+}
+
+type debugConfig struct {
+	Active   string `json:"active"`
+	Accepted bool   `json:"lastReloadAccepted"`
+	Error    string `json:"lastReloadError"`
+	When     string `json:"lastReload"`
+}
+
+func readDebugConfig(t *testing.T, admin string) debugConfig {
+	t.Helper()
+	resp, err := http.Get("http://" + admin + "/debug/config")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var d debugConfig
+	if err := json.NewDecoder(resp.Body).Decode(&d); err != nil {
+		t.Fatal(err)
+	}
+	return d
 }

@@ -9,7 +9,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -21,9 +20,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kvgate/kvgate/api/v1alpha1"
-	"github.com/kvgate/kvgate/internal/host"
 	"github.com/kvgate/kvgate/internal/simserver"
-	"github.com/kvgate/kvgate/internal/waittest"
 )
 
 // faulty is a model server that misbehaves on purpose: its /metrics are a real
@@ -473,133 +470,6 @@ func waitScraped(t *testing.T, g *fixture, addrs ...string) {
 			t.Fatalf("endpoints %v never read healthy: %+v", addrs, g.Snapshot(addrs))
 		}
 		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-// TestReadyz: while one scheduler has no endpoint the fleet reads as healthy
-// (a frozen pool), /readyz passes naming it — the other models still serve —
-// and /readyz?endpoints=all fails naming it.
-func TestReadyz(t *testing.T) {
-	bad, badAddr := startFaulty(t, "500")
-	_, good := startSim(t, llama, simserver.Options{})
-	cfg := faultConfig(good)
-	cfg.Spec.Schedulers = append(cfg.Spec.Schedulers, scheduler("frozen", qwen, badAddr))
-	g, _ := startGateway(t, cfg)
-	admin := httptest.NewServer(g.AdminHandler())
-	t.Cleanup(admin.Close)
-	readyz := func(query string) (int, string) {
-		resp, err := http.Get(admin.URL + "/readyz" + query)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
-	}
-	waitScraped(t, g, badAddr, good)
-	if code, body := readyz("?endpoints=all"); code != 200 {
-		t.Fatalf("both schedulers ready: %d %s", code, body)
-	}
-	bad.frozen.Store(true)
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		code, body := readyz("?endpoints=all")
-		if code == 503 && strings.Contains(body, "no ready endpoint for scheduler frozen") {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("a frozen scheduler: /readyz?endpoints=all %d %s", code, body)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	if code, body := readyz(""); code != 200 || !strings.Contains(body, "no ready endpoint for scheduler frozen") {
-		t.Errorf("a frozen scheduler: /readyz %d %q, want 200 naming it", code, body)
-	}
-}
-
-// TestDrain: on a stop signal /readyz fails at once while the listener keeps
-// accepting for the pre-stop window (no connection refused, each response
-// closes its connection); then streams get the drain timeout, and those still
-// running end with an explicit SSE error event, not a bare EOF.
-func TestDrain(t *testing.T) {
-	_, slow := startFaulty(t, "slow")
-	path := filepath.Join(t.TempDir(), "igwc.yaml")
-	writeAtomically(t, path, configYAML(2, slow))
-	ready := make(chan host.Addrs, 1)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	done := make(chan error, 1)
-	go func() {
-		done <- run(ctx, host.Options{ConfigPath: path, Listen: "127.0.0.1:0", AdminListen: "127.0.0.1:0",
-			PreStop: time.Second, DrainTimeout: 2 * time.Second, Ready: ready, Logger: quiet})
-	}()
-	addrs := <-ready
-	api := "http://" + addrs.API + "/v1/chat/completions"
-	type outcome struct {
-		status     int
-		last, conn string
-		err        error
-	}
-	stream := func(out chan<- outcome) {
-		// A fresh connection each: what a load balancer still sending opens.
-		c := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
-		resp, err := c.Post(api, "application/json", strings.NewReader(chat(llama, `"stream":true`)))
-		if err != nil {
-			out <- outcome{err: err}
-			return
-		}
-		defer resp.Body.Close()
-		o := outcome{status: resp.StatusCode, conn: resp.Header.Get("Connection")}
-		sc := bufio.NewScanner(resp.Body)
-		for sc.Scan() {
-			if line := sc.Text(); line != "" {
-				o.last = line
-			}
-		}
-		o.err = sc.Err()
-		out <- o
-	}
-	results := make(chan outcome, 16)
-	for range 4 {
-		go stream(results)
-	}
-	time.Sleep(300 * time.Millisecond)
-	cancel() // SIGTERM
-	waittest.Until(t, time.Second, "/readyz to fail at the stop signal", func() bool {
-		resp, err := http.Get("http://" + addrs.Admin + "/readyz")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusServiceUnavailable
-	})
-	// Still sending during the pre-stop window.
-	for range 4 {
-		go stream(results)
-		time.Sleep(100 * time.Millisecond)
-	}
-	for i := range 8 {
-		select {
-		case o := <-results:
-			switch {
-			case o.err != nil && o.status == 0:
-				t.Errorf("stream %d: %v (connection refused during the pre-stop window?)", i, o.err)
-			case o.status != 200:
-				t.Errorf("stream %d: status %d", i, o.status)
-			case !strings.Contains(o.last, "shutting down"):
-				t.Errorf("stream %d ended without an error event: last line %q, err %v", i, o.last, o.err)
-			}
-		case <-time.After(10 * time.Second):
-			t.Fatal("a stream did not end")
-		}
-	}
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("Run did not return")
 	}
 }
 

@@ -70,7 +70,6 @@ type fixture struct {
 
 func (f *fixture) Apply(cfg *v1alpha1.InferenceGatewayConfig) error { return f.host.Apply(cfg) }
 func (f *fixture) AdminHandler() http.Handler                       { return f.host.AdminHandler() }
-func (f *fixture) Replicas() host.ReplicasView                      { return f.host.Replicas() }
 func (f *fixture) Close()                                           { f.host.Close() }
 
 // newFixture builds a gateway with no configuration.

@@ -1,4 +1,4 @@
-package gateway
+package host_test
 
 import (
 	"bytes"
@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"regexp"
 	"slices"
@@ -21,6 +20,7 @@ import (
 	"github.com/chromedp/chromedp"
 	"github.com/openai/openai-go/v3"
 
+	"github.com/kvgate/kvgate/internal/host"
 	"github.com/kvgate/kvgate/internal/route"
 	"github.com/kvgate/kvgate/internal/sim"
 	"github.com/kvgate/kvgate/internal/simserver"
@@ -31,10 +31,7 @@ import (
 // policy that runs only its own script, leads / there, and the page loads
 // nothing from another origin.
 func TestUIFiles(t *testing.T) {
-	_, addr := startSim(t, llama, simserver.Options{})
-	g, _ := startGateway(t, gatewayConfig(scheduler("chat", llama, addr)))
-	admin := httptest.NewServer(g.AdminHandler())
-	t.Cleanup(admin.Close)
+	g := start(t, config(scheduler("chat", llama, startSim(t, llama, simserver.Options{}).Addr())), host.Core{})
 	noFollow := &http.Client{Timeout: 10 * time.Second, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 	external := regexp.MustCompile(`(?i)(src|href)\s*=\s*["']?(https?:)?//|url\(\s*["']?(https?:)?//|@import`)
 	for _, tc := range []struct {
@@ -49,7 +46,7 @@ func TestUIFiles(t *testing.T) {
 		{"/debug/decisions", "200 OK", "application/json", "", false},
 	} {
 		t.Run(tc.path, func(t *testing.T) {
-			resp, err := noFollow.Get(admin.URL + tc.path)
+			resp, err := noFollow.Get(g.AdminURL + tc.path)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -103,14 +100,11 @@ func TestFleetPage(t *testing.T) {
 	t.Run("live fleet", func(t *testing.T) {
 		var addrs []string
 		for _, gpu := range []string{"h100", "a100", "a10g"} {
-			_, a := startSim(t, llama, simserver.Options{Engine: sim.Config{GPU: gpu, ModelSize: "8b"}})
-			addrs = append(addrs, a)
+			addrs = append(addrs, startSim(t, llama, simserver.Options{Engine: sim.Config{GPU: gpu, ModelSize: "8b"}}).Addr())
 		}
-		_, coder := startSim(t, qwen, simserver.Options{Engine: sim.Config{GPU: "h100", ModelSize: "32b"}})
-		g, api := startGateway(t, gatewayConfig(scheduler("chat", llama, addrs...), scheduler("code", qwen, coder)))
-		admin := httptest.NewServer(g.AdminHandler())
-		t.Cleanup(admin.Close)
-		stopTraffic := streamTraffic(t, api, map[string]int{llama: 5, qwen: 1})
+		coder := startSim(t, qwen, simserver.Options{Engine: sim.Config{GPU: "h100", ModelSize: "32b"}}).Addr()
+		g := start(t, config(scheduler("chat", llama, addrs...), scheduler("code", qwen, coder)), host.Core{})
+		stopTraffic := streamTraffic(t, g.URL, map[string]int{llama: 5, qwen: 1})
 		t.Cleanup(stopTraffic)
 
 		var errs pageErrors
@@ -123,7 +117,7 @@ func TestFleetPage(t *testing.T) {
 			return eps.length >= 4 && document.querySelectorAll("details.decision[open] tr.win").length >= 2 &&
 				document.querySelectorAll("section[data-scheduler=chat] details.decision[open] tbody tr").length >= 3 &&
 				[...document.querySelectorAll("[data-num=p50]")].some(e => e.textContent !== "–"); })()`
-		if err := chromedp.Do(tab, chromedp.Navigate(admin.URL+"/ui/"), waitTrue(ready)); err != nil {
+		if err := chromedp.Do(tab, chromedp.Navigate(g.AdminURL+"/ui/"), waitTrue(ready)); err != nil {
 			t.Fatalf("the page never showed every endpoint with a decision and TTFT: %v", err)
 		}
 		first, shot := readPage(t, tab)
@@ -202,16 +196,13 @@ func TestFleetPage(t *testing.T) {
 	})
 
 	t.Run("names are text", func(t *testing.T) {
-		_, addr := startSim(t, llama, simserver.Options{})
 		evil := `<img src=x id=injected onerror="document.title='pwned'">`
-		cfg := gatewayConfig(scheduler("evil", evil, addr))
+		cfg := config(scheduler("evil", evil, startSim(t, llama, simserver.Options{}).Addr()))
 		cfg.Spec.Schedulers[0].LoRAAdapters = []string{`<b id=injected>adapter</b>`}
-		g, _ := startGateway(t, cfg)
-		admin := httptest.NewServer(g.AdminHandler())
-		t.Cleanup(admin.Close)
+		g := start(t, cfg, host.Core{})
 		tab, closeTab := chromedp.NewContext(browserCtx)
 		t.Cleanup(closeTab)
-		if err := chromedp.Do(tab, chromedp.Navigate(admin.URL+"/ui/"), waitTrue(`document.querySelector("section.sched") !== null`)); err != nil {
+		if err := chromedp.Do(tab, chromedp.Navigate(g.AdminURL+"/ui/"), waitTrue(`document.querySelector("section.sched") !== null`)); err != nil {
 			t.Fatal(err)
 		}
 		text, err := chromedp.Run(tab, chromedp.Evaluate[string](`document.querySelector("section.sched").textContent`))

@@ -1,9 +1,8 @@
-package gateway
+package host_test
 
 import (
 	"context"
 	"fmt"
-	"github.com/kvgate/kvgate/internal/host"
 	"io"
 	"net/http"
 	"strings"
@@ -15,7 +14,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kvgate/kvgate/api/v1alpha1"
+	"github.com/kvgate/kvgate/internal/host"
 	"github.com/kvgate/kvgate/internal/redistest"
+	"github.com/kvgate/kvgate/internal/servetest"
 	"github.com/kvgate/kvgate/internal/sim"
 	"github.com/kvgate/kvgate/internal/simserver"
 	"github.com/kvgate/kvgate/internal/waittest"
@@ -24,24 +25,18 @@ import (
 // The tests below run several gateway replicas over one simulated fleet,
 // linked through a real Redis, as `kvgate serve --shared-state-redis` does.
 
-// replica is one gateway replica of a test.
-type replica struct {
-	g    *fixture
-	base string
-}
-
 // startReplicas starts n gateways over cfg sharing state through r ("" for
 // none), and waits until each sees the others.
-func startReplicas(t *testing.T, r *redistest.Server, n int, cfg *v1alpha1.InferenceGatewayConfig) []replica {
+func startReplicas(t *testing.T, r *redistest.Server, n int, cfg *v1alpha1.InferenceGatewayConfig) []*servetest.Server {
 	t.Helper()
-	out := make([]replica, n)
+	out := make([]*servetest.Server, n)
 	for i := range out {
 		out[i] = startReplica(t, r, fmt.Sprintf("r%d", i), cfg)
 	}
 	if r != nil {
 		waittest.Until(t, 10*time.Second, "the replicas to find each other", func() bool {
 			for _, rp := range out {
-				if v := rp.g.Replicas(); v.Replicas != n || !v.Mesh.Up {
+				if v := rp.Replicas(); v.Replicas != n || !v.Mesh.Up {
 					return false
 				}
 			}
@@ -51,14 +46,13 @@ func startReplicas(t *testing.T, r *redistest.Server, n int, cfg *v1alpha1.Infer
 	return out
 }
 
-func startReplica(t *testing.T, r *redistest.Server, name string, cfg *v1alpha1.InferenceGatewayConfig) replica {
+func startReplica(t *testing.T, r *redistest.Server, name string, cfg *v1alpha1.InferenceGatewayConfig) *servetest.Server {
 	t.Helper()
-	g, base := startGateway(t, cfg, func(o *setup) {
-		if r != nil {
-			o.Core.SharedState = host.SharedStateOptions{Redis: r.Addr(), Cluster: "test", Replica: name, Heartbeat: 100 * time.Millisecond}
-		}
-	})
-	return replica{g, base}
+	var core host.Core
+	if r != nil {
+		core.SharedState = host.SharedStateOptions{Redis: r.Addr(), Cluster: "test", Replica: name, Heartbeat: 100 * time.Millisecond}
+	}
+	return start(t, cfg, core)
 }
 
 // prefixed is a chat request whose 4 KB system prompt is the k-th of the
@@ -68,12 +62,40 @@ func prefixed(k, i int) string {
 	return `{"model":"` + llama + `","messages":[{"role":"system","content":"` + system + `"},{"role":"user","content":"question ` + fmt.Sprint(i) + `"}],"max_tokens":4}`
 }
 
+// streamed is a streaming chat request of about 2,000 prompt tokens, unique
+// per i so that no prefix is shared.
+func streamed(i int) string {
+	content := fmt.Sprintf("Request %d. ", i) + strings.Repeat("Compare the two tenders line by line and list the differences. ", 125)
+	return `{"model":"` + llama + `","messages":[{"role":"user","content":"` + content + `"}],"max_tokens":8,"stream":true,"stream_options":{"include_usage":true}}`
+}
+
+// stream sends a chat request to base and reads its answer to the end, or
+// until ctx ends.
+func stream(ctx context.Context, base, body string) {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/chat/completions", strings.NewReader(body))
+	if resp, err := http.DefaultClient.Do(req); err == nil {
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+}
+
+// hold sends n requests straight to the model server at addr, past the
+// gateway; they run until the test ends.
+func hold(t *testing.T, addr string, n int, body string) {
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	for range n {
+		wg.Go(func() { stream(ctx, "http://"+addr, body) })
+	}
+}
+
 // threeSims starts three like simulated servers.
 func threeSims(t *testing.T) []string {
 	t.Helper()
 	addrs := make([]string, 3)
 	for i := range addrs {
-		_, addrs[i] = startSim(t, llama, simserver.Options{Engine: sim.Config{GPU: "h100", ModelSize: "8b"}})
+		addrs[i] = startSim(t, llama, simserver.Options{Engine: sim.Config{GPU: "h100", ModelSize: "8b"}}).Addr()
 	}
 	return addrs
 }
@@ -85,31 +107,31 @@ func threeSims(t *testing.T) []string {
 // would all land on their pods by chance one time in 3^8.
 func TestReplicasSharePrefixes(t *testing.T) {
 	r := redistest.Start(t)
-	cfg := gatewayConfig(scheduler("p", llama, threeSims(t)...))
+	cfg := config(scheduler("p", llama, threeSims(t)...))
 	rs := startReplicas(t, r, 2, cfg)
 	first := map[int]string{}
 	for k := range 8 {
-		first[k] = post(t, rs[0].base, prefixed(k, 0))
+		first[k] = post(t, rs[0].URL, prefixed(k, 0))
 	}
 	waittest.Until(t, 5*time.Second, "the decisions to reach the second replica", func() bool {
-		return rs[1].g.Replicas().Mesh.Counters["received"] > 0
+		return rs[1].Replicas().Mesh.Counters["received"] > 0
 	})
 	time.Sleep(50 * time.Millisecond) // a few flushes for the last ones
 	for k := range 8 {
-		if got := post(t, rs[1].base, prefixed(k, 1)); got != first[k] {
+		if got := post(t, rs[1].URL, prefixed(k, 1)); got != first[k] {
 			t.Errorf("prompt %d: replica 0 sent it to %s, replica 1 to %s", k, first[k], got)
 		}
 	}
 	late := startReplica(t, r, "late", cfg)
 	waittest.Until(t, 5*time.Second, "the late replica to replay", func() bool {
 		n := 0
-		for _, e := range late.g.FleetView()[0].Endpoints {
+		for _, e := range late.Router().FleetView()[0].Endpoints {
 			n += e.PrefixBlocks
 		}
 		return n > 0
 	})
 	for k := range 8 {
-		if got := post(t, late.base, prefixed(k, 2)); got != first[k] {
+		if got := post(t, late.URL, prefixed(k, 2)); got != first[k] {
 			t.Errorf("prompt %d at a replica started afterwards: went to %s, not %s", k, got, first[k])
 		}
 	}
@@ -133,13 +155,13 @@ func TestReplicasShareInFlightLimit(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := redistest.Start(t)
-			s, addr := startSim(t, llama, simserver.Options{Engine: sim.Config{GPU: "a10g", ModelSize: "8b"}})
-			cfg := gatewayConfig(scheduler("p", llama, addr))
+			s := startSim(t, llama, simserver.Options{Engine: sim.Config{GPU: "a10g", ModelSize: "8b"}})
+			cfg := config(scheduler("p", llama, s.Addr()))
 			limit := int32(4)
 			cfg.Spec.Gateway.MaxInFlightPerEndpoint = &limit
 			cfg.Spec.Gateway.QueueTimeout = &metav1.Duration{Duration: 10 * time.Second}
 			rs := startReplicas(t, r, 3, cfg)
-			if p := rs[1].g.Replicas().InFlightPart; p != 1 {
+			if p := rs[1].Replicas().InFlightPart; p != 1 {
 				t.Fatalf("replica 1's part of the limit is %d, want 1", p)
 			}
 			var most atomic.Int64
@@ -162,7 +184,7 @@ func TestReplicasShareInFlightLimit(t *testing.T) {
 			body := `{"model":"` + llama + `","messages":[{"role":"user","content":"` + strings.Repeat("Summarise the filing. ", 100) + `"}],"max_tokens":24}`
 			for i := range 24 {
 				wg.Go(func() {
-					resp, err := http.Post(rs[tc.through(i)].base+"/v1/chat/completions", "application/json", strings.NewReader(body))
+					resp, err := http.Post(rs[tc.through(i)].URL+"/v1/chat/completions", "application/json", strings.NewReader(body))
 					if err != nil {
 						t.Error(err)
 						return
@@ -194,18 +216,18 @@ func TestReplicasShareInFlightLimit(t *testing.T) {
 // other again.
 func TestReplicasRedisDies(t *testing.T) {
 	r := redistest.Start(t)
-	cfg := gatewayConfig(scheduler("p", llama, threeSims(t)...))
+	cfg := config(scheduler("p", llama, threeSims(t)...))
 	rs := startReplicas(t, r, 2, cfg)
-	stop := traffic(t, []string{rs[0].base, rs[1].base}, 100)
+	stop := traffic(t, []string{rs[0].URL, rs[1].URL}, 100)
 	time.Sleep(300 * time.Millisecond)
 	r.Kill()
 	waittest.Until(t, 5*time.Second, "the replicas to see Redis down", func() bool {
-		return !rs[0].g.Replicas().Mesh.Up && !rs[1].g.Replicas().Mesh.Up
+		return !rs[0].Replicas().Mesh.Up && !rs[1].Replicas().Mesh.Up
 	})
 	time.Sleep(500 * time.Millisecond)
 	r.Restart(t)
 	waittest.Until(t, 10*time.Second, "the replicas to reconnect", func() bool {
-		return rs[0].g.Replicas().Mesh.Up && rs[1].g.Replicas().Mesh.Up
+		return rs[0].Replicas().Mesh.Up && rs[1].Replicas().Mesh.Up
 	})
 	t.Logf("%d requests answered across Redis's death and return", stop())
 	sharesPrompts(t, rs[0], rs[1], 200)
@@ -241,19 +263,19 @@ func traffic(t *testing.T, bases []string, first int) (stop func() int64) {
 
 // sharesPrompts routes six new system prompts through one replica and checks
 // that the other sends each to the same pod.
-func sharesPrompts(t *testing.T, from, to replica, base int) {
+func sharesPrompts(t *testing.T, from, to *servetest.Server, base int) {
 	t.Helper()
 	first := map[int]string{}
-	before := to.g.Replicas().Mesh.Counters["received"]
+	before := to.Replicas().Mesh.Counters["received"]
 	for k := base; k < base+6; k++ {
-		first[k] = post(t, from.base, prefixed(k, 0))
+		first[k] = post(t, from.URL, prefixed(k, 0))
 	}
 	waittest.Until(t, 5*time.Second, "the decisions to reach the other replica", func() bool {
-		return to.g.Replicas().Mesh.Counters["received"] > before
+		return to.Replicas().Mesh.Counters["received"] > before
 	})
 	time.Sleep(50 * time.Millisecond) // a few flushes for the last ones
 	for k := base; k < base+6; k++ {
-		if got := post(t, to.base, prefixed(k, 1)); got != first[k] {
+		if got := post(t, to.URL, prefixed(k, 1)); got != first[k] {
 			t.Errorf("prompt %d: one replica sent it to %s, the other to %s", k, first[k], got)
 		}
 	}
@@ -268,9 +290,10 @@ func TestReplicasShareScraping(t *testing.T) {
 	servers := make([]*simserver.Server, 3)
 	addrs := make([]string, 3)
 	for i := range servers {
-		servers[i], addrs[i] = startSim(t, llama, simserver.Options{Engine: sim.Config{GPU: "h100", ModelSize: "8b"}})
+		servers[i] = startSim(t, llama, simserver.Options{Engine: sim.Config{GPU: "h100", ModelSize: "8b"}})
+		addrs[i] = servers[i].Addr()
 	}
-	cfg := gatewayConfig(scheduler("p", llama, addrs...))
+	cfg := config(scheduler("p", llama, addrs...))
 	rate := func(window time.Duration) []float64 {
 		before := make([]int64, len(servers))
 		for i, s := range servers {
@@ -293,9 +316,9 @@ func TestReplicasShareScraping(t *testing.T) {
 			t.Errorf("server %d scraped %.1f times a second by three replicas sharing (one replica: about 20)", i, v)
 		}
 	}
-	stop := traffic(t, []string{rs[1].base, rs[2].base}, 300)
+	stop := traffic(t, []string{rs[1].URL, rs[2].URL}, 300)
 	time.Sleep(200 * time.Millisecond)
-	rs[0].g.Close()
+	rs[0].Close()
 	after := rate(time.Second)
 	t.Logf("after one replica left: %.1f scrapes a second; %d requests answered by the others", after, stop())
 	for i, v := range after {
@@ -303,7 +326,7 @@ func TestReplicasShareScraping(t *testing.T) {
 			t.Errorf("server %d scraped %.1f times a second after a replica left", i, v)
 		}
 	}
-	for _, e := range rs[1].g.FleetView()[0].Endpoints {
+	for _, e := range rs[1].Router().FleetView()[0].Endpoints {
 		if !e.Healthy || e.Stale {
 			t.Errorf("endpoint %s unhealthy or stale after a replica left: %+v", e.Address, e)
 		}
@@ -336,24 +359,26 @@ func TestReplicasBurstDoesNotHerd(t *testing.T) {
 			addrs := make([]string, 3)
 			servers := make([]*simserver.Server, 3)
 			for i := range addrs {
-				servers[i], addrs[i] = startSim(t, llama, simserver.Options{Engine: sim.Config{GPU: "h100", ModelSize: "8b", MaxNumSeqs: 2}})
+				servers[i] = startSim(t, llama, simserver.Options{Engine: sim.Config{GPU: "h100", ModelSize: "8b", MaxNumSeqs: 2}})
+				addrs[i] = servers[i].Addr()
 			}
 			long := `{"model":"` + llama + `","messages":[{"role":"user","content":"Write on."}],"max_tokens":4000,"ignore_eos":true}`
 			for _, a := range addrs[1:] {
-				load(t, a, 22, long)
+				hold(t, a, 22, long)
 			}
 			waittest.Until(t, 10*time.Second, "the busy pods to queue", func() bool {
 				return servers[1].Waiting() == 20 && servers[2].Waiting() == 20
 			})
-			cfg := gatewayConfig(scheduler("p", llama, addrs...))
-			slowScrapes(cfg)
+			cfg := config(scheduler("p", llama, addrs...))
+			// One scrape, read for the whole test: the burst is decided on it.
+			cfg.Spec.Gateway.Scrape = &v1alpha1.ScrapeSpec{Interval: &metav1.Duration{Duration: 30 * time.Second}, StaleAfter: &metav1.Duration{Duration: 10 * time.Minute}}
 			cfg.Spec.Schedulers[0].Profile = "gie-default"
 			depth := int32(1000) // the queues decide by score, not by the saturation filter
 			cfg.Spec.Schedulers[0].Saturation = &v1alpha1.SaturationSpec{QueueDepth: &depth}
 			rs := startReplicas(t, r, tc.replicas, cfg)
 			waittest.Until(t, 10*time.Second, "every replica's first scrape", func() bool {
 				for _, rp := range rs {
-					for _, e := range rp.g.FleetView()[0].Endpoints {
+					for _, e := range rp.Router().FleetView()[0].Endpoints {
 						if !e.Scraped {
 							return false
 						}
@@ -372,11 +397,7 @@ func TestReplicasBurstDoesNotHerd(t *testing.T) {
 				time.Sleep(50 * time.Millisecond / burstSize)
 				wg.Go(func() {
 					body := `{"model":"` + llama + `","messages":[{"role":"user","content":"Case ` + fmt.Sprint(i) + `."}],"max_tokens":4000,"ignore_eos":true,"stream":true}`
-					req, _ := http.NewRequestWithContext(ctx, http.MethodPost, rs[i%len(rs)].base+"/v1/chat/completions", strings.NewReader(body))
-					if resp, err := http.DefaultClient.Do(req); err == nil {
-						_, _ = io.Copy(io.Discard, resp.Body)
-						resp.Body.Close()
-					}
+					stream(ctx, rs[i%len(rs)].URL, body)
 				})
 			}
 			served := map[string]int{}
@@ -384,7 +405,7 @@ func TestReplicasBurstDoesNotHerd(t *testing.T) {
 				clear(served)
 				n := 0
 				for _, rp := range rs {
-					for _, e := range rp.g.FleetView()[0].Endpoints {
+					for _, e := range rp.Router().FleetView()[0].Endpoints {
 						served[e.Address] += int(e.InFlight)
 						n += int(e.InFlight)
 					}
@@ -405,9 +426,10 @@ func TestReplicasBurstDoesNotHerd(t *testing.T) {
 // nothing though it never saw it fail.
 func TestReplicasShareEjections(t *testing.T) {
 	r := redistest.Start(t)
-	bad, badAddr := startSim(t, llama, simserver.Options{Engine: sim.Config{GPU: "h100", ModelSize: "8b"}})
-	_, good := startSim(t, llama, simserver.Options{Engine: sim.Config{GPU: "h100", ModelSize: "8b"}})
-	cfg := gatewayConfig(scheduler("p", llama, badAddr, good))
+	bad := startSim(t, llama, simserver.Options{Engine: sim.Config{GPU: "h100", ModelSize: "8b"}})
+	badAddr := bad.Addr()
+	good := startSim(t, llama, simserver.Options{Engine: sim.Config{GPU: "h100", ModelSize: "8b"}}).Addr()
+	cfg := config(scheduler("p", llama, badAddr, good))
 	cfg.Spec.Schedulers[0].Profile = "gie-default" // no errorRate scorer to steer off the failing pod first
 	three := int32(3)
 	cfg.Spec.Gateway.OutlierDetection = &v1alpha1.OutlierSpec{ConsecutiveFailures: &three}
@@ -415,8 +437,8 @@ func TestReplicasShareEjections(t *testing.T) {
 	if err := bad.SetFaults(simserver.Faults{ErrorRate: 1, ErrorStatus: http.StatusInternalServerError}); err != nil {
 		t.Fatal(err)
 	}
-	ejected := func(g *fixture) bool {
-		for _, e := range g.FleetView()[0].Endpoints {
+	ejected := func(g *servetest.Server) bool {
+		for _, e := range g.Router().FleetView()[0].Endpoints {
 			if e.Address == badAddr {
 				return e.EjectedForMs > 0
 			}
@@ -424,12 +446,12 @@ func TestReplicasShareEjections(t *testing.T) {
 		return false
 	}
 	waittest.Until(t, 10*time.Second, "the first replica to eject the failing pod", func() bool {
-		post(t, rs[0].base, streamed(int(time.Now().UnixNano()%1e6))) // retried to the good pod
-		return ejected(rs[0].g)
+		post(t, rs[0].URL, streamed(int(time.Now().UnixNano()%1e6))) // retried to the good pod
+		return ejected(rs[0])
 	})
-	waittest.Until(t, 5*time.Second, "its peer to eject it too", func() bool { return ejected(rs[1].g) })
+	waittest.Until(t, 5*time.Second, "its peer to eject it too", func() bool { return ejected(rs[1]) })
 	for i := range 10 {
-		if got := post(t, rs[1].base, streamed(i)); got != good {
+		if got := post(t, rs[1].URL, streamed(i)); got != good {
 			t.Fatalf("the peer sent a request to %s, not the healthy pod", got)
 		}
 	}
@@ -441,17 +463,17 @@ func TestReplicasShareEjections(t *testing.T) {
 // the replica.
 func TestSharedStateMisconfigured(t *testing.T) {
 	r := redistest.Start(t)
-	_, addr := startSim(t, llama, simserver.Options{Engine: sim.Config{GPU: "h100", ModelSize: "8b"}})
-	cfg := gatewayConfig(scheduler("p", llama, addr))
+	addr := startSim(t, llama, simserver.Options{Engine: sim.Config{GPU: "h100", ModelSize: "8b"}}).Addr()
+	cfg := config(scheduler("p", llama, addr))
 	cfg.Spec.Gateway.SharedState = &v1alpha1.SharedStateSpec{Redis: r.Addr(), TLS: &v1alpha1.SharedStateTLS{CAFile: "/nonexistent/ca.crt"}}
-	g, base := startGateway(t, cfg)
+	g := start(t, cfg, host.Core{})
 	if v := g.Replicas(); v.Shared {
 		t.Fatalf("linked with an unusable shared state: %+v", v)
 	}
 	if got := gaugeValue(t, g, "kvgate_replica_shared_state_up"); got != 0 {
 		t.Fatalf("kvgate_replica_shared_state_up %v, want 0", got)
 	}
-	post(t, base, streamed(1)) // routing goes on
+	post(t, g.URL, streamed(1)) // routing goes on
 	fixed := cfg.DeepCopy()
 	fixed.Spec.Gateway.SharedState.TLS = nil
 	if err := g.Apply(fixed); err != nil {
@@ -464,7 +486,7 @@ func TestSharedStateMisconfigured(t *testing.T) {
 }
 
 // gaugeValue reads an unlabelled gauge from the gateway's registry.
-func gaugeValue(t *testing.T, g *fixture, name string) float64 {
+func gaugeValue(t *testing.T, g *servetest.Server, name string) float64 {
 	t.Helper()
 	mfs, err := g.Metrics().Registry.Gather()
 	if err != nil {

@@ -1,10 +1,9 @@
-package gateway
+package host_test
 
 import (
 	"context"
 	"crypto/tls"
 	"fmt"
-	"github.com/kvgate/kvgate/internal/host"
 	"io"
 	"net"
 	"net/http"
@@ -20,61 +19,15 @@ import (
 	"github.com/openai/openai-go/v3/option"
 
 	"github.com/kvgate/kvgate/internal/certs/certstest"
+	"github.com/kvgate/kvgate/internal/gateway"
+	"github.com/kvgate/kvgate/internal/servetest"
 	"github.com/kvgate/kvgate/internal/simserver"
+	"github.com/kvgate/kvgate/internal/simserver/simtest"
 	"github.com/kvgate/kvgate/internal/waittest"
 )
 
-func tlsConfigYAML(tlsBlock string, endpoints ...string) string {
-	return fmt.Sprintf(`apiVersion: gateway.kvgate.io/v1alpha1
-kind: InferenceGatewayConfig
-metadata: {name: tls}
-spec:
-  schedulers:
-  - name: p
-    modelName: %s
-    endpoints: ["%s"]
-%s`, llama, strings.Join(endpoints, `", "`), tlsBlock)
-}
-
 func tlsBlock(certFile, keyFile string) string {
 	return fmt.Sprintf("  tls: {certFile: %q, keyFile: %q}\n", certFile, keyFile)
-}
-
-// runFromFile runs kvgate serve on a configuration file until the test ends.
-func runFromFile(t *testing.T, path string, hup chan os.Signal) host.Addrs {
-	t.Helper()
-	ready := make(chan host.Addrs, 1)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		done <- run(ctx, host.Options{ConfigPath: path, Listen: "127.0.0.1:0", AdminListen: "127.0.0.1:0", DrainTimeout: 5 * time.Second,
-			Reload: hup, Ready: ready, Logger: quiet})
-	}()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	})
-	select {
-	case a := <-ready:
-		return a
-	case err := <-done:
-		t.Fatalf("Run: %v", err)
-	}
-	return host.Addrs{}
-}
-
-// adminText is a page of the admin listener.
-func adminText(t *testing.T, admin, path string) string {
-	t.Helper()
-	resp, err := http.Get("http://" + admin + path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return string(b)
 }
 
 // TestTLSRotationUnderLoad: kvgate serve with spec.tls from files, under
@@ -84,15 +37,14 @@ func adminText(t *testing.T, admin, path string) string {
 // connections get the new certificate, the open one goes on; a broken
 // replacement then keeps the certificate serving and is counted.
 func TestTLSRotationUnderLoad(t *testing.T) {
-	_, a := startSim(t, llama, simserver.Options{})
-	_, b := startSim(t, llama, simserver.Options{})
+	a, b := startSim(t, llama, simserver.Options{}).Addr(), startSim(t, llama, simserver.Options{}).Addr()
 	caOld, caNew := certstest.NewCA(t, "old CA"), certstest.NewCA(t, "new CA")
 	dir := t.TempDir()
 	first, second := caOld.Issue(t), caNew.Issue(t)
 	certFile, keyFile := first.Write(t, dir)
 	path := filepath.Join(dir, "igwc.yaml")
-	writeAtomically(t, path, tlsConfigYAML(tlsBlock(certFile, keyFile), a, b))
-	addrs := runFromFile(t, path, nil)
+	simtest.WriteFile(t, path, []byte(configYAML(2, a, b)+tlsBlock(certFile, keyFile)))
+	addrs := serveFile(t, path, nil).Addrs
 	base := "https://" + addrs.API
 
 	roots := certstest.Pool(caOld, caNew)
@@ -229,7 +181,7 @@ func grepLines(s, sub string) string {
 // connections; files that do not load refuse the configuration (at start,
 // Run fails; on reload, the previous one keeps serving).
 func TestTLSByReload(t *testing.T) {
-	_, a := startSim(t, llama, simserver.Options{})
+	a := startSim(t, llama, simserver.Options{}).Addr()
 	ca := certstest.NewCA(t, "ca")
 	dir := t.TempDir()
 	certFile, keyFile := ca.Issue(t).Write(t, dir)
@@ -237,16 +189,16 @@ func TestTLSByReload(t *testing.T) {
 
 	t.Run("unloadable files at start", func(t *testing.T) {
 		bad := filepath.Join(dir, "bad.yaml")
-		writeAtomically(t, bad, tlsConfigYAML(tlsBlock(filepath.Join(dir, "none.crt"), keyFile), a))
-		err := run(context.Background(), host.Options{ConfigPath: bad, Listen: "127.0.0.1:0", AdminListen: "127.0.0.1:0", Logger: quiet})
+		simtest.WriteFile(t, bad, []byte(configYAML(2, a)+tlsBlock(filepath.Join(dir, "none.crt"), keyFile)))
+		err := servetest.Run(context.Background(), fromFile(bad), gateway.Options{})
 		if err == nil || !strings.Contains(err.Error(), "spec.tls") {
 			t.Fatalf("Run: %v, want the certificate's error", err)
 		}
 	})
 
-	writeAtomically(t, path, tlsConfigYAML("", a))
+	simtest.WriteFile(t, path, []byte(configYAML(2, a)))
 	hup := make(chan os.Signal, 1)
-	addrs := runFromFile(t, path, hup)
+	addrs := serveFile(t, path, hup).Addrs
 	tlsClient := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: certstest.Pool(ca)}, DisableKeepAlives: true}, Timeout: 10 * time.Second}
 	plainClient := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 10 * time.Second}
 	// served says how a new connection is answered: "https", "http" (plain)
@@ -282,7 +234,7 @@ func TestTLSByReload(t *testing.T) {
 	} {
 		t.Run(step.name, func(t *testing.T) {
 			before := readDebugConfig(t, addrs.Admin).When
-			writeAtomically(t, path, tlsConfigYAML(step.tls, a))
+			simtest.WriteFile(t, path, []byte(configYAML(2, a)+step.tls))
 			hup <- os.Interrupt
 			waittest.Until(t, 5*time.Second, "the reload", func() bool { return readDebugConfig(t, addrs.Admin).When != before })
 			d := readDebugConfig(t, addrs.Admin)
