@@ -10,8 +10,6 @@ import (
 	"testing"
 	"time"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-
 	"github.com/kvgate/kvgate/api/v1alpha1"
 	"github.com/kvgate/kvgate/internal/simserver"
 	"github.com/kvgate/kvgate/internal/waittest"
@@ -91,12 +89,6 @@ func load(t testing.TB, addr string, n int, body string) func() {
 func streamed(i int) string {
 	content := fmt.Sprintf("Request %d. ", i) + strings.Repeat("Compare the two tenders line by line and list the differences. ", 125)
 	return `{"model":"` + llama + `","messages":[{"role":"user","content":"` + content + `"}],"max_tokens":8,"stream":true,"stream_options":{"include_usage":true}}`
-}
-
-// slowScrapes makes the fleet read metrics once and then only every 30 s:
-// what routing does between two scrapes is the gateway's own doing.
-func slowScrapes(cfg *v1alpha1.InferenceGatewayConfig) {
-	cfg.Spec.Gateway.Scrape = &v1alpha1.ScrapeSpec{Interval: &metav1.Duration{Duration: 30 * time.Second}, StaleAfter: &metav1.Duration{Duration: 10 * time.Minute}}
 }
 
 func sched(name, model, engine string, addrs ...string) v1alpha1.SchedulerSpec {
