@@ -402,13 +402,8 @@ func (r *Router) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	}
 	// The token limits only size the reservation, settled with the usage the
 	// member reports.
-	var fields struct {
-		MaxTokens           *int64 `json:"max_tokens"`
-		MaxCompletionTokens *int64 `json:"max_completion_tokens"`
-		MaxOutputTokens     *int64 `json:"max_output_tokens"`
-		Stream              *bool  `json:"stream"`
-	}
-	if err := json.Unmarshal(body, &fields); err != nil {
+	fields, err := limitFields(body)
+	if err != nil {
 		ref, _ := proxy.BodyError(&openai.SyntaxError{Err: err})
 		r.refusal(w, "", ref)
 		return
@@ -494,6 +489,34 @@ func (r *Router) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 // maxCompletion caps a request's completion limit in the token estimate, so
 // that an absurd max_tokens cannot overflow it.
 const maxCompletion = 1 << 24
+
+// tokenFields are a body's token limits and stream flag.
+type tokenFields struct {
+	MaxTokens, MaxCompletionTokens, MaxOutputTokens *int64
+	Stream                                          *bool
+}
+
+// limitFields reads a body's token limits and stream flag by their exact
+// names, as the model server reads them: encoding/json's case-insensitive
+// match would take "MAX_TOKENS" for max_tokens.
+func limitFields(body []byte) (tokenFields, error) {
+	var f tokenFields
+	var top map[string]json.RawMessage
+	if json.Unmarshal(body, &top) != nil {
+		return f, errors.New("the body is not a JSON object")
+	}
+	// The errors name the field, not Go's types: they reach the client.
+	for _, k := range []struct {
+		name, want string
+		dst        any
+	}{{"max_tokens", "an integer", &f.MaxTokens}, {"max_completion_tokens", "an integer", &f.MaxCompletionTokens},
+		{"max_output_tokens", "an integer", &f.MaxOutputTokens}, {"stream", "a boolean", &f.Stream}} {
+		if raw, ok := top[k.name]; ok && json.Unmarshal(raw, k.dst) != nil {
+			return f, fmt.Errorf("%s must be %s", k.name, k.want)
+		}
+	}
+	return f, nil
+}
 
 func maxOf(vs ...*int64) int64 {
 	var m int64
