@@ -98,32 +98,16 @@ func startLive(t *testing.T) *live {
 	}
 	l := &live{reload: make(chan os.Signal, 1), configPath: filepath.Join(t.TempDir(), "gateway.yaml")}
 	writeYAML(t, l.configPath, cfg)
-	ctx, cancel := context.WithCancel(context.Background())
-	ready := make(chan host.Addrs, 1)
-	done := make(chan struct{})
-	var runErr error
-	go func() {
-		defer close(done)
-		runErr = servetest.Run(ctx, host.Options{ConfigPath: l.configPath, Listen: "127.0.0.1:0", AdminListen: "127.0.0.1:0",
-			DrainTimeout: time.Second, Reload: l.reload, Ready: ready, Logger: quiet}, gateway.Options{})
-	}()
-	t.Cleanup(func() { cancel(); <-done })
-	var addrs host.Addrs
-	select {
-	case addrs = <-ready:
-	case <-done:
-		t.Fatalf("kvgate serve: %v", runErr)
-	case <-time.After(10 * time.Second):
-		t.Fatal("kvgate serve did not start in 10 s")
-	}
-	l.tier1Admin = "http://" + addrs.Admin
+	tier1 := servetest.Serve(t, host.Options{ConfigPath: l.configPath, Listen: "127.0.0.1:0", AdminListen: "127.0.0.1:0",
+		DrainTimeout: time.Second, Reload: l.reload, Logger: quiet}, gateway.Options{})
+	l.tier1Admin = "http://" + tier1.Admin
 	waittest.Until(t, 10*time.Second, "endpoints scraped: llama healthy, gone unhealthy", func() bool {
 		m := scrape(t, l.tier1Admin)
 		return m.gauge("kvgate_endpoint_healthy", "scheduler", "llama") == 2 && m.has("kvgate_endpoint_healthy", "scheduler", "gone") &&
 			m.gauge("kvgate_endpoint_healthy", "scheduler", "gone") == 0
 	})
 
-	c := client("http://"+addrs.API, "")
+	c := client("http://"+tier1.API, "")
 	for _, model := range []string{llama, llama, "broken", "broken", "gone"} {
 		_, _ = c.Chat.Completions.New(context.Background(), chat(model))
 	}
@@ -167,7 +151,7 @@ func startLive(t *testing.T) *live {
 	gcfg := &global.Config{APIVersion: global.APIVersion, Kind: global.Kind, Spec: global.Spec{
 		Members: []global.Member{
 			{Name: "cheap", URL: bad.URL, AdminURL: bad.AdminURL, PricePerMillionTokens: &cheap},
-			{Name: "dear", URL: "http://" + addrs.API, AdminURL: l.tier1Admin, PricePerMillionTokens: &dear},
+			{Name: "dear", URL: "http://" + tier1.API, AdminURL: l.tier1Admin, PricePerMillionTokens: &dear},
 		},
 		Models:    []global.ModelPolicy{{Name: llama, Limits: &global.Limits{RequestsPerMinute: 10000}}},
 		Tenants:   []global.Tenant{{Name: "acme"}},
@@ -177,6 +161,7 @@ func startLive(t *testing.T) *live {
 	}}
 	gpath := filepath.Join(t.TempDir(), "global.yaml")
 	writeYAML(t, gpath, gcfg)
+	ctx, cancel := context.WithCancel(context.Background())
 	gready := make(chan [2]string, 1)
 	gdone := make(chan struct{})
 	var grunErr error

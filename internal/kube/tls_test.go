@@ -53,25 +53,15 @@ func TestTLSSecret(t *testing.T) {
 
 	logs := &logtest.Buffer{}
 	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	ready := make(chan host.Addrs, 1)
-	runCtx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() {
-		done <- servetest.Run(runCtx, host.Options{Listen: "127.0.0.1:0", AdminListen: "127.0.0.1:0", DrainTimeout: 5 * time.Second, Ready: ready, Logger: log,
-			Source: func(ctx context.Context, g *host.Host) error {
-				return Start(ctx, k.cfg, Options{Target: target, Gateway: g, Log: log, LeaderElection: true})
-			}}, gateway.Options{})
-	}()
 	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
 		if t.Failed() {
 			t.Logf("kvgate log:\n%s", logs.String())
 		}
 	})
-	addrs := <-ready
+	addrs := servetest.Serve(t, host.Options{Listen: "127.0.0.1:0", AdminListen: "127.0.0.1:0", DrainTimeout: 5 * time.Second, Logger: log,
+		Source: func(ctx context.Context, g *host.Host) error {
+			return Start(ctx, k.cfg, Options{Target: target, Gateway: g, Log: log, LeaderElection: true})
+		}}, gateway.Options{})
 
 	caOld, caNew := certstest.NewCA(t, "old"), certstest.NewCA(t, "new")
 	roots := certstest.Pool(caOld, caNew)
