@@ -144,7 +144,7 @@ func startLive(t *testing.T) *live {
 	bad := servetest.Start(t, &v1alpha1.InferenceGatewayConfig{TypeMeta: cfg.TypeMeta, ObjectMeta: metav1.ObjectMeta{Name: "bad"},
 		Spec: v1alpha1.InferenceGatewayConfigSpec{BBR: v1alpha1.BBRSpec{Enabled: true},
 			Schedulers: []v1alpha1.SchedulerSpec{{Name: "llama", ModelName: llama, Endpoints: sims(1, llama, simserver.Faults{ErrorRate: 1})}}}},
-		host.Core{Logger: quiet}, gateway.Options{Logger: quiet})
+		host.CoreOptions{Logger: quiet}, gateway.Options{Logger: quiet})
 
 	cheap, dear := 0.1, 1.0
 	heartbeat := &metav1.Duration{Duration: 100 * time.Millisecond}

@@ -67,9 +67,9 @@ func run(ctx context.Context, o host.Options, healthListen string, tlsConfig *tl
 	return host.Run(ctx, o)
 }
 
-func startServer(t testing.TB, cfg *v1alpha1.InferenceGatewayConfig, opts Options, coreOpts ...func(*host.Core)) *testServer {
+func startServer(t testing.TB, cfg *v1alpha1.InferenceGatewayConfig, opts Options, coreOpts ...func(*host.CoreOptions)) *testServer {
 	t.Helper()
-	o := host.Core{Logger: quiet}
+	o := host.CoreOptions{Logger: quiet}
 	for _, f := range coreOpts {
 		f(&o)
 	}

@@ -19,8 +19,8 @@ import (
 func TestPickersShareState(t *testing.T) {
 	r := redistest.Start(t)
 	cfg := gatewayConfig(pool(startSims(t, 3, simserver.Options{Engine: sim.Config{GPU: "h100", ModelSize: "8b"}})...))
-	shared := func(name string) func(*host.Core) {
-		return func(o *host.Core) {
+	shared := func(name string) func(*host.CoreOptions) {
+		return func(o *host.CoreOptions) {
 			o.SharedState = host.SharedStateOptions{Redis: r.Addr(), Cluster: "epp", Replica: name, Heartbeat: 100 * time.Millisecond}
 		}
 	}

@@ -57,7 +57,7 @@ func gatewayConfig(schedulers ...v1alpha1.SchedulerSpec) *v1alpha1.InferenceGate
 // core's.
 type setup struct {
 	Options
-	Core host.Core
+	Core host.CoreOptions
 }
 
 // fixture is a gateway under test: the routing core (its methods), the host

@@ -47,7 +47,7 @@ func startTier1(t testing.TB, sims int, opts simserver.Options) *tier1 {
 	for range sims {
 		eps = append(eps, simtest.Start(t, opts).Addr())
 	}
-	g := host.New(host.Core{Logger: quiet})
+	g := host.New(host.CoreOptions{Logger: quiet})
 	t.Cleanup(g.Close)
 	front := gateway.New(g.Router(), gateway.Options{Logger: quiet})
 	cfg := &v1alpha1.InferenceGatewayConfig{TypeMeta: metav1.TypeMeta{APIVersion: v1alpha1.APIVersion, Kind: v1alpha1.Kind},

@@ -27,7 +27,7 @@ import (
 func startTracedTier1(t *testing.T, p *tracing.Provider) *tier1 {
 	t.Helper()
 	ep := simtest.Start(t, simserver.Options{Model: llama}).Addr()
-	g := host.New(host.Core{Logger: quiet})
+	g := host.New(host.CoreOptions{Logger: quiet})
 	t.Cleanup(g.Close)
 	front := gateway.New(g.Router(), gateway.Options{Logger: quiet, Tracing: p})
 	cfg := &v1alpha1.InferenceGatewayConfig{TypeMeta: metav1.TypeMeta{APIVersion: v1alpha1.APIVersion, Kind: v1alpha1.Kind},

@@ -21,7 +21,7 @@ import (
 // scheduler, reads a TTFT quantile from them, and sees the ready endpoints.
 func TestSummary(t *testing.T) {
 	a := startSim(t, llama, simserver.Options{}).Addr()
-	g := start(t, config(scheduler("llama", llama, a), scheduler("qwen", qwen, "127.0.0.1:1")), host.Core{})
+	g := start(t, config(scheduler("llama", llama, a), scheduler("qwen", qwen, "127.0.0.1:1")), host.CoreOptions{})
 	waittest.Until(t, 5*time.Second, "the endpoint scraped", func() bool { return g.Router().Snapshot([]string{a})[0].Scraped })
 	for range 5 {
 		post(t, g.URL, chat(llama, 4, true)) // streamed: their first bytes are TTFTs
@@ -64,7 +64,7 @@ func TestReadyz(t *testing.T) {
 	d := func(x time.Duration) *metav1.Duration { return &metav1.Duration{Duration: x} }
 	three := int32(3)
 	cfg.Spec.Gateway.Scrape = &v1alpha1.ScrapeSpec{Interval: d(20 * time.Millisecond), Timeout: d(100 * time.Millisecond), UnhealthyAfter: &three}
-	g := start(t, cfg, host.Core{})
+	g := start(t, cfg, host.CoreOptions{})
 	readyz := func(query string) (int, string) {
 		status, _, body := send(t, http.MethodGet, g.AdminURL+"/readyz"+query, "")
 		return status, body

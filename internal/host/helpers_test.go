@@ -52,7 +52,7 @@ func config(schedulers ...v1alpha1.SchedulerSpec) *v1alpha1.InferenceGatewayConf
 }
 
 // start serves cfg with kvgate serve's front over httptest until the test ends.
-func start(t testing.TB, cfg *v1alpha1.InferenceGatewayConfig, core host.Core) *servetest.Server {
+func start(t testing.TB, cfg *v1alpha1.InferenceGatewayConfig, core host.CoreOptions) *servetest.Server {
 	t.Helper()
 	return servetest.Start(t, cfg, core, gateway.Options{Logger: quiet})
 }

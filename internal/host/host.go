@@ -24,8 +24,8 @@ import (
 // Front is a data plane the host serves on its API listener.
 type Front = serving.Server
 
-// Core configures the routing core and what the host keeps around it.
-type Core struct {
+// CoreOptions configure the routing core and what the host keeps around it.
+type CoreOptions struct {
 	Logger  *slog.Logger
 	Metrics *telemetry.Gateway
 	Seed    uint64
@@ -49,7 +49,7 @@ type Core struct {
 // the API listener's TLS. Apply installs a configuration in all three.
 type Host struct {
 	core *route.Router
-	opts Core
+	opts CoreOptions
 	log  *slog.Logger
 	// mesh links the replica to its peers, from the first configuration
 	// with a shared state.
@@ -62,7 +62,7 @@ type Host struct {
 
 // New returns a host with no configuration: its core refuses with 503 until
 // Apply.
-func New(opts Core) *Host {
+func New(opts CoreOptions) *Host {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}

@@ -48,7 +48,7 @@ func startReplicas(t *testing.T, r *redistest.Server, n int, cfg *v1alpha1.Infer
 
 func startReplica(t *testing.T, r *redistest.Server, name string, cfg *v1alpha1.InferenceGatewayConfig) *servetest.Server {
 	t.Helper()
-	var core host.Core
+	var core host.CoreOptions
 	if r != nil {
 		core.SharedState = host.SharedStateOptions{Redis: r.Addr(), Cluster: "test", Replica: name, Heartbeat: 100 * time.Millisecond}
 	}
@@ -466,7 +466,7 @@ func TestSharedStateMisconfigured(t *testing.T) {
 	addr := startSim(t, llama, simserver.Options{Engine: sim.Config{GPU: "h100", ModelSize: "8b"}}).Addr()
 	cfg := config(scheduler("p", llama, addr))
 	cfg.Spec.Gateway.SharedState = &v1alpha1.SharedStateSpec{Redis: r.Addr(), TLS: &v1alpha1.SharedStateTLS{CAFile: "/nonexistent/ca.crt"}}
-	g := start(t, cfg, host.Core{})
+	g := start(t, cfg, host.CoreOptions{})
 	if v := g.Replicas(); v.Shared {
 		t.Fatalf("linked with an unusable shared state: %+v", v)
 	}

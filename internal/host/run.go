@@ -28,7 +28,7 @@ type Options struct {
 	// Ready, when set, is sent the bound addresses once the listeners accept.
 	Ready  chan<- Addrs
 	Logger *slog.Logger
-	Core   Core
+	Core   CoreOptions
 	// Source, when set, replaces the configuration file: it runs until ctx ends,
 	// applying configurations to the host as they come (Kubernetes). The
 	// core refuses with 503 and /readyz fails until the first one.

@@ -31,7 +31,7 @@ import (
 // policy that runs only its own script, leads / there, and the page loads
 // nothing from another origin.
 func TestUIFiles(t *testing.T) {
-	g := start(t, config(scheduler("chat", llama, startSim(t, llama, simserver.Options{}).Addr())), host.Core{})
+	g := start(t, config(scheduler("chat", llama, startSim(t, llama, simserver.Options{}).Addr())), host.CoreOptions{})
 	noFollow := &http.Client{Timeout: 10 * time.Second, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 	external := regexp.MustCompile(`(?i)(src|href)\s*=\s*["']?(https?:)?//|url\(\s*["']?(https?:)?//|@import`)
 	for _, tc := range []struct {
@@ -103,7 +103,7 @@ func TestFleetPage(t *testing.T) {
 			addrs = append(addrs, startSim(t, llama, simserver.Options{Engine: sim.Config{GPU: gpu, ModelSize: "8b"}}).Addr())
 		}
 		coder := startSim(t, qwen, simserver.Options{Engine: sim.Config{GPU: "h100", ModelSize: "32b"}}).Addr()
-		g := start(t, config(scheduler("chat", llama, addrs...), scheduler("code", qwen, coder)), host.Core{})
+		g := start(t, config(scheduler("chat", llama, addrs...), scheduler("code", qwen, coder)), host.CoreOptions{})
 		stopTraffic := streamTraffic(t, g.URL, map[string]int{llama: 5, qwen: 1})
 		t.Cleanup(stopTraffic)
 
@@ -199,7 +199,7 @@ func TestFleetPage(t *testing.T) {
 		evil := `<img src=x id=injected onerror="document.title='pwned'">`
 		cfg := config(scheduler("evil", evil, startSim(t, llama, simserver.Options{}).Addr()))
 		cfg.Spec.Schedulers[0].LoRAAdapters = []string{`<b id=injected>adapter</b>`}
-		g := start(t, cfg, host.Core{})
+		g := start(t, cfg, host.CoreOptions{})
 		tab, closeTab := chromedp.NewContext(browserCtx)
 		t.Cleanup(closeTab)
 		if err := chromedp.Do(tab, chromedp.Navigate(g.AdminURL+"/ui/"), waitTrue(`document.querySelector("section.sched") !== null`)); err != nil {

@@ -215,7 +215,7 @@ func gatewayUnderTest(t *testing.T, k *cluster, target types.NamespacedName) (*c
 // until the test ends or r.stop.
 func startReplica(t *testing.T, k *cluster, target types.NamespacedName, o Options) *replica {
 	t.Helper()
-	r := &replica{g: &countingGateway{Host: host.New(host.Core{Logger: quiet})}, logs: &logtest.Buffer{}, stopped: make(chan struct{})}
+	r := &replica{g: &countingGateway{Host: host.New(host.CoreOptions{Logger: quiet})}, logs: &logtest.Buffer{}, stopped: make(chan struct{})}
 	t.Cleanup(r.g.Close)
 	srv := httptest.NewServer(gateway.New(r.g.Router(), gateway.Options{Logger: quiet}))
 	t.Cleanup(srv.Close)

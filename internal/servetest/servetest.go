@@ -39,7 +39,7 @@ type Server struct {
 }
 
 // Start serves cfg until the test ends.
-func Start(t testing.TB, cfg *v1alpha1.InferenceGatewayConfig, core host.Core, gw gateway.Options) *Server {
+func Start(t testing.TB, cfg *v1alpha1.InferenceGatewayConfig, core host.CoreOptions, gw gateway.Options) *Server {
 	t.Helper()
 	if core.Logger == nil {
 		core.Logger = gw.Logger
