@@ -133,5 +133,8 @@ func (c Config) Models(id *auth.Identity) []openai.Model {
 // Route picks an endpoint for a request under this configuration and
 // reserves it (Router.Route).
 func (c Config) Route(ctx context.Context, req Request) (*Route, *proxy.Refusal) {
+	if c.g == nil {
+		return nil, proxy.NoConfiguration() // the zero Config: no router to count it
+	}
 	return c.g.route(ctx, c.rt, req)
 }

@@ -115,3 +115,18 @@ func TestConfigHoldsThroughReloads(t *testing.T) {
 		t.Errorf("a new request reads the old configuration: MaxBody %d", now.MaxBody())
 	}
 }
+
+// TestZeroConfig: a Config no router handed out refuses, as before any
+// configuration, and does not panic.
+func TestZeroConfig(t *testing.T) {
+	var c Config
+	if c.Configured() || c.MaxBody() != 0 || c.WantsUser() || c.AuthEnabled() || len(c.Models(nil)) != 0 {
+		t.Error("the zero Config reads as configured")
+	}
+	if id, ref := c.Authenticate(http.Header{}); id != nil || ref != nil {
+		t.Errorf("Authenticate: %v, %v", id, ref)
+	}
+	if rt, ref := c.Route(context.Background(), Request{Model: llama}); rt != nil || ref == nil || ref.Status != http.StatusServiceUnavailable {
+		t.Errorf("Route: %v, %v; want 503", rt, ref)
+	}
+}
