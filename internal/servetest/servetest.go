@@ -7,6 +7,7 @@ import (
 	"context"
 	"net/http/httptest"
 	"testing"
+	"time"
 
 	"github.com/kvgate/kvgate/api/v1alpha1"
 	"github.com/kvgate/kvgate/internal/gateway"
@@ -67,6 +68,10 @@ type Serving struct {
 	err  error
 }
 
+// startTimeout bounds the wait for kvgate serve's listeners; a start takes
+// milliseconds, a Kubernetes source's first sync a few seconds.
+const startTimeout = 30 * time.Second
+
 // Serve runs kvgate serve (Run; o.Ready is its own) until Stop or the end of
 // the test, and returns once the listeners accept. Run failing fails the test.
 func Serve(t testing.TB, o host.Options, gw gateway.Options) *Serving {
@@ -84,6 +89,10 @@ func Serve(t testing.TB, o host.Options, gw gateway.Options) *Serving {
 	case <-s.done:
 		stop()
 		t.Fatalf("kvgate serve did not start: %v", s.err)
+	case <-time.After(startTimeout):
+		stop()
+		<-s.done
+		t.Fatalf("kvgate serve did not start in %v", startTimeout)
 	}
 	t.Cleanup(func() {
 		s.Stop()
