@@ -271,7 +271,8 @@ func (g GatewaySpec) UnhealthyAfter() int {
 func (w Weights) ByName() map[ScorerName]*int32 {
 	return map[ScorerName]*int32{ScorerQueue: w.Queue, ScorerKVCache: w.KVCache, ScorerPrefix: w.Prefix,
 		ScorerLoRAAffinity: w.LoRAAffinity, ScorerRunningRequests: w.RunningRequests, ScorerPrefillQueue: w.PrefillQueue,
-		ScorerErrorRate: w.ErrorRate, ScorerPredictedLatency: w.PredictedLatency, ScorerSessionAffinity: w.SessionAffinity}
+		ScorerErrorRate: w.ErrorRate, ScorerPredictedLatency: w.PredictedLatency, ScorerSessionAffinity: w.SessionAffinity,
+		ScorerTokenLoad: w.TokenLoad, ScorerKVCost: w.KVCost}
 }
 
 // Outliers is the outlier detection in force: failures in a row that eject an

@@ -20,6 +20,8 @@ const (
 	ScorerErrorRate        ScorerName = "errorRate"
 	ScorerPredictedLatency ScorerName = "predictedLatency"
 	ScorerSessionAffinity  ScorerName = "sessionAffinity"
+	ScorerTokenLoad        ScorerName = "tokenLoad"
+	ScorerKVCost           ScorerName = "kvCost"
 )
 
 // ProfileName names a built-in set of weights (SchedulerSpec.Profile).
@@ -33,4 +35,8 @@ const (
 	ProfileChat       ProfileName = "chat"
 	ProfileBatch      ProfileName = "batch"
 	ProfileGIEDefault ProfileName = "gie-default"
+	// ProfileLLMDSticky and ProfileDynamoKV reproduce two other routers'
+	// defaults, for comparison: llm-d's and Dynamo's.
+	ProfileLLMDSticky ProfileName = "llm-d-sticky"
+	ProfileDynamoKV   ProfileName = "dynamo-kv"
 )

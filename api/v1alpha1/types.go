@@ -340,8 +340,10 @@ type SchedulerSpec struct {
 	// +kubebuilder:validation:Enum=kvgate;least-request;round-robin;random;power-of-two
 	// +optional
 	Picker string `json:"picker,omitempty"`
-	// Profile names built-in weights: kvgate (the default), chat, batch or gie-default.
-	// +kubebuilder:validation:Enum=kvgate;chat;batch;gie-default
+	// Profile names built-in weights: kvgate (the default), chat, batch or
+	// gie-default; llm-d-sticky and dynamo-kv reproduce llm-d's and Dynamo's
+	// default routing, for comparison.
+	// +kubebuilder:validation:Enum=kvgate;chat;batch;gie-default;llm-d-sticky;dynamo-kv
 	// +optional
 	Profile string `json:"profile,omitempty"`
 	// Weights of the scorers; set fields override the profile's.
@@ -536,6 +538,16 @@ type Weights struct {
 	// +kubebuilder:validation:Minimum=0
 	// +kubebuilder:validation:Maximum=2147483647
 	SessionAffinity *int32 `json:"sessionAffinity,omitempty"`
+	// TokenLoad weighs the uncached prompt tokens awaiting their first token
+	// at an endpoint, this request's included (llm-d's token-load scorer).
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=2147483647
+	TokenLoad *int32 `json:"tokenLoad,omitempty"`
+	// KVCost weighs Dynamo's KV-router cost: the prefill blocks still to
+	// compute at an endpoint plus its active KV blocks.
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=2147483647
+	KVCost *int32 `json:"kvCost,omitempty"`
 }
 
 // SessionAffinitySpec says where a request's session key comes from.

@@ -110,8 +110,9 @@ var hostPort = regexp.MustCompile(HostPortPattern)
 
 // Known names for the enumerated fields.
 var (
-	Pickers     = []string{"kvgate", "least-request", "round-robin", "random", "power-of-two"}
-	Profiles    = []string{string(ProfileKvgate), string(ProfileChat), string(ProfileBatch), string(ProfileGIEDefault)}
+	Pickers  = []string{"kvgate", "least-request", "round-robin", "random", "power-of-two"}
+	Profiles = []string{string(ProfileKvgate), string(ProfileChat), string(ProfileBatch), string(ProfileGIEDefault),
+		string(ProfileLLMDSticky), string(ProfileDynamoKV)}
 	EngineTypes = []string{"vllm", "sglang", "trtllm", "triton", "tgi", "llamacpp", EngineCustom}
 )
 

@@ -31,11 +31,13 @@ import (
 
 // Policies are the routing policies a benchmark compares: the baselines users
 // would otherwise run (pickers a gateway offers, then what a fleet gets without
-// one: a Kubernetes Service and static weights), GIE's default weights,
-// kvgate's profiles (ProfileKvgate is the profile a scheduler gets when it
-// names none), and the oracle, a reference. PolicyDescriptions says what each does.
+// one: a Kubernetes Service and static weights), GIE's default weights, llm-d's
+// and Dynamo's default rules, kvgate's profiles (ProfileKvgate is the profile a
+// scheduler gets when it names none), and the oracle, a reference.
+// PolicyDescriptions says what each does.
 var Policies = []string{"round-robin", "least-request", "random", "power-of-two",
-	KubeProxy, KubeProxyIPVS, WeightedRoundRobin, string(v1alpha1.ProfileGIEDefault), string(v1alpha1.ProfileKvgate), string(v1alpha1.ProfileChat),
+	KubeProxy, KubeProxyIPVS, WeightedRoundRobin, string(v1alpha1.ProfileGIEDefault), string(v1alpha1.ProfileLLMDSticky),
+	string(v1alpha1.ProfileDynamoKV), string(v1alpha1.ProfileKvgate), string(v1alpha1.ProfileChat),
 	string(v1alpha1.ProfileBatch), ChatFixedSpeed, PredictedLatency, Oracle}
 
 // SimOptions configure one virtual-time run.

@@ -53,6 +53,12 @@ var scorers = [...]ScorerSpec{
 		Description: "shortest time to first token predicted from the endpoint's learned speed"},
 	{Name: v1alpha1.ScorerSessionAffinity, New: func(Profile) Scorer { return SessionAffinity{} },
 		Description: "the endpoint that served the request's session, within its share of the load"},
+	// The peers' scorers read the prefix match for the request's uncached
+	// tokens.
+	{Name: v1alpha1.ScorerTokenLoad, New: func(Profile) Scorer { return TokenLoad{} }, Prefix: true,
+		Description: "fewest uncached prompt tokens awaiting their first token, this request's included (llm-d's token-load)"},
+	{Name: v1alpha1.ScorerKVCost, New: func(Profile) Scorer { return KVCost{} }, Prefix: true,
+		Description: "lowest prefill blocks still to compute plus active KV blocks (Dynamo's KV-router cost)"},
 }
 
 // Scorers returns the registered scorers, in the order the picker runs them.
@@ -95,6 +101,7 @@ const (
 	FilterFreshness  FilterName = "freshness"
 	FilterSaturation FilterName = "saturation"
 	FilterAdapter    FilterName = "adapterCapacity"
+	FilterAffinity   FilterName = "prefixAffinity"
 )
 
 // FilterSpec describes a filter. Each keeps what it accepts of the endpoints
@@ -113,6 +120,8 @@ var filters = [...]FilterSpec{
 		keep: (*Weighted).unsaturated},
 	{Name: FilterAdapter, Description: "for an adapter's request, drops endpoints that can neither run nor load it",
 		keep: (*Weighted).adapterRoom},
+	{Name: FilterAffinity, Description: "with the profile's affinity gate, keeps the cache-warm endpoints unless they are loaded past the gate",
+		keep: (*Weighted).prefixAffinity},
 }
 
 // Filters returns the registered filters, in the order the picker applies
@@ -147,6 +156,11 @@ var profiles = [...]ProfileSpec{
 	{Name: v1alpha1.ProfileBatch, Profile: Profile{Weights: Weights{v1alpha1.ScorerQueue: 1, v1alpha1.ScorerKVCache: 3, v1alpha1.ScorerPrefix: 3,
 		v1alpha1.ScorerErrorRate: 4}, QueueSpread: 8},
 		Description: "kvgate's batch profile: KV cache, queue and prefix affinity, error rate"},
+	{Name: v1alpha1.ProfileLLMDSticky, Profile: Profile{Weights: Weights{v1alpha1.ScorerTokenLoad: 1}, Affinity: LLMDAffinity, SkipSaturation: true},
+		Description: "llm-d's default (sticky until saturated): cache-warm endpoints (prefix ≥ 0.8) until their queued prefill " +
+			"outlasts the others' by 18 s at 15,928 tokens/s, then fewest uncached prompt tokens in flight"},
+	{Name: v1alpha1.ProfileDynamoKV, Profile: Profile{Weights: Weights{v1alpha1.ScorerKVCost: 1}, SkipSaturation: true},
+		Description: "Dynamo's KV router (temperature 0): lowest prefill blocks still to compute plus active KV blocks"},
 }
 
 // Profiles returns the built-in profiles, ProfileKvgate first as the default's

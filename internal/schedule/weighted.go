@@ -25,11 +25,18 @@ type Profile struct {
 	QueueSpread, RunningSpread float64
 	// PrefillSpread is the prefillQueue scorer's spread, in tokens.
 	PrefillSpread float64
+	// Affinity is the prefixAffinity filter's gate (llm-d's); the zero
+	// value filters nothing.
+	Affinity Affinity
+	// SkipSaturation leaves out the saturation filter: a profile that
+	// reproduces another router whose default has none.
+	SkipSaturation bool
 }
 
 // Equal reports whether two profiles score alike (a missing weight is 0).
 func (p Profile) Equal(o Profile) bool {
-	if p.QueueSpread != o.QueueSpread || p.RunningSpread != o.RunningSpread || p.PrefillSpread != o.PrefillSpread {
+	if p.QueueSpread != o.QueueSpread || p.RunningSpread != o.RunningSpread || p.PrefillSpread != o.PrefillSpread ||
+		p.Affinity != o.Affinity || p.SkipSaturation != o.SkipSaturation {
 		return false
 	}
 	for k, v := range p.Weights {
@@ -98,6 +105,9 @@ type Weighted struct {
 	weights    []float64 // aligned with scorers
 	slots      []int     // each scorer's index in Scores
 	thresholds Thresholds
+	affinity   Affinity
+	// saturates: the saturation filter applies (Profile.SkipSaturation).
+	saturates bool
 	// failing, when the errorRate scorer runs, is the failure share above the
 	// best candidate's that keeps an endpoint from counting as unsaturated.
 	failing float64
@@ -134,7 +144,7 @@ func NewWeighted(pr Profile, t Thresholds, seed uint64) *Weighted {
 		t.KVUsage = 0.8
 	}
 	w := pr.Weights
-	p := &Weighted{thresholds: t, rng: newLockedRand(seed)}
+	p := &Weighted{thresholds: t, affinity: pr.Affinity, saturates: !pr.SkipSaturation, rng: newLockedRand(seed)}
 	for i, s := range scorers {
 		if w[s.Name] > 0 {
 			p.scorers = append(p.scorers, s.New(pr))
@@ -335,6 +345,9 @@ func (*Weighted) fresh(_ Request, eps []Endpoint) []Endpoint {
 // unsaturated keeps the endpoints under the queue and KV-cache thresholds and,
 // when errorRate runs, not failing much more than the best.
 func (p *Weighted) unsaturated(req Request, eps []Endpoint) []Endpoint {
+	if !p.saturates {
+		return eps
+	}
 	// A failing endpoint is no refuge from saturation: were it the only one
 	// left unsaturated (its broken requests free it early), the filter would
 	// hand it every request whatever its score.
