@@ -130,7 +130,7 @@ func (g *Router) choose(ctx context.Context, p *scheduler, req schedule.Request,
 		woken := g.freed.wait()
 		// A request lets the more important ones waiting for an endpoint take
 		// it first.
-		all := p.snapshot(g.fleet, g.prefix, hashes, limit, a.subset, sessionAddr, g.now(), sc)
+		all := p.snapshot(g.fleet, g.prefix, hashes, req.Adapter, limit, a.subset, sessionAddr, g.now(), sc)
 		if cands := g.waiting.usable(p, all, a.priority); len(cands) > 0 {
 			if a.slo > 0 && !sloChecked {
 				sloChecked = true

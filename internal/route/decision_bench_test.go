@@ -64,7 +64,7 @@ func benchDecision(b *testing.B, n int, profile *schedule.Profile) {
 	for b.Loop() {
 		t0 := time.Now()
 		hashes = prefix.Hashes(hashes[:0], prompt, p.prefix.blockChars, p.prefix.maxBlocks, seed)
-		d := p.picker.Pick(req, p.snapshot(fl, idx, hashes, slots{}, nil, "", time.Now(), sc))
+		d := p.picker.Pick(req, p.snapshot(fl, idx, hashes, "", slots{}, nil, "", time.Now(), sc))
 		if len(d.Ranked) == 0 || func() bool { v, _ := d.Ranked[0].Scores.Get("prefix"); return v != 1 }() {
 			b.Fatalf("the prefix holders did not win: %+v", d.Ranked[0])
 		}

@@ -215,6 +215,7 @@ func (g *Router) route(ctx context.Context, rt *routes, req Request) (*Route, *p
 		r.loads = schedule.AdapterLoads(schedule.Request{Adapter: adapterOf(p, req.Model)}, c)
 	}
 	r.ticket = g.fleet.Dispatched(d.first.addr, r.promptTokens, r.own)
+	d.first.adapters.sent(adapterOf(p, req.Model))
 	g.touch()
 	if req.Trace {
 		r.decision = traced(d)
@@ -326,6 +327,7 @@ func (r *Route) move(addr string, limit slots) bool {
 		r.p.sessions.put(r.session, addr, r.sentAt)
 	}
 	r.ticket = r.g.fleet.Dispatched(addr, r.promptTokens, r.own)
+	ep.adapters.sent(adapterOf(r.p, r.model))
 	r.g.touch()
 	if len(r.hashes) > 0 {
 		capacity := r.p.prefix.capacity

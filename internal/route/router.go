@@ -194,6 +194,8 @@ type endpoint struct {
 	out      outlier
 	// speed learns how fast the endpoint answers (predictedLatency).
 	speed latency.Tracker
+	// adapters are the LoRA adapters last sent there.
+	adapters recentAdapters
 	// peers counts the requests other replicas have in flight at its address,
 	// as they last reported; admittedAt is when this replica last took a
 	// slot there (Unix nanoseconds), for borrowWindow.
@@ -618,7 +620,8 @@ type snapshotScratch struct {
 var snapshotPool = sync.Pool{New: func() any { return new(snapshotScratch) }}
 
 // snapshot lists a scheduler's endpoints below limit for the picker, with their
-// scraped metrics and, for a prompt's block hashes, their prefix affinity. The
+// scraped metrics and, for a prompt's block hashes and its adapter, their
+// prefix and adapter affinity. The
 // list lives in sc. A non-nil subset keeps only the endpoints it names.
 //
 // An endpoint the fleet knows is down — scraped once, then its scrapes getting
@@ -627,7 +630,7 @@ var snapshotPool = sync.Pool{New: func() any { return new(snapshotScratch) }}
 // for a timeout. One whose /metrics answers an error may still serve, and
 // stays; so does one never scraped (just started, or publishing no metrics),
 // read as unhealthy: picked only when nothing else is left.
-func (p *scheduler) snapshot(fl *fleet.Fleet, idx *prefix.Index, hashes []uint64, limit slots, subset []string, session string, now time.Time, sc *snapshotScratch) []schedule.Endpoint {
+func (p *scheduler) snapshot(fl *fleet.Fleet, idx *prefix.Index, hashes []uint64, adapter string, limit slots, subset []string, session string, now time.Time, sc *snapshotScratch) []schedule.Endpoint {
 	addrs, refs := sc.addrs[:0], sc.refs[:0]
 	prior := p.poolSpeed()
 	for _, e := range p.endpoints {
@@ -659,6 +662,10 @@ func (p *scheduler) snapshot(fl *fleet.Fleet, idx *prefix.Index, hashes []uint64
 		out = append(out, schedule.Endpoint{Address: e.addr, InFlight: n,
 			Signals: schedule.Signals{Metrics: s.Metrics, HasMetrics: s.Scraped, Healthy: healthy, Stale: s.Stale, PrefillTokens: float64(s.PrefillTokens), PrefillWork: float64(s.PrefillWork),
 				ErrorRate: e.errorRate(now), Speed: e.speed.Speed(prior), Session: session != "" && e.addr == session}})
+		if adapter != "" && s.HasLoRA {
+			c := &out[len(out)-1]
+			c.AdapterLoaded, c.AdaptersHeld = e.adapters.held(adapter, s.MaxLoRA)
+		}
 		addrs[kept], refs[kept] = e.addr, e
 		kept++
 	}

@@ -36,6 +36,12 @@ type Signals struct {
 	// Session says the endpoint served the request's session last
 	// (sessionAffinity).
 	Session bool
+	// AdapterLoaded says the request's LoRA adapter is among the last
+	// MaxLoRA distinct adapters this gateway sent there: loaded, even when
+	// idle and so absent from the server's metrics. AdaptersHeld counts those
+	// adapters, up to MaxLoRA.
+	AdapterLoaded bool
+	AdaptersHeld  int
 }
 
 // Scorer scores every candidate in [0,1], higher is better, into out (as long as
@@ -128,9 +134,9 @@ func (r RunningRequests) Score(_ Request, eps []Endpoint, out []float64) {
 	minMaxLow(out, r.Spread)
 }
 
-// LoRAAffinity scores where a request's adapter is: resident (running) 1.0, a free
-// slot to load it 0.8, queued for it 0.6, else 0. A base-model request scores 1
-// everywhere.
+// LoRAAffinity scores where a request's adapter is: resident (running, or
+// loaded by a recent request of this gateway) 1.0, a free slot to load it 0.8,
+// queued for it 0.6, else 0. A base-model request scores 1 everywhere.
 type LoRAAffinity struct{}
 
 var _ Scorer = LoRAAffinity{}
@@ -155,9 +161,9 @@ func (LoRAAffinity) Score(req Request, eps []Endpoint, out []float64) {
 		switch {
 		case req.Adapter == "":
 			out[i] = 1
-		case slices.Contains(e.RunningAdapters, req.Adapter):
+		case e.AdapterLoaded || slices.Contains(e.RunningAdapters, req.Adapter):
 			out[i] = 1
-		case e.HasLoRA && len(e.RunningAdapters)+len(e.WaitingAdapters) < e.MaxLoRA:
+		case e.HasLoRA && max(len(e.RunningAdapters)+len(e.WaitingAdapters), e.AdaptersHeld) < e.MaxLoRA:
 			out[i] = 0.8
 		case slices.Contains(e.WaitingAdapters, req.Adapter):
 			out[i] = 0.6
@@ -294,7 +300,7 @@ func PredictTTFT(req Request, e *Endpoint) float64 {
 // AdapterLoads is 1 when the request's adapter would have to be loaded at e
 // (e publishes its adapters and is not running this one), else 0.
 func AdapterLoads(req Request, e *Endpoint) float64 {
-	if req.Adapter == "" || !e.HasLoRA || slices.Contains(e.RunningAdapters, req.Adapter) {
+	if req.Adapter == "" || !e.HasLoRA || e.AdapterLoaded || slices.Contains(e.RunningAdapters, req.Adapter) {
 		return 0
 	}
 	return 1

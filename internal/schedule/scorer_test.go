@@ -42,6 +42,13 @@ func TestScorers(t *testing.T) {
 			ep("c", lora(2, []string{"y"}, []string{"x"})),
 			ep("d", lora(1, []string{"y"}, nil)),
 		}, []float64{1, 0.8, 0.6, 0}},
+		// Loaded but idle: only this gateway's recent requests say where it is,
+		// and a slot its recent adapters fill is no free slot.
+		{"lora loaded but idle, slots held", LoRAAffinity{}, Request{Adapter: "x"}, []Endpoint{
+			loaded(ep("a", lora(2, nil, nil)), true, 2),
+			loaded(ep("b", lora(2, nil, nil)), false, 2),
+			loaded(ep("c", lora(2, nil, nil)), false, 1),
+		}, []float64{1, 0, 0.8}},
 		{"lora base model", LoRAAffinity{}, Request{}, []Endpoint{ep("a", lora(1, []string{"y"}, nil))}, []float64{1}},
 		{"prefix", Prefix{}, Request{}, []Endpoint{{Address: "a", Signals: Signals{PrefixMatch: 0.5}}, {Address: "b", Signals: Signals{PrefixMatch: 2}}}, []float64{0.5, 1}},
 		{"empty", Queue{}, Request{}, nil, []float64{}},
@@ -239,4 +246,10 @@ func TestMissingSignalsSitOut(t *testing.T) {
 			}
 		})
 	}
+}
+
+// loaded marks e's adapter affinity as the gateway's recent requests give it.
+func loaded(e Endpoint, held bool, n int) Endpoint {
+	e.AdapterLoaded, e.AdaptersHeld = held, n
+	return e
 }
