@@ -189,7 +189,7 @@ func simulate(ctx context.Context, opts SimOptions, trace workload.Trace) (simOu
 	f.OnFirstToken = func(i int, s *sim.Seq) {
 		r.now = s.FirstToken
 		if rt := r.routes[s.Req.Tag]; rt != nil {
-			rt.FirstByte(true)
+			rt.FirstByte(http.StatusOK, true)
 		}
 		r.event(simEvent{kind: "first", tag: int(s.Req.Tag)})
 	}
@@ -353,6 +353,9 @@ func (r *simRun) route(ctx context.Context, a sim.Arrival) int {
 		return -1
 	}
 	r.routes[tag] = rt
+	// The engine has the whole request as it is dispatched: its time to
+	// first token runs from here, as serve's runs from the body's last byte.
+	rt.Sent(rt.Endpoints[0])
 	r.dispatched(tag, i)
 	return i
 }

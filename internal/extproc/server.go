@@ -366,7 +366,14 @@ func (x *exchange) requestBody(b *extprocv3.HttpBody) error {
 		return fmt.Errorf("%w: request body before its headers", errProtocol)
 	}
 	if !duplex(x.requestBodyMode) {
-		return x.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{RequestBody: &extprocv3.BodyResponse{}}})
+		if err := x.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{RequestBody: &extprocv3.BodyResponse{}}}); err != nil {
+			return err
+		}
+		if b.GetEndOfStream() {
+			x.reqEOS = true
+			x.sent()
+		}
+		return nil
 	}
 	if x.reqEOS {
 		// Envoy 1.35+ may send the last chunk of a large body twice: a second
@@ -404,9 +411,22 @@ func (x *exchange) echoRequest(p []byte, eos bool) error {
 	return nil
 }
 
+// sent tells the route, once the request's end went back to Envoy, that the
+// endpoint is about to have all of it: its time to first token runs from
+// here, the closest this processor sees to the endpoint's own start (Envoy
+// forwards the body; a client that uploads slowly must not make the endpoint
+// look slow). A body this processor does not see the end of (body mode NONE)
+// is never Sent, and teaches the endpoint's speed nothing.
+func (x *exchange) sent() {
+	if x.route != nil && x.reqEOS && len(x.route.Endpoints) > 0 {
+		x.route.Sent(x.route.Endpoints[0])
+	}
+}
+
 // bodySent records, once the body's end went back to the proxy, how long the
 // processor held it.
 func (x *exchange) bodySent() {
+	x.sent()
 	if !x.reqEOS || x.eosAt.IsZero() {
 		return
 	}
@@ -431,7 +451,11 @@ func (x *exchange) requestTrailers() error {
 			return err
 		}
 	}
-	return x.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestTrailers{RequestTrailers: &extprocv3.TrailersResponse{}}})
+	if err := x.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestTrailers{RequestTrailers: &extprocv3.TrailersResponse{}}}); err != nil {
+		return err
+	}
+	x.sent()
+	return nil
 }
 
 // scanAndDecide reads the body, from its first chunk on, only as far as the
@@ -533,7 +557,7 @@ func (x *exchange) decide(model string, prompt []byte) error {
 	}
 	rt, rerr := x.cfg.Route(x.ctx, route.Request{RequestID: x.rid, Model: model, Prompt: prompt, BodyBytes: size, Subset: x.subset, Start: x.start,
 		Objective: x.headers[objectiveHeader], User: x.user, Header: func(name string) string { return x.headers[strings.ToLower(name)] },
-		Identity: x.identity, Trace: x.keepDecision()})
+		Identity: x.identity, Trace: x.keepDecision(), BodyPending: !x.reqEOS})
 	if rerr != nil {
 		if x.ctx.Err() != nil {
 			return x.ctx.Err()
@@ -551,7 +575,11 @@ func (x *exchange) decide(model string, prompt []byte) error {
 	if err != nil {
 		return err
 	}
-	return x.answerHeaders(set, nil, md)
+	if err := x.answerHeaders(set, nil, md); err != nil {
+		return err
+	}
+	x.sent() // a request without a body is all there once its headers go
+	return nil
 }
 
 // answerHeaders sends the request headers response: the given headers set, the
@@ -669,7 +697,7 @@ func (x *exchange) responseBody(b *extprocv3.HttpBody) error {
 	p, eos := b.GetBody(), b.GetEndOfStream()
 	if x.route != nil {
 		if len(p) > 0 {
-			x.route.FirstByte(x.streamed)
+			x.route.FirstByte(x.status, x.streamed)
 			x.usage.Feed(p)
 		}
 	}

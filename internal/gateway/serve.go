@@ -131,7 +131,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// Admission and the pick, which reserves the chosen endpoint's slot.
 	rt, ref := cfg.Route(r.Context(), route.Request{RequestID: rid, Model: model, Prompt: prompt, BodyBytes: size, Start: start,
 		Objective: r.Header.Get(proxy.ObjectiveHeader), Explain: r.Header.Get("X-Kvgate-Explain") == "1", Header: r.Header.Get, User: user,
-		Identity: id, Trace: routing(tr, model, id)})
+		Identity: id, Trace: routing(tr, model, id), BodyPending: r.ContentLength != headLen})
 	if ref != nil {
 		ref.Write(w) // counted by Route
 		return
@@ -189,6 +189,7 @@ func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Re
 	tr := g.traceOf(ctx)
 	routed(tr, rt)
 	retry := "" // why the last attempt failed, counted when the next one starts
+	status := 0 // the committed answer's
 	res := proxy.Forward(w, &proxy.Job{Targets: targets, Transport: rt.Transport(), Body: body, Request: r, Ctx: ctx,
 		RequestID: rid, Policy: proxy.HeaderPolicy{Tier: proxy.Tier1, StripCredentials: authenticated}, RetryStatus: retryStatus, MidStreamMessage: "the model server failed mid-response",
 		WaitFirstByte: true, FirstByteTimeout: rt.FirstByteTimeout, IdleTimeout: rt.StreamIdleTimeout, WriteTimeout: rt.ClientWriteTimeout,
@@ -224,7 +225,8 @@ func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Re
 			}
 			g.log.Warn("endpoint failed before its first byte; trying the next", "request_id", rid, "endpoint", e.Target, "err", e.Err)
 		},
-		OnCommit: func(_, _ int, h http.Header) {
+		OnCommit: func(_, st int, h http.Header) {
+			status = st
 			if rt.Expose {
 				h.Set("X-Kvgate-Endpoint", rt.Served())
 			}
@@ -233,9 +235,12 @@ func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Re
 				h.Set("X-Kvgate-Scores", rt.Scores)
 			}
 		},
-		OnFirstByte: func(i int, sse bool) { rt.FirstByte(sse); tr.FirstByte(i) },
-		Replace:     func(status int) *proxy.Refusal { return serverError(status, rid) },
-		OnAttempt:   attempting(tr, targets),
+		OnFirstByte: func(i int, sse bool) { rt.FirstByte(status, sse); tr.FirstByte(i) },
+		// The endpoint's time to first token runs from when it had the whole
+		// request: a client that uploads slowly does not make it look slow.
+		OnSent:    func(i int) { rt.Sent(rt.Endpoints[i]) },
+		Replace:   func(status int) *proxy.Refusal { return serverError(status, rid) },
+		OnAttempt: attempting(tr, targets),
 	})
 	forwarded(tr, rt, &res)
 	if !res.Committed {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptrace"
 	"net/url"
 	"strconv"
 	"strings"
@@ -108,6 +109,13 @@ type Job struct {
 	// OnFirstByte runs when the answer's first bytes are read, before they
 	// are written.
 	OnFirstByte func(i int, sse bool)
+	// OnSent runs once the request to target i was written whole, its body's
+	// last byte included (httptrace's WroteRequest): the moment the target
+	// has all of it, from which its time to first token is its own. It may
+	// run on the transport's goroutine, concurrently with the other hooks of
+	// attempt i, but never once attempt i is over (the next target tried, or
+	// Forward returned); it does not run for a request whose write failed.
+	OnSent func(i int)
 	// Replace, when set, may return the caller's own error to send instead of
 	// the answer chosen (a model server's 5xx, whose body may carry its
 	// stack, addresses or a sidecar's wording); nil relays it. The answer's
@@ -335,7 +343,17 @@ type answer struct {
 // attempt sends the request to target t and waits for its headers, and for
 // its first bytes with WaitFirstByte; a Watch that gives up first fails it.
 func (j *Job) attempt(ctx context.Context, t Target, i int, body io.ReadCloser, buf []byte) (answer, error) {
-	actx, cancel := context.WithCancel(ctx)
+	actx, stop := context.WithCancel(ctx)
+	cancel := stop
+	if j.OnSent != nil {
+		s := &sentOnce{}
+		actx = httptrace.WithClientTrace(actx, &httptrace.ClientTrace{WroteRequest: func(w httptrace.WroteRequestInfo) {
+			if w.Err == nil {
+				s.run(func() { j.OnSent(i) })
+			}
+		}})
+		cancel = func() { s.close(); stop() }
+	}
 	out := j.request(actx, t, body)
 	if j.OnAttempt != nil {
 		j.OnAttempt(i, out)
@@ -603,6 +621,30 @@ func (j *Job) relay(ctx context.Context, w http.ResponseWriter, i int, a answer,
 	res.Usage.Prompt, res.Usage.Completion, res.Usage.Seen = usage.Usage()
 	res.Usage.Events = usage.Events()
 	return res
+}
+
+// sentOnce runs an attempt's OnSent at most once, and never after the attempt
+// ended (close): the transport writes the body on its own goroutine and may
+// finish after the answer came, or after the attempt was given up on.
+type sentOnce struct {
+	mu          sync.Mutex
+	done, ended bool
+}
+
+func (s *sentOnce) run(f func()) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.done || s.ended {
+		return
+	}
+	s.done = true
+	f()
+}
+
+func (s *sentOnce) close() {
+	s.mu.Lock()
+	s.ended = true
+	s.mu.Unlock()
 }
 
 // verdict settles the race between an answer and a Watch giving up on it: the

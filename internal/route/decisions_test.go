@@ -176,7 +176,7 @@ func TestDecisionsThroughRoute(t *testing.T) {
 		mu.Lock()
 		now = now.Add(decisionEvery)
 		mu.Unlock()
-		r.FirstByte(true)
+		r.FirstByte(200, true)
 		r.Finish(Outcome{Status: 200})
 		served[r.Served()]++
 	}

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/kvgate/kvgate/internal/auth"
@@ -17,7 +18,7 @@ import (
 // This file is the routing core as a front calls it: Route for a pick, then,
 // as the response goes, Retry (a front trying the next endpoint itself) or
 // Serve (a data plane reporting where it sent the request, as Envoy does),
-// FirstByte and Finish.
+// Sent, FirstByte and Finish.
 
 // Request is what a pick needs.
 type Request struct {
@@ -50,6 +51,11 @@ type Request struct {
 	Identity *auth.Identity
 	// Trace keeps the decision for the request's span (Route.Decision).
 	Trace bool
+	// BodyPending says the body was still coming from the client when the
+	// request was picked (a front that streams it on): until Sent, the
+	// endpoint has none of its prefill to do, and its work is not counted
+	// ahead of other requests there.
+	BodyPending bool
 }
 
 // Route is one request's pick, held from the decision to the end of the response.
@@ -87,10 +93,14 @@ type Route struct {
 	finished     bool
 	limit        slots
 	session      string
-	// What the served endpoint's speed is learned from: when the request
-	// was sent there, the prefill work ahead of it with its own, the batch
-	// it joined, and when its first byte came.
+	// What the served endpoint's speed is learned from: when the request's
+	// last byte went there (Sent), the prefill work ahead of it with its
+	// own, the batch it joined, and when its first byte came. sentAt, ticket
+	// and dispatched are guarded by mu: Sent may run on the transport's
+	// goroutine while the front reads the answer.
+	mu              sync.Mutex
 	sentAt, firstAt time.Time
+	dispatched      bool // the fleet counts the request (ticket)
 	ahead, running  float64
 	loads           float64 // 1: the adapter was not loaded there
 	own             int     // the prompt tokens not expected to be cached
@@ -214,9 +224,13 @@ func (g *Router) route(ctx context.Context, rt *routes, req Request) (*Route, *p
 		r.running = c.Running
 		r.loads = schedule.AdapterLoads(schedule.Request{Adapter: adapterOf(p, req.Model)}, c)
 	}
-	r.ticket = g.fleet.Dispatched(d.first.addr, r.promptTokens, r.own)
 	d.first.adapters.sent(adapterOf(p, req.Model))
-	g.touch()
+	if !req.BodyPending {
+		r.dispatch()
+	}
+	// Else counted once its body is all there (Sent): an upload that takes a
+	// minute is no work ahead of others at the endpoint meanwhile, and
+	// counting it would send them elsewhere for that minute.
 	if req.Trace {
 		r.decision = traced(d)
 	}
@@ -270,12 +284,41 @@ func (g *Router) route(ctx context.Context, rt *routes, req Request) (*Route, *p
 			r.hashes = slices.Clone(d.hashes) // for a fallback the data plane may use
 		}
 	}
-	r.sentAt = g.now()
 	r.session = session
 	if p.sessions != nil {
-		p.sessions.put(session, d.first.addr, r.sentAt)
+		p.sessions.put(session, d.first.addr, g.now())
 	}
 	return r, nil
+}
+
+// dispatch counts the request at the served endpoint in the fleet's
+// accounting; r.mu is held, or the Route is not shared yet.
+func (r *Route) dispatch() {
+	r.ticket = r.g.fleet.Dispatched(r.served.addr, r.promptTokens, r.own)
+	r.dispatched = true
+	r.g.touch()
+}
+
+// Sent records that the request's last byte was written to addr, the endpoint
+// it is served by: the endpoint has all of it now, and its time to first
+// token, which teaches its speed, is timed from here — not from the pick,
+// which a slow client or a slow network before the gateway would make late
+// by the time the body took to arrive. A request never Sent teaches nothing.
+// kvgate serve calls it as the write completes (httptrace's WroteRequest),
+// the Envoy front as the body's end goes back to the data plane, the
+// virtual-time bench as it dispatches. It is safe to call concurrently with
+// FirstByte, but not once the attempt at addr is over (Retry, Serve,
+// Finish). Later calls, and calls for another address, do nothing.
+func (r *Route) Sent(addr string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.finished || r.firstByte || addr != r.served.addr || !r.sentAt.IsZero() {
+		return
+	}
+	r.sentAt = r.g.now()
+	if !r.dispatched {
+		r.dispatch()
+	}
 }
 
 // adapterOf is the adapter a model name asks p for, "" for its base model.
@@ -296,7 +339,9 @@ func (r *Route) Serve(addr string) {
 		// The data plane reports it when the answer began: when the request
 		// went there and what was ahead of it then are not known, so its
 		// answer teaches the endpoint's speed nothing.
+		r.mu.Lock()
 		r.sentAt = time.Time{}
+		r.mu.Unlock()
 	}
 }
 
@@ -321,14 +366,18 @@ func (r *Route) move(addr string, limit slots) bool {
 	there := schedule.Endpoint{Address: addr, Signals: schedule.Signals{Metrics: s.Metrics, PrefillWork: float64(s.PrefillWork),
 		Speed: ep.speed.Speed(r.p.poolSpeed())}}
 	r.own = r.promptTokens // what it holds of the prompt there is not known
-	r.ahead, r.running, r.sentAt = schedule.WorkAhead(&there), s.Running, r.g.now()
+	r.ahead, r.running = schedule.WorkAhead(&there), s.Running
 	r.loads = schedule.AdapterLoads(schedule.Request{Adapter: adapterOf(r.p, r.model)}, &there)
 	if r.p.sessions != nil {
-		r.p.sessions.put(r.session, addr, r.sentAt)
+		r.p.sessions.put(r.session, addr, r.g.now())
 	}
-	r.ticket = r.g.fleet.Dispatched(addr, r.promptTokens, r.own)
 	ep.adapters.sent(adapterOf(r.p, r.model))
-	r.g.touch()
+	// A fallback gets the body from the gateway's buffer, whole: counted at
+	// once, and timed from its own Sent.
+	r.mu.Lock()
+	r.sentAt = time.Time{}
+	r.dispatch()
+	r.mu.Unlock()
 	if len(r.hashes) > 0 {
 		capacity := r.p.prefix.capacity
 		if s.Scraped {
@@ -374,24 +423,32 @@ func (r *Route) Transport() http.RoundTripper { return r.p.transport }
 func (r *Route) Model() string { return r.model }
 
 // FirstByte records the first byte of the response body: the prefill is done.
-// streamed says the response is a stream of events (its first byte is the
-// first token's).
-func (r *Route) FirstByte(streamed bool) {
+// status is the response's; streamed says it is a stream of events (its first
+// byte is the first token's).
+func (r *Route) FirstByte(status int, streamed bool) {
 	if r.firstByte || r.finished {
 		return
 	}
-	r.firstByte = true
 	now := r.g.now()
-	r.g.fleet.FirstToken(r.ticket)
-	r.g.touch()
+	r.mu.Lock()
+	r.firstByte = true // under mu: a Sent after it counts nothing
+	sentAt, dispatched, ticket := r.sentAt, r.dispatched, r.ticket
+	r.mu.Unlock()
+	if dispatched {
+		r.g.fleet.FirstToken(ticket)
+		r.g.touch()
+	}
 	r.g.observeTTFT(r.p.name, now.Sub(r.start), streamed)
 	if streamed {
 		r.served.ttftMinute(now, now.Sub(r.start))
 	}
-	// A whole answer's first byte says nothing of its first token.
-	if streamed && !r.sentAt.IsZero() {
+	// A whole answer's first byte says nothing of its first token, nor does
+	// a refusal's (an error status comes before any prefill, or instead of
+	// it): only a stream the endpoint accepted, timed from when it had all
+	// of the request, is what the endpoint did.
+	if streamed && status >= 200 && status < 300 && !sentAt.IsZero() {
 		r.firstAt = now
-		ttft := now.Sub(r.sentAt).Seconds()
+		ttft := now.Sub(sentAt).Seconds()
 		r.served.speed.ObserveTTFT(float64(r.own), r.ahead, r.running, r.loads, ttft, r.p.poolSpeed())
 		r.g.answeredSpeed(peers.Answer{Endpoint: r.served.addr, Own: float64(r.own), Ahead: r.ahead, Running: r.running, Loads: r.loads, Seconds: ttft})
 		r.p.observedAt.Store(now.UnixNano())
@@ -486,7 +543,12 @@ func (r *Route) Finish(o Outcome) {
 
 func (r *Route) release() {
 	r.served.release()
-	r.g.fleet.Completed(r.ticket)
+	r.mu.Lock()
+	if r.dispatched {
+		r.g.fleet.Completed(r.ticket)
+		r.dispatched = false
+	}
+	r.mu.Unlock()
 	r.g.touch()
 	r.g.freed.signal()
 }

@@ -104,6 +104,7 @@ func (p *virtualPool) send(done func()) string {
 	now := p.clk.Now()
 	r := pick(p.t, p.g, Request{Model: llama, BodyBytes: 4 * promptTokens})
 	addr := r.Served()
+	r.Sent(addr)
 	s := p.servers[addr]
 	first := now
 	if s.free.After(first) {
@@ -116,7 +117,7 @@ func (p *virtualPool) send(done func()) string {
 	p.at(first, func() {
 		s.waiting--
 		s.running++
-		r.FirstByte(true)
+		r.FirstByte(200, true)
 	})
 	p.at(first.Add((outputTokens-1)*s.step), func() {
 		s.running--
