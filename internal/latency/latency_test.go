@@ -134,3 +134,48 @@ func TestTTFTGrowsWithWork(t *testing.T) {
 		t.Fatalf("TTFT(1000) %.4f, TTFT(2000) %.4f", a, b)
 	}
 }
+
+// TestPace: like pods read alike however their own fits wander, and a pod of
+// a slower generation reads as slow as its answers are.
+func TestPace(t *testing.T) {
+	pool := Speed{Base: 0.01, PerKToken: 0.05, PerKTokenQueued: 0.02, PerRunning: 0.0002, MeanPrefillTokens: 512}
+	truth := func(slow, own, ahead, running float64) float64 {
+		return slow * (0.01 + 0.05*own/1000 + 0.02*ahead/1000 + 0.0002*running)
+	}
+	tests := []struct {
+		name string
+		slow float64
+	}{
+		{"like the pool", 1},
+		{"ten times slower", 10},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var a, b Tracker
+			rng := rand.New(rand.NewPCG(1, 2))
+			for range 200 {
+				own, ahead, running := 100+rng.Float64()*900, rng.Float64()*4000, rng.Float64()*50
+				// ±30% noise: queueing the features do not capture.
+				noise := func() float64 { return 0.7 + 0.6*rng.Float64() }
+				a.ObserveTTFT(own, ahead, running, 0, truth(tc.slow, own, ahead, running)*noise(), pool)
+				b.ObserveTTFT(own, ahead, running, 0, truth(tc.slow, own, ahead, running)*noise(), pool)
+			}
+			for _, tr := range []*Tracker{&a, &b} {
+				s := tr.Speed(pool)
+				if s.Pace < 0.8*tc.slow || s.Pace > 1.25*tc.slow {
+					t.Errorf("pace %.2f, want about %g", s.Pace, tc.slow)
+				}
+				for _, w := range []struct{ own, ahead, running float64 }{{512, 0, 0}, {512, 8000, 20}} {
+					want := truth(tc.slow, w.own, w.ahead, w.running)
+					if got := s.TTFT(w.own, w.ahead, w.running, 0); got < 0.6*want || got > 1.6*want {
+						t.Errorf("predicts %.4f s for %+v, want about %.4f", got, w, want)
+					}
+				}
+			}
+			pa, pb := a.Speed(pool).TTFT(512, 4000, 20, 0), b.Speed(pool).TTFT(512, 4000, 20, 0)
+			if r := pa / pb; r < 0.8 || r > 1.25 {
+				t.Errorf("two pods alike predict %.4f and %.4f s for the same work", pa, pb)
+			}
+		})
+	}
+}

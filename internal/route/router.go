@@ -160,7 +160,7 @@ func (p *scheduler) refreshPrior(now time.Time) {
 	}
 	speeds := make([]latency.Speed, len(p.endpoints))
 	for i, e := range p.endpoints {
-		speeds[i] = e.speed.Speed(latency.Default)
+		speeds[i] = e.speed.Fit(latency.Default)
 	}
 	m := latency.Median(speeds)
 	p.prior.Store(&m)
