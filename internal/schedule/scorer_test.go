@@ -116,6 +116,15 @@ func TestWeightedPicker(t *testing.T) {
 		{"saturated dropped", Request{}, []Endpoint{
 			ep("full", engine.Metrics{KVUsage: 0.95}), ep("ok", engine.Metrics{Waiting: 4, KVUsage: 0.5}),
 		}, "ok", 1},
+		{"saturated but holding the prompt: kept beside the unsaturated", Request{}, []Endpoint{
+			{Address: "warm", Signals: Signals{Healthy: true, PrefixMatch: 1, Metrics: engine.Metrics{Waiting: 6, KVUsage: 0.3}}},
+			{Address: "cold", Signals: Signals{Healthy: true, PrefixMatch: 0.2, Metrics: engine.Metrics{Waiting: 1, KVUsage: 0.3}}},
+			{Address: "cold-full", Signals: Signals{Healthy: true, Metrics: engine.Metrics{Waiting: 6, KVUsage: 0.3}}},
+		}, "", 2},
+		{"saturated and holding little more: dropped", Request{}, []Endpoint{
+			{Address: "warmish", Signals: Signals{Healthy: true, PrefixMatch: 0.4, Metrics: engine.Metrics{Waiting: 6, KVUsage: 0.3}}},
+			{Address: "cold", Signals: Signals{Healthy: true, PrefixMatch: 0.2, Metrics: engine.Metrics{Waiting: 1, KVUsage: 0.3}}},
+		}, "cold", 1},
 		{"all saturated: fail open", Request{}, []Endpoint{
 			ep("x", engine.Metrics{Waiting: 9}), ep("y", engine.Metrics{Waiting: 7}),
 		}, "y", 2},

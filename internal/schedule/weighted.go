@@ -342,8 +342,9 @@ func (*Weighted) fresh(_ Request, eps []Endpoint) []Endpoint {
 	return keep(eps, func(e *Endpoint) bool { return !e.Stale })
 }
 
-// unsaturated keeps the endpoints under the queue and KV-cache thresholds and,
-// when errorRate runs, not failing much more than the best.
+// unsaturated keeps the endpoints under the queue and KV-cache thresholds, or
+// holding much more of the prompt than those, and, when errorRate runs, not
+// failing much more than the best.
 func (p *Weighted) unsaturated(req Request, eps []Endpoint) []Endpoint {
 	if !p.saturates {
 		return eps
@@ -383,10 +384,30 @@ func (p *Weighted) unsaturated(req Request, eps []Endpoint) []Endpoint {
 			}
 		}
 	}
+	// An endpoint that holds notably more of the prompt than every one under
+	// the thresholds stays a candidate too: sending the request elsewhere
+	// computes its prefix again, work a saturated fleet does not have, and
+	// under load that spreads one tenant's prompts over every pod until no
+	// pod's cache holds them.
+	held := 0.0
+	for i := range eps {
+		if e := &eps[i]; roomy(e) && e.Waiting < queueLimit {
+			held = max(held, e.PrefixMatch)
+		}
+	}
 	return keep(eps, func(e *Endpoint) bool {
-		return roomy(e) && (e.Waiting < queueLimit || !math.IsInf(best, 1) && PredictTTFT(req, e) < best)
+		if e.ErrorRate >= ceiling {
+			return false
+		}
+		return e.PrefixMatch >= held+WarmMargin ||
+			roomy(e) && (e.Waiting < queueLimit || !math.IsInf(best, 1) && PredictTTFT(req, e) < best)
 	})
 }
+
+// WarmMargin is how much more of a prompt's blocks (a share, 0..1) a
+// saturated endpoint must hold than every unsaturated one to stay a
+// candidate for it.
+const WarmMargin = 0.25
 
 // adapterRoom keeps, for an adapter's request, the endpoints that run the
 // adapter, have it queued, or have a free slot to load it.
