@@ -131,6 +131,11 @@ func (g *Router) choose(ctx context.Context, p *scheduler, req schedule.Request,
 		// A request lets the more important ones waiting for an endpoint take
 		// it first.
 		all := p.snapshot(g.fleet, g.prefix, hashes, req.Adapter, limit, a.subset, sessionAddr, g.now(), sc)
+		// Past saturation, more work only queues inside the engines, where
+		// it delays the requests that matter: sheddable work goes first.
+		if a.priority < 0 && p.saturation.Saturated(all) {
+			return none, nil, nil, g.shed(p, "sheddable", http.StatusTooManyRequests, fmt.Sprintf("every endpoint of model %q is saturated and the request's objective is sheddable; retry later", p.spec.ModelName))
+		}
 		if cands := g.waiting.usable(p, all, a.priority); len(cands) > 0 {
 			if a.slo > 0 && !sloChecked {
 				sloChecked = true

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/api/v1alpha1"
+	"github.com/kvgate/kvgate/internal/engine"
 	"github.com/kvgate/kvgate/internal/schedule"
 	"github.com/kvgate/kvgate/internal/waittest"
 )
@@ -166,5 +167,47 @@ func TestObjectivePrioritySubset(t *testing.T) {
 	}
 	if n := g.Waiting(); n != 0 {
 		t.Fatalf("%d still registered as waiting", n)
+	}
+}
+
+// TestSheddableAtSaturation: with no in-flight limit, a sheddable request is
+// refused with 429 and Retry-After once every endpoint is past the
+// saturation thresholds, while other requests are still routed; with one
+// endpoint under them, it is routed too.
+func TestSheddableAtSaturation(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		second    engine.Metrics
+		refused   bool
+		sheddable int // kvgate_shed_total{reason="sheddable"} after
+	}{
+		{"every endpoint saturated", engine.Metrics{Waiting: 5, KVUsage: 0.3}, true, 1},
+		{"one by its KV cache", engine.Metrics{Waiting: 0, KVUsage: 0.85}, true, 1},
+		{"one endpoint under the thresholds", engine.Metrics{Waiting: 4, KVUsage: 0.3}, false, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clk := newClock()
+			cfg := testConfig(schedulerSpec("p", llama, ep1, ep2))
+			cfg.Spec.Objectives = []v1alpha1.ObjectiveSpec{{Name: "batch", Priority: -1}}
+			g := newRouter(t, clk, cfg)
+			observe(g, clk, engine.Metrics{Waiting: 9, KVUsage: 0.5}, ep1)
+			observe(g, clk, tc.second, ep2)
+			ctx := context.Background()
+			r, ref := g.Current().Route(ctx, Request{Model: llama, Objective: "batch"})
+			if tc.refused != (ref != nil) {
+				t.Fatalf("sheddable request: route %v, refusal %+v; want refused %v", r != nil, ref, tc.refused)
+			}
+			if ref != nil && (ref.Status != http.StatusTooManyRequests || ref.RetryAfter == 0) {
+				t.Fatalf("refusal %+v, want 429 with Retry-After", ref)
+			}
+			if r != nil {
+				r.Finish(Outcome{Status: http.StatusOK})
+			}
+			if got := metric(t, g, "kvgate_shed_total", "reason", "sheddable"); got != float64(tc.sheddable) {
+				t.Errorf("kvgate_shed_total{reason=sheddable} = %v, want %d", got, tc.sheddable)
+			}
+			// An interactive request is routed whatever the saturation.
+			pick(t, g, Request{Model: llama}).Finish(Outcome{Status: http.StatusOK})
+		})
 	}
 }

@@ -137,6 +137,9 @@ type scheduler struct {
 	// tls checks the model servers' certificates (appProtocol https; nil
 	// otherwise), for requests and scrapes alike.
 	tls *backendTLS
+	// saturation are the thresholds past which the pool is saturated: a
+	// sheddable request is refused rather than queued inside an engine.
+	saturation schedule.Thresholds
 }
 
 // priorEvery bounds how often a scheduler recomputes its pool's median speed.
@@ -276,8 +279,9 @@ func (g *Router) Apply(cfg *v1alpha1.InferenceGatewayConfig) error {
 	g.applyMu.Lock()
 	defer g.applyMu.Unlock()
 	if len(cfg.Spec.Objectives) > 0 && cfg.Spec.Gateway.InFlightLimit() == 0 && !hasSLO(cfg) {
-		// Nobody waits without a limit, so priorities never come into play.
-		g.log.Warn("spec.objectives has no effect without spec.gateway.maxInFlightPerEndpoint: with no limit no request waits or is shed")
+		// Nobody waits without a limit: only sheddable objectives act, at
+		// saturation.
+		g.log.Warn("spec.objectives order nothing without spec.gateway.maxInFlightPerEndpoint: with no limit no request waits; a priority below 0 is still shed when every endpoint is saturated")
 	}
 	// Built before the lock: a new JWKS is fetched (bounded by its timeout).
 	as, freshAuth, err := g.buildAuth(cfg.Spec.Auth)
@@ -422,6 +426,7 @@ func (b *built) scheduler(sc v1alpha1.SchedulerSpec, old *scheduler, env buildEn
 		bt := env.tls[sc.Name]
 		p = &scheduler{name: sc.Name, spec: sc, picker: picker, transport: newTransport(gw, sc.H2C(), bt), tls: bt}
 	}
+	p.saturation = saturationOf(sc)
 	// What the pool learned of its speed outlives a reload, as the
 	// endpoints' own models do.
 	if old != nil {
@@ -722,7 +727,12 @@ func newPicker(sc v1alpha1.SchedulerSpec, override *schedule.Profile, seed uint6
 	if err != nil {
 		return nil, err
 	}
-	return schedule.NewWeighted(pr, schedule.Thresholds{Queue: float64(sc.SaturationQueue()), KVUsage: sc.SaturationKV()}, seed).WithTimer(timer, schedule.TimeOneIn), nil
+	return schedule.NewWeighted(pr, saturationOf(sc), seed).WithTimer(timer, schedule.TimeOneIn), nil
+}
+
+// saturationOf is a scheduler's saturation thresholds.
+func saturationOf(sc v1alpha1.SchedulerSpec) schedule.Thresholds {
+	return schedule.Thresholds{Queue: float64(sc.SaturationQueue()), KVUsage: sc.SaturationKV()}
 }
 
 // profile is a scheduler's profile with its own weights on top.

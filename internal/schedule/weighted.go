@@ -94,6 +94,35 @@ type Thresholds struct {
 	KVUsage float64 // KV usage at or above this saturates; default 0.8
 }
 
+// Saturated reports whether every endpoint of eps is at a threshold (zero
+// thresholds take the defaults), reading only the signals they all publish:
+// dispatching more would only queue inside the model servers. None is
+// saturated when eps is empty or publishes neither signal.
+func (t Thresholds) Saturated(eps []Endpoint) bool {
+	t = t.withDefaults()
+	seen := commonSignals(eps)
+	if len(eps) == 0 || !seen.Has(engine.SignalQueue) && !seen.Has(engine.SignalKVUsage) {
+		return false
+	}
+	for i := range eps {
+		e := &eps[i]
+		if !(seen.Has(engine.SignalQueue) && e.Waiting >= t.Queue || seen.Has(engine.SignalKVUsage) && e.KVUsage >= t.KVUsage) {
+			return false
+		}
+	}
+	return true
+}
+
+func (t Thresholds) withDefaults() Thresholds {
+	if t.Queue == 0 {
+		t.Queue = 5
+	}
+	if t.KVUsage == 0 {
+		t.KVUsage = 0.8
+	}
+	return t
+}
+
 // RankDepth is how many candidates Weighted ranks: the pick and its fallbacks.
 // Ranking only the best few keeps a decision over a thousand endpoints linear.
 const RankDepth = 8
@@ -137,12 +166,7 @@ var _ Picker = (*Weighted)(nil)
 
 // NewWeighted builds the picker; scorers with no weight are not run.
 func NewWeighted(pr Profile, t Thresholds, seed uint64) *Weighted {
-	if t.Queue == 0 {
-		t.Queue = 5
-	}
-	if t.KVUsage == 0 {
-		t.KVUsage = 0.8
-	}
+	t = t.withDefaults()
 	w := pr.Weights
 	p := &Weighted{thresholds: t, affinity: pr.Affinity, saturates: !pr.SkipSaturation, rng: newLockedRand(seed)}
 	for i, s := range scorers {
