@@ -32,8 +32,8 @@ type Request struct {
 	Adapter      string    `json:"adapter,omitempty"` // LoRA adapter, "" for the base model
 	Prompt       []Segment `json:"prompt"`            // the prompt's shape, in order
 	OutputTokens int       `json:"output_tokens"`
-	Session      string    `json:"session,omitempty"` // multi-turn conversation id; the user in shared-prefix
-	Group        string    `json:"group,omitempty"`   // shared-prefix group id
+	Session      string    `json:"session,omitempty"` // multi-turn or code-gen session id; the user in shared-prefix
+	Group        string    `json:"group,omitempty"`   // shared-prefix group id; code-gen repository
 }
 
 // PromptTokens is the prompt's length: the sum of its segments' tokens.
@@ -57,11 +57,12 @@ const (
 	LoRAMix      = "lora-mix"
 	LongContext  = "long-context"
 	Spike        = "spike"
+	CodeGen      = "code-gen"
 )
 
 // Kinds lists the workload kinds Generate knows, for flags and help text.
 func Kinds() []string {
-	return []string{Poisson, Bursty, SharedPrefix, MultiTurn, LoRAMix, LongContext, Spike}
+	return []string{Poisson, Bursty, SharedPrefix, MultiTurn, LoRAMix, LongContext, Spike, CodeGen}
 }
 
 // Dist is a length distribution: a lognormal of mean Mean > 0 and log-space
@@ -159,6 +160,12 @@ type Spec struct {
 	Sessions, Turns int           // 100, 5
 	ThinkTime       time.Duration // 10s
 
+	// code-gen: multi-turn sessions, each working in one of Groups
+	// repositories drawn with Zipf popularity of exponent ZipfS (repo-0 the
+	// most popular), whose first prompt starts with the repository's context
+	// of SystemTokens tokens: every session of a repository shares it, and
+	// each of its turns carries it on.
+
 	// lora-mix: a share BaseShare of requests use the base model; the others one of
 	// Adapters adapters "adapter-0".."adapter-<Adapters-1>" with Zipf popularity of
 	// exponent ZipfS (adapter-0 the most popular).
@@ -202,7 +209,7 @@ func (s Spec) withDefaults() Spec {
 	def(&s.BaseShare, 0.2)
 	def(&s.LongShare, 0.1)
 	def(&s.LongTokens, 32768)
-	if s.Kind == MultiTurn {
+	if s.Kind == MultiTurn || s.Kind == CodeGen {
 		if s.Sessions == 0 && s.Requests > 0 && s.Turns > 0 {
 			s.Sessions = (s.Requests + s.Turns - 1) / s.Turns
 		}
@@ -276,6 +283,9 @@ func Describe(s Spec) string {
 		fmt.Fprintf(&b, ", %d groups × %d users, system prompt %d tokens", s.Groups, s.Users, s.SystemTokens)
 	case MultiTurn:
 		fmt.Fprintf(&b, ", %d sessions × %d turns, think time %v", s.Sessions, s.Turns, s.ThinkTime)
+	case CodeGen:
+		fmt.Fprintf(&b, ", %d sessions × %d turns, think time %v, in %d repositories of Zipf s %g with %d-token contexts",
+			s.Sessions, s.Turns, s.ThinkTime, s.Groups, s.ZipfS, s.SystemTokens)
 	case LoRAMix:
 		fmt.Fprintf(&b, ", %d adapters, Zipf s %g, base share %g", s.Adapters, s.ZipfS, s.BaseShare)
 	case LongContext:
@@ -297,7 +307,7 @@ func Generate(s Spec) (Trace, error) {
 	g := &gen{s: s, rng: rand.New(rand.NewPCG(s.Seed, 0x6b76676174652f77))} // "kvgate/w"
 	var t Trace
 	switch s.Kind {
-	case MultiTurn:
+	case MultiTurn, CodeGen:
 		t = g.multiTurn()
 	case Bursty:
 		// The mean over a cycle, (F·r·on + r·off) / (on + off), must be Rate.
@@ -330,7 +340,7 @@ type gen struct {
 	rng  *rand.Rand
 	next int       // number of the next unique segment
 	now  float64   // last arrival
-	zipf []float64 // lora-mix: cumulative adapter weights
+	zipf []float64 // lora-mix, code-gen: cumulative Zipf weights
 
 	// bursty: the rate in an "on" window, whether now is in an "off" one, and when
 	// the current window ends.
@@ -453,7 +463,7 @@ func (g *gen) request(at float64) Request {
 	case LoRAMix:
 		r := g.unique(at)
 		if g.rng.Float64() >= s.BaseShare {
-			r.Adapter = "adapter-" + strconv.Itoa(g.adapter())
+			r.Adapter = "adapter-" + strconv.Itoa(g.zipfIndex(s.Adapters))
 		}
 		return r
 	case LongContext:
@@ -466,12 +476,13 @@ func (g *gen) request(at float64) Request {
 	return g.unique(at)
 }
 
-// adapter draws an adapter index with probability ∝ 1/(k+1)^ZipfS. A table rather
-// than rand.Zipf, which wants an exponent above 1.
-func (g *gen) adapter() int {
+// zipfIndex draws an index below n with probability ∝ 1/(k+1)^ZipfS, n the
+// same at every call of a trace. A table rather than rand.Zipf, which wants an
+// exponent above 1.
+func (g *gen) zipfIndex(n int) int {
 	if g.zipf == nil {
 		sum := 0.0
-		for k := range g.s.Adapters {
+		for k := range n {
 			sum += math.Pow(float64(k+1), -g.s.ZipfS)
 			g.zipf = append(g.zipf, sum)
 		}
@@ -487,11 +498,18 @@ func (g *gen) multiTurn() Trace {
 	for n := range s.Sessions {
 		start += g.rng.ExpFloat64() * float64(s.Turns) / s.Rate
 		id := "s-" + strconv.Itoa(n)
+		var repo Segment
+		if s.Kind == CodeGen {
+			repo = Segment{ID: "repo-" + strconv.Itoa(g.zipfIndex(s.Groups)), Tokens: s.SystemTokens}
+		}
 		var prev Request
 		for k := range s.Turns {
 			r := g.unique(start)
-			r.Session = id
-			if k > 0 {
+			r.Session, r.Group = id, repo.ID
+			switch {
+			case k == 0 && repo.ID != "":
+				r.Prompt = append([]Segment{repo}, r.Prompt...)
+			case k > 0:
 				r.At = prev.At + g.rng.ExpFloat64()*think
 				answer := Segment{ID: id + "/a" + strconv.Itoa(k-1), Tokens: prev.OutputTokens}
 				// A fresh array: turn k must not write into turn k-1's prompt.

@@ -258,6 +258,54 @@ func TestMultiTurn(t *testing.T) {
 	}
 }
 
+// A code-gen session works in one repository: its first prompt starts with
+// the repository's context, which every later turn carries on and every
+// session of the repository shares; repositories are Zipf-popular; the turns
+// quote each other's answers as multi-turn's do.
+func TestCodeGen(t *testing.T) {
+	tr := generate(t, Spec{Kind: CodeGen, Seed: 5, Sessions: 2000, Turns: 3, Groups: 10, ZipfS: 1.1, SystemTokens: 4096})
+	if len(tr) != 6000 {
+		t.Fatalf("%d requests, want 2000 × 3", len(tr))
+	}
+	repoOf := map[string]string{} // session → repository
+	sessions := map[string]map[string]bool{}
+	for _, r := range tr {
+		repo := r.Prompt[0]
+		if repo.ID != r.Group || !strings.HasPrefix(repo.ID, "repo-") || repo.Tokens != 4096 {
+			t.Fatalf("request of session %s starts with %v, in group %q", r.Session, repo, r.Group)
+		}
+		if prev, ok := repoOf[r.Session]; ok && prev != repo.ID {
+			t.Fatalf("session %s in %s and %s", r.Session, prev, repo.ID)
+		}
+		repoOf[r.Session] = repo.ID
+		if sessions[repo.ID] == nil {
+			sessions[repo.ID] = map[string]bool{}
+		}
+		sessions[repo.ID][r.Session] = true
+	}
+	// Zipf with s = 1.1 over 10: repo-0 gets 1/H of the sessions, repo-9
+	// about a twelfth of that.
+	h := 0.0
+	for k := 1; k <= 10; k++ {
+		h += math.Pow(float64(k), -1.1)
+	}
+	near(t, "repo-0's share", float64(len(sessions["repo-0"]))/2000, 1/h, 0.03)
+	if a, b := len(sessions["repo-0"]), len(sessions["repo-9"]); b == 0 || a < 8*b {
+		t.Errorf("repo-0 has %d sessions, repo-9 %d", a, b)
+	}
+	// Turns quote their answers, as multi-turn's do.
+	answers := tr.Answers()
+	quoted := 0
+	for _, a := range answers {
+		if a.Tokens > 0 {
+			quoted++
+		}
+	}
+	if quoted != 2000*2 {
+		t.Errorf("%d answers quoted, want 2 a session", quoted)
+	}
+}
+
 func TestLoRAMix(t *testing.T) {
 	tr := generate(t, Spec{Kind: LoRAMix, Seed: 5, Requests: 5000, Adapters: 8})
 	count := map[string]int{}
@@ -339,6 +387,7 @@ func TestDescribe(t *testing.T) {
 		{Spec{Kind: MultiTurn, Requests: 1000}, "1000 requests at 10/s, seed 0, model meta-llama/Llama-3.1-8B-Instruct, 200 sessions × 5 turns, think time 10s"},
 		{Spec{Kind: LoRAMix}, "16 adapters, Zipf s 1.1, base share 0.2"},
 		{Spec{Kind: LongContext}, "10% at 32768 tokens"},
+		{Spec{Kind: CodeGen, Requests: 1000}, "200 sessions × 5 turns, think time 10s, in 8 repositories of Zipf s 1.1 with 2048-token contexts"},
 		{Spec{Kind: Spike}, "bursts of 60 requests within 10ms every 10s, background 4/s"},
 		{Spec{Kind: Spike, Rate: 6}, "background 0/s"},
 	} {
