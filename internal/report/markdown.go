@@ -94,11 +94,20 @@ func MarkdownDoc(scenarios []Scenario, results []Result, doc Doc) string {
 const noSharedPrefixes = "no shared prefixes in this trace"
 
 func numbersTable(b *strings.Builder, s section) {
-	b.WriteString("| policy | requests | errors | TTFT p50 (ms) | TTFT p95 (ms) | TTFT p99 (ms) | ITL p50 (ms) | ITL p95 (ms) | E2E p95 (ms) | output tok/s | prefix hit rate |\n")
-	b.WriteString("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
+	b.WriteString("| policy | requests | errors | TTFT p50 (ms) | TTFT p95 (ms) | TTFT p99 (ms) | ITL p50 (ms) | ITL p95 (ms) | E2E p95 (ms) | output tok/s | prefix hit rate |")
+	align := "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"
+	if s.preempted() {
+		b.WriteString(" preemptions |")
+		align += "--:|"
+	}
+	b.WriteString("\n" + align + "\n")
 	if f := s.Floor; f != nil {
-		fmt.Fprintf(b, "| idle-engine floor (reference) | %d | — | %s | %s | %s | — | — | — | — | — |\n",
+		fmt.Fprintf(b, "| idle-engine floor (reference) | %d | — | %s | %s | %s | — | — | — | — | — |",
 			f.Requests, fmtMS(f.P50ms), fmtMS(f.P95ms), fmtMS(f.P99ms))
+		if s.preempted() {
+			b.WriteString(" — |")
+		}
+		b.WriteString("\n")
 	}
 	var unstable []string
 	for _, r := range s.rows() {
@@ -123,6 +132,9 @@ func numbersTable(b *strings.Builder, s section) {
 	if s.NoSharedPrefixes {
 		b.WriteString("Prefix hit rate n/a: " + noSharedPrefixes + ", so a prefix cache has nothing to hit.\n\n")
 	}
+	if s.preempted() {
+		b.WriteString(PreemptionsDefinition + "\n\n")
+	}
 	if len(unstable) > 0 {
 		b.WriteString("**Never drained** (unstable: latencies are lower bounds, ≥): " + strings.Join(unstable, "; ") + ".\n\n")
 	}
@@ -144,12 +156,31 @@ func numbersRow(b *strings.Builder, s section, name string, r row) {
 	}
 	lat := func(f func(*Result) *float64) string { return bound(spread(f, fmtMS), r.Unstable) }
 	tput := func(v float64) string { return strconv.FormatFloat(v, 'f', 1, 64) }
-	fmt.Fprintf(b, "| %s | %d | %d | %s | %s | %s | %s | %s | %s | %s | %s |\n",
+	fmt.Fprintf(b, "| %s | %d | %d | %s | %s | %s | %s | %s | %s | %s | %s |",
 		cell(name), r.Requests, r.Errors,
 		lat(func(r *Result) *float64 { return &r.TTFTP50ms }), lat(func(r *Result) *float64 { return &r.TTFTP95ms }),
 		lat(func(r *Result) *float64 { return &r.TTFTP99ms }),
 		fmtMS(r.ITLP50ms), fmtMS(r.ITLP95ms), bound(fmtMS(r.E2EP95ms), r.Unstable),
 		spread(func(r *Result) *float64 { return &r.OutputTokensPerS }, tput), hits)
+	if s.preempted() {
+		n := strconv.Itoa(r.Preemptions)
+		if r.drawn() {
+			n += fmt.Sprintf(" (%d–%d)", r.lo.Preemptions, r.hi.Preemptions)
+		}
+		fmt.Fprintf(b, " %s |", n)
+	}
+	b.WriteString("\n")
+}
+
+// PreemptionsDefinition says, under a table with a preemptions column, what
+// it counts.
+const PreemptionsDefinition = "Preemptions: sequences the engines evicted from their KV cache to make room for the running ones " +
+	"(vLLM's num_preemptions), summed over the fleet; a preempted sequence waits and computes its context again. " +
+	"The column is shown where some run preempted."
+
+// preempted says whether some run of the section preempted a sequence.
+func (s section) preempted() bool {
+	return slices.ContainsFunc(s.results, func(r Result) bool { return r.Preemptions > 0 })
 }
 
 // serversTable shows, when the scenario lists its servers, how many requests each

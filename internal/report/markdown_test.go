@@ -194,6 +194,33 @@ func TestMarkdownNoSharedPrefixes(t *testing.T) {
 	}
 }
 
+// The preemptions column is shown in a scenario where some run preempted, a
+// drawn policy's with its range, and left out where none did.
+func TestMarkdownPreemptions(t *testing.T) {
+	floor := NewFloor([]time.Duration{time.Millisecond}, []time.Duration{time.Millisecond})
+	scenarios := []Scenario{{Name: "pressure", Floor: &floor}, {Name: "calm"}}
+	results := []Result{
+		{Scenario: "pressure", Policy: "round-robin", Requests: 10, Preemptions: 120},
+		{Scenario: "pressure", Policy: "kvgate", Requests: 10},
+		{Scenario: "pressure", Policy: "kube-proxy", Requests: 10, Preemptions: 30, Draw: 0},
+		{Scenario: "pressure", Policy: "kube-proxy", Requests: 10, Preemptions: 90, Draw: 1},
+		{Scenario: "pressure", Policy: "kube-proxy", Requests: 10, Preemptions: 50, Draw: 2},
+		{Scenario: "calm", Policy: "kvgate", Requests: 10},
+	}
+	md := Markdown(scenarios, results, "")
+	pressure, calm, _ := strings.Cut(md[strings.Index(md, "## pressure"):], "## calm")
+	for _, want := range []string{"| prefix hit rate | preemptions |\n|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n",
+		"| idle-engine floor (reference) | 1 | — | 1.00 | 1.00 | 1.00 | — | — | — | — | — | — |\n",
+		"| 0.0% | 120 |\n", "| 0.0% | 0 |\n", "| 0.0% | 50 (30–90) |\n", PreemptionsDefinition} {
+		if !strings.Contains(pressure, want) {
+			t.Errorf("no %q in the section with preemptions:\n%s", want, pressure)
+		}
+	}
+	if strings.Contains(calm, "preemptions") || strings.Contains(calm, "Preemptions") {
+		t.Errorf("a preemptions column where none preempted:\n%s", calm)
+	}
+}
+
 func TestMarkdownOverTime(t *testing.T) {
 	_, results := fleet() // 90 requests a policy, 89 successful under kvgate
 	md := Markdown([]Scenario{{Name: "demo"}}, results, "")

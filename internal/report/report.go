@@ -45,7 +45,10 @@ type Result struct {
 	E2EP95ms         float64 `json:"e2e_p95_ms"`
 	OutputTokensPerS float64 `json:"output_tokens_per_s"` // successful requests' output tokens / DurationS
 	PrefixHitRate    float64 `json:"prefix_hit_rate"`     // Σcached / Σprompt tokens of successful requests
-	DurationS        float64 `json:"duration_s"`          // first arrival to last completion
+	// Preemptions counts the sequences the engines preempted to free KV cache
+	// (vLLM's num_preemptions); simulated runs only, 0 in live ones.
+	Preemptions int     `json:"preemptions"`
+	DurationS   float64 `json:"duration_s"` // first arrival to last completion
 	// Unstable says the run's queue grew without draining (StabilityDefinition):
 	// its latencies are lower bounds that grow with the trace. Drain holds what
 	// the criterion read; nil when the run was too small to judge.

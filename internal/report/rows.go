@@ -85,7 +85,8 @@ func newRow(draws []Result) row {
 		*f(&r.Result), *f(&r.lo), *f(&r.hi) = xs[(len(xs)+1)/2-1], xs[0], xs[len(xs)-1]
 	}
 	ints := make([]int, len(r.pool))
-	for _, f := range []func(*Result) *int{func(r *Result) *int { return &r.Requests }, func(r *Result) *int { return &r.Errors }} {
+	for _, f := range []func(*Result) *int{func(r *Result) *int { return &r.Requests }, func(r *Result) *int { return &r.Errors },
+		func(r *Result) *int { return &r.Preemptions }} {
 		for i := range r.pool {
 			ints[i] = *f(&r.pool[i])
 		}

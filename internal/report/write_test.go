@@ -75,7 +75,7 @@ func TestWrite(t *testing.T) {
 			t.Fatal(err)
 		}
 		want := []string{"duration_s", "e2e_p95_ms", "errors", "itl_p50_ms", "itl_p95_ms", "mode",
-			"output_tokens_per_s", "policy", "prefix_hit_rate", "requests", "scenario",
+			"output_tokens_per_s", "policy", "preemptions", "prefix_hit_rate", "requests", "scenario",
 			"ttft_p50_ms", "ttft_p95_ms", "ttft_p99_ms"}
 		for i, r := range got {
 			// A run large enough to judge says what its stability was judged on.
