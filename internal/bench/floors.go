@@ -225,18 +225,27 @@ func capacity(fleet simserver.FleetSpec, prompt, output float64) (prefill, decod
 	return prefill, decode, nil
 }
 
-// describeLoad says what a trace offers its fleet in prefill and decode terms,
-// against the fleet's capacity (capacity), over the span of its arrivals, and
-// in bursts for a bursty workload or per burst for a spike one; cached is the
-// share of prompt tokens an earlier request computed (report.Floor.CachedShare),
-// which a cache can spare the prefill.
-func describeLoad(fleet simserver.FleetSpec, spec workload.Spec, trace workload.Trace, cached float64) (string, error) {
+// offered is what a trace offers its fleet: tokens a second over the span of
+// its arrivals against the fleet's capacity (capacity).
+type offered struct {
+	in, out         float64 // prompt and output tokens a second
+	prefill, decode float64 // the fleet's capacity, tokens a second
+	meanPrompt      float64
+	// cached is the share of prompt tokens an earlier request computed
+	// (report.Floor.CachedShare), which a cache can spare the prefill; 0
+	// when below half a percent.
+	cached float64
+}
+
+// offeredLoad is what trace offers fleet; false when its arrivals span no
+// time or the fleet has no capacity to speak of.
+func offeredLoad(fleet simserver.FleetSpec, trace workload.Trace, cached float64) (offered, bool, error) {
 	if len(trace) < 2 {
-		return "", nil
+		return offered{}, false, nil
 	}
 	span := trace[len(trace)-1].At - trace[0].At
 	if span <= 0 {
-		return "", nil
+		return offered{}, false, nil
 	}
 	var prompt, output float64
 	for _, q := range trace {
@@ -246,19 +255,42 @@ func describeLoad(fleet simserver.FleetSpec, spec workload.Spec, trace workload.
 	n := float64(len(trace))
 	prefill, decode, err := capacity(fleet, prompt/n, output/n)
 	if err != nil || prefill == 0 || decode == 0 {
+		return offered{}, false, err
+	}
+	o := offered{in: prompt / span, out: output / span, prefill: prefill, decode: decode, meanPrompt: prompt / n}
+	if cached > 0.005 {
+		o.cached = cached
+	}
+	return o, true, nil
+}
+
+// prefillShare is the share of the fleet's prefill capacity the prompt
+// tokens still to compute take.
+func (o offered) prefillShare() float64 { return o.in * (1 - o.cached) / o.prefill }
+
+// fleetTime is the share of the fleet's time the trace takes: prefill and
+// decode added, as describeLoad says it ("~73% of the fleet's time").
+func (o offered) fleetTime() float64 { return o.prefillShare() + o.out/o.decode }
+
+// describeLoad says what a trace offers its fleet in prefill and decode terms,
+// against the fleet's capacity (capacity), over the span of its arrivals, and
+// in bursts for a bursty workload or per burst for a spike one; cached is the
+// share of prompt tokens an earlier request computed (report.Floor.CachedShare),
+// which a cache can spare the prefill.
+func describeLoad(fleet simserver.FleetSpec, spec workload.Spec, trace workload.Trace, cached float64) (string, error) {
+	o, ok, err := offeredLoad(fleet, trace, cached)
+	if !ok {
 		return "", err
 	}
-	in, out := prompt/span, output/span
 	var b strings.Builder
 	fmt.Fprintf(&b, "Load, from the trace and the engines' cost model: %s prompt tokens/s against a prefill capacity of ~%s/s (%.0f%%)",
-		kilo(in), kilo(prefill), 100*in/prefill)
-	share := in / prefill
-	if cached > 0.005 {
-		share = in * (1 - cached) / prefill
-		fmt.Fprintf(&b, ", %s/s (%.0f%%) to compute once the %.0f%% of prompt tokens an earlier request computed are cached", kilo(in*(1-cached)), 100*share, 100*cached)
+		kilo(o.in), kilo(o.prefill), 100*o.in/o.prefill)
+	if o.cached > 0 {
+		fmt.Fprintf(&b, ", %s/s (%.0f%%) to compute once the %.0f%% of prompt tokens an earlier request computed are cached", kilo(o.in*(1-o.cached)), 100*o.prefillShare(), 100*o.cached)
 	}
+	share := o.fleetTime()
 	fmt.Fprintf(&b, "; %s output tokens/s against a decode capacity of ~%s/s at full batch (%.0f%%); together ~%.0f%% of the fleet's time",
-		kilo(out), kilo(decode), 100*out/decode, 100*(share+out/decode))
+		kilo(o.out), kilo(o.decode), 100*o.out/o.decode, 100*share)
 	if slices.ContainsFunc(trace, func(q workload.Request) bool { return q.Adapter != "" }) {
 		b.WriteString(", not counting adapter loads")
 	}
@@ -266,12 +298,12 @@ func describeLoad(fleet simserver.FleetSpec, spec workload.Spec, trace workload.
 		on, off := spec.BurstOn.Seconds(), spec.BurstOff.Seconds()
 		burst := spec.BurstFactor * (on + off) / (spec.BurstFactor*on + off) // the bursts' rate over the mean
 		fmt.Fprintf(&b, ", in bursts ~%.0f%% (%.3g requests/s for %v) and between them ~%.0f%%",
-			100*burst*(share+out/decode), burst*spec.Rate, spec.BurstOn, 100*burst/spec.BurstFactor*(share+out/decode))
+			100*burst*share, burst*spec.Rate, spec.BurstOn, 100*burst/spec.BurstFactor*share)
 	}
 	if spec.Kind == workload.Spike && spec.BurstSize > 0 && spec.BurstSpread > 0 {
-		tokens := float64(spec.BurstSize) * prompt / n
+		tokens := float64(spec.BurstSize) * o.meanPrompt
 		fmt.Fprintf(&b, "; a burst of %d requests within %v carries ~%s prompt tokens, %.0f ms of the whole fleet's prefill capacity",
-			spec.BurstSize, spec.BurstSpread, kilo(tokens), 1000*tokens/prefill)
+			spec.BurstSize, spec.BurstSpread, kilo(tokens), 1000*tokens/o.prefill)
 	}
 	b.WriteString(".")
 	return b.String(), nil
