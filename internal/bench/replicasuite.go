@@ -269,6 +269,7 @@ func checkReplicas(cfg Config) error {
 func replicaResult(scenario string, v replicaVariant, out simOutput) ReplicaResult {
 	r := ReplicaResult{Result: report.Summarize(scenario, v.policy, "sim", out.recs), Part: v.part, Replicas: v.replicas, Shared: v.shared,
 		MaxInFlight: slices.Max(out.maxInFlight), MaxInFlightPerEndpoint: out.maxInFlight}
+	r.Preemptions = int(out.stats.Preemptions)
 	if v.shared {
 		d, e := ms(v.delay), ms(v.every)
 		r.SyncDelayMS, r.SyncEveryMS = &d, &e

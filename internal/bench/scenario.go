@@ -74,12 +74,13 @@ func RunSimJobs(ctx context.Context, jobs []Job, progress io.Writer) ([]report.R
 		if PolicyDraws(j.Policy, 0) > 1 {
 			name = fmt.Sprintf("%s#%d", j.Policy, j.Draw)
 		}
-		recs, _, err := RunSim(ctx, opts, j.Trace)
+		recs, stats, err := RunSim(ctx, opts, j.Trace)
 		if err != nil {
 			return fmt.Errorf("%s / %s: %w", j.Scenario.Name, name, err)
 		}
 		results[i] = report.Summarize(j.Scenario.Name, j.Policy, "sim", recs)
 		results[i].Draw = j.Draw
+		results[i].Preemptions = int(stats.Preemptions)
 		finished(progress, &mu, j.Scenario.Name, name, results[i], start)
 		return nil
 	})

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -35,8 +36,8 @@ const (
 
 // Suite returns a named set of scenarios: "aws" mirrors the table AWS published
 // for its gateway (mixed GPU generations, bursts, shared prompt prefixes, a uniform
-// fleet under steady load) and adds LoRA-heavy and long-context traffic. quick
-// shrinks every workload for CI.
+// fleet under steady load) and adds LoRA-heavy, long-context, code-generation and
+// KV-pressure traffic. quick shrinks every workload for CI.
 //
 // Offered loads are set from the fleets' capacity, not from the targets: each
 // scenario runs its fleet at a load a capacity planner would call busy but
@@ -146,8 +147,66 @@ func awsSuite(n func(int) int) []Scenario {
 			Fleet:    simserver.FleetSpec{Seed: 6, Servers: []simserver.ServerSpec{servers("h100", "h100", "8b", 1, 8, nil)}},
 			Workload: workload.Spec{Kind: "long-context", Seed: 16, Requests: n(10000), Rate: 12, LongShare: 0.1, LongTokens: 32768},
 		},
+		codeGeneration(n),
+		kvPressure(n),
 	}
 	return sc
+}
+
+// The code-generation scenario: coding sessions on 8 H100s, whose prompts
+// carry a repository's context (llm-d's code-generation trace is the model:
+// prompts of thousands of tokens, most of them reused, answers of tens to a
+// couple of hundred). codeGenRate puts it at 70% of the fleet's time, as
+// describeLoad counts it on the full trace (TestCodeGenAndKVPressure); the
+// sessions' think time does not scale with it, so the share is not quite in
+// proportion to the rate.
+const (
+	codeGenRepos   = 128
+	codeGenContext = 6144 // tokens of a repository's context
+	codeGenTurns   = 5
+	codeGenRate    = 124.0
+)
+
+func codeGeneration(n func(int) int) Scenario {
+	return Scenario{
+		Scenario: report.Scenario{Name: "code-generation", Baseline: "round-robin",
+			Description: fmt.Sprintf("8 H100 servers of Llama-3.1-8B; coding sessions of %d requests ~5 s apart, each in one of %d repositories of Zipf popularity (s = 1.1) whose %s-token context every session of the repository starts with (%.0fk tokens in all, more than one server's KV cache holds, less than the fleet's); each turn carries the session's prompt and answer so far and adds ~384 tokens of instructions and code, for prompts of ~7k tokens, and the answers are short (~96 tokens, at most 256). Prefill is most of the work, and most of it is cached where the repository's context and the session already are: a router that sends a session elsewhere recomputes thousands of tokens. %g requests/s, 70%% of the fleet's time once the prompt tokens an earlier request computed are cached.",
+				codeGenTurns, codeGenRepos, thousands(codeGenContext), codeGenRepos*codeGenContext/1000.0, codeGenRate),
+			Target: "kvgate ahead of round-robin, least-request and gie-default on P95 TTFT",
+			Goals:  ahead()},
+		Fleet: simserver.FleetSpec{Seed: 10, Servers: []simserver.ServerSpec{servers("h100", "h100", "8b", 1, 8, nil)}},
+		Workload: workload.Spec{Kind: workload.CodeGen, Seed: 23, Requests: n(15000), Rate: codeGenRate, Groups: codeGenRepos, ZipfS: 1.1,
+			SystemTokens: codeGenContext, Turns: codeGenTurns, ThinkTime: 5 * time.Second,
+			PromptTokens: workload.Dist{Mean: 384, Sigma: 0.6, Min: 32, Max: 4096},
+			OutputTokens: workload.Dist{Mean: 96, Sigma: 0.6, Min: 8, Max: 256}},
+	}
+}
+
+// The kv-pressure scenario: answers of thousands of tokens on servers whose
+// KV cache holds a few of them. kvPressureRate puts it at 70% of the fleet's
+// time (TestCodeGenAndKVPressure).
+const kvPressureRate = 0.572
+
+func kvPressure(n func(int) int) Scenario {
+	return Scenario{
+		Scenario: report.Scenario{Name: "kv-pressure", Baseline: "round-robin",
+			Description: fmt.Sprintf("8 A10G servers of Llama-3.1-8B, whose weights leave each a KV cache of ~24k tokens; Poisson chat prompts (~512 tokens) with long answers, as a reasoning model gives (lognormal, mean 3,000 tokens, σ 0.5, 256 to 8,192), at %g requests/s, 70%% of the fleet's time. A server holds a handful of such sequences, each growing by thousands of tokens after it was routed: a server whose cache fills preempts its newest sequences, which wait and compute their context again, so where the next request goes decides whether a server's cache fills. The report counts each policy's preemptions.",
+				kvPressureRate),
+			Target: "kvgate ahead of round-robin, least-request and gie-default on P95 TTFT",
+			Goals:  ahead()},
+		Fleet: simserver.FleetSpec{Seed: 11, Servers: []simserver.ServerSpec{servers("a10g", "a10g", "8b", 1, 8, nil)}},
+		Workload: workload.Spec{Kind: workload.Poisson, Seed: 24, Requests: n(3000), Rate: kvPressureRate,
+			OutputTokens: workload.Dist{Mean: 3000, Sigma: 0.5, Min: 256, Max: 8192}},
+	}
+}
+
+// thousands writes n with a comma between thousands, as the descriptions do.
+func thousands(n int) string {
+	s := strconv.Itoa(n)
+	for i := len(s) - 3; i > 0; i -= 3 {
+		s = s[:i] + "," + s[i:]
+	}
+	return s
 }
 
 // mixedGPUStable is mixed-gpu's fleet and traffic at a load round-robin

@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvgate/kvgate/internal/report"
 	"github.com/kvgate/kvgate/internal/sim"
+	"github.com/kvgate/kvgate/internal/simserver"
 	"github.com/kvgate/kvgate/internal/workload"
 )
 
@@ -28,7 +29,7 @@ func TestSuite(t *testing.T) {
 			names = append(names, s.Name)
 			checkGoals(t, s)
 		}
-		want := "mixed-gpu,mixed-gpu-stable,bursty,bursty-ttft,shared-prefix,uniform-steady,lora-heavy,long-context"
+		want := "mixed-gpu,mixed-gpu-stable,bursty,bursty-ttft,shared-prefix,uniform-steady,lora-heavy,long-context,code-generation,kv-pressure"
 		if strings.Join(names, ",") != want {
 			t.Fatalf("quick %v: scenarios %v, want %s", quick, names, want)
 		}
@@ -192,6 +193,116 @@ func TestMixedSuite(t *testing.T) {
 		w := byName["burst-at-once"].Workload
 		if w.Kind != workload.Spike || w.BurstSpread <= 0 || w.BurstSpread >= 50*time.Millisecond || w.BurstSize != spikeSize || w.Rate/8 >= a10gRate {
 			t.Fatalf("%+v", w)
+		}
+	})
+}
+
+// seenShare is the share of trace's prompt tokens in leading full blocks that
+// an earlier request computed: what Floor's warm replay, whose cache never
+// evicts, finds cached, without replaying: the replay runs each request to
+// its first token only, so it caches the prompt's full blocks and no answer's.
+// Blocks are chained as a prefix cache chains them.
+func seenShare(trace workload.Trace) float64 {
+	seen := map[uint64]bool{}
+	var ids, chain []uint64
+	var hit, total int
+	for _, q := range trace {
+		ids = workload.BlockIDs(ids[:0], q.Prompt, blockTokens)
+		chain = chain[:0]
+		h := uint64(0)
+		for _, id := range ids {
+			h = (h ^ id) * 0x9e3779b97f4a7c15
+			chain = append(chain, h)
+		}
+		n := 0
+		for n < len(chain) && n < (q.PromptTokens()-1)/blockTokens && seen[chain[n]] {
+			n++
+		}
+		hit += n * blockTokens
+		total += q.PromptTokens()
+		for _, h := range chain {
+			seen[h] = true
+		}
+	}
+	return float64(hit) / float64(total)
+}
+
+// fleetTimeLine is what describeLoad says of the share of the fleet's time
+// that s's trace, generated from spec, takes, with the cached share the idle
+// replay would find.
+func fleetTimeLine(t *testing.T, fleet simserver.FleetSpec, spec workload.Spec) string {
+	t.Helper()
+	tr, err := workload.Generate(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	load, err := describeLoad(fleet, spec, tr, seenShare(tr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, line, ok := strings.Cut(load, "together ")
+	if !ok {
+		t.Fatalf("no share of the fleet's time in %q", load)
+	}
+	return line
+}
+
+// seenShare is the cached share Floor's warm replay finds, on the quick
+// traces of the scenarios whose load depends on it.
+func TestSeenShareIsFloors(t *testing.T) {
+	for _, name := range []string{"aws"} {
+		for _, s := range suite(t, name, true) {
+			if s.Name != "code-generation" && s.Name != "shared-prefix" {
+				continue
+			}
+			t.Run(s.Name, func(t *testing.T) {
+				tr, err := workload.Generate(s.Workload)
+				if err != nil {
+					t.Fatal(err)
+				}
+				f, err := Floor(context.Background(), s.Fleet, tr)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got := seenShare(tr); math.Abs(got-f.CachedShare) > 1e-9 || got < 0.5 {
+					t.Fatalf("seenShare %.6f, the floor's replay %.6f", got, f.CachedShare)
+				}
+			})
+		}
+	}
+}
+
+// code-generation and kv-pressure run at 70% of the fleet's time, as the
+// report counts it on their full traces; kv-pressure's answers fill a
+// server's cache, and a quick run of it preempts, which its result reports.
+func TestCodeGenAndKVPressure(t *testing.T) {
+	byName := map[string]Scenario{}
+	for _, s := range suite(t, "aws", false) {
+		byName[s.Name] = s
+	}
+	for _, name := range []string{"code-generation", "kv-pressure"} {
+		t.Run(name, func(t *testing.T) {
+			s := byName[name]
+			if got := fleetTimeLine(t, s.Fleet, s.Workload); !strings.HasPrefix(got, "~70% of the fleet's time") {
+				t.Fatalf("load %q", got)
+			}
+		})
+	}
+	t.Run("kv-pressure preempts, and its result says how often", func(t *testing.T) {
+		s, tr := quickScenario(t, "kv-pressure")
+		recs, stats, err := RunSim(context.Background(), SimOptions{Fleet: s.Fleet, Policy: "round-robin"}, tr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if stats.Preemptions == 0 || len(recs) != len(tr) {
+			t.Fatalf("%d preemptions over %d requests", stats.Preemptions, len(recs))
+		}
+		res, err := RunSimJobs(context.Background(), []Job{{Scenario: s, Trace: tr, Policy: "round-robin"}}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res[0].Preemptions != int(stats.Preemptions) {
+			t.Fatalf("result says %d preemptions, the engines %d", res[0].Preemptions, stats.Preemptions)
 		}
 	})
 }
