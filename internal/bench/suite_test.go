@@ -154,8 +154,8 @@ func TestMixedSuite(t *testing.T) {
 			}
 			// Valid, and runnable by `kvgate sim`: one address a server.
 			opts, addrs, err := s.Fleet.Options(slog.New(slog.DiscardHandler))
-			if err != nil || len(opts) != 8 {
-				t.Fatalf("fleet: %d servers, %v", len(opts), err)
+			if want := servedBy(s.Fleet); err != nil || len(opts) != want || want < 6 {
+				t.Fatalf("fleet: %d servers of %d, %v", len(opts), want, err)
 			}
 			if slices.Sort(addrs); len(slices.Compact(addrs)) != len(opts) {
 				t.Errorf("servers share addresses: %v", addrs)
@@ -169,7 +169,7 @@ func TestMixedSuite(t *testing.T) {
 			}
 		})
 	}
-	if want := "mixed-gpu-stable,mixed-a100-l40s,mixed-generations,burst-at-once"; strings.Join(names, ",") != want {
+	if want := "mixed-gpu-stable,mixed-a100-l40s,mixed-generations,burst-at-once,burst-three-speeds"; strings.Join(names, ",") != want {
 		t.Fatalf("scenarios %v, want %s", names, want)
 	}
 	byName := map[string]Scenario{}
@@ -195,6 +195,32 @@ func TestMixedSuite(t *testing.T) {
 			t.Fatalf("%+v", w)
 		}
 	})
+	t.Run("burst-three-speeds: burst-at-once's bursts on two servers of each of three speeds", func(t *testing.T) {
+		s, at := byName["burst-three-speeds"], byName["burst-at-once"].Workload
+		w := s.Workload
+		if w.Kind != at.Kind || w.Rate != at.Rate || w.BurstSize != at.BurstSize || w.BurstEvery != at.BurstEvery || w.BurstSpread != at.BurstSpread || w.Seed == at.Seed {
+			t.Fatalf("%+v, burst-at-once's %+v", w, at)
+		}
+		var gpus []string
+		for _, sv := range s.Fleet.Servers {
+			if sv.Replicas != 2 {
+				t.Errorf("%d servers of %s", sv.Replicas, sv.GPU)
+			}
+			gpus = append(gpus, sv.GPU)
+		}
+		if strings.Join(gpus, ",") != "h100,a100,a10g" {
+			t.Fatalf("GPUs %v", gpus)
+		}
+	})
+}
+
+// servedBy is how many servers fleet runs.
+func servedBy(fleet simserver.FleetSpec) int {
+	n := 0
+	for _, s := range fleet.Servers {
+		n += s.Replicas
+	}
+	return n
 }
 
 // seenShare is the share of trace's prompt tokens in leading full blocks that
