@@ -26,10 +26,14 @@ engines, routed by the same picker, prefix index and in-flight accounting as kvg
 with metric scrapes every 50 ms. --mode live sends the trace as real streaming requests to
 one or more OpenAI-compatible targets, open loop.
 
---suite replicas runs four of the scenarios (shared-prefix, burst-at-once, mixed-gpu-stable,
-uniform-steady) behind --replicas gateway replicas (default 1,2,4,8), each replica with its own
-picker, prefix index and dispatch accounting, clients spread over them as a Kubernetes Service
-spreads connections; each count above one with and without shared state. Shared, a replica
+--suite tenants sweeps 150 tenants' 6,000-token system prompts on 8 H100s from 70% to 120% of
+the fleet's time (many-tenants-70 ... many-tenants-120).
+
+--suite replicas runs six of the scenarios (shared-prefix, many-tenants-100, burst-at-once,
+burst-three-speeds, mixed-gpu-stable, uniform-steady) behind --replicas gateway replicas
+(default 1,2,4,8), each replica with its own picker, prefix index and dispatch accounting,
+clients spread over them as a Kubernetes Service spreads connections; each count above one
+with and without shared state. Shared, a replica
 applies its peers' decisions to its prefix index --sync-delay after they were made, and their
 loads on each endpoint, which each publishes every --sync-every (0: at each change), as they
 were --sync-delay earlier. It reports per count the prefix hit rate, TTFT P50/P95/P99 and the
@@ -44,6 +48,7 @@ Examples:
   kvgate bench --suite aws --out bench-out
   kvgate bench --suite aws --quick --scenario mixed-gpu --policies round-robin,kvgate
   kvgate bench --suite mixed --quick --policies least-request,chat,oracle
+  kvgate bench --suite tenants --quick --policies least-request,kvgate,oracle
   kvgate bench --suite replicas --out docs/results/replicas-sim
   kvgate bench --suite replicas --quick --scenario shared-prefix --replicas 1,8 --sync-delay 1ms
   kvgate bench --trace trace.jsonl --fleet deploy/examples/sim-fleet.yaml

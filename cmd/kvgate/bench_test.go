@@ -36,11 +36,11 @@ func TestProgressOnlyOnATerminal(t *testing.T) {
 func TestSuiteFlagNamesSuites(t *testing.T) {
 	for _, cmd := range []string{"bench", "tune"} {
 		out, err := run(t, cmd, "--help")
-		if err != nil || !strings.Contains(out, "aws, mixed, replicas") {
+		if err != nil || !strings.Contains(out, "aws, mixed, tenants, replicas") {
 			t.Errorf("%s --help: %v\n%s", cmd, err, out)
 		}
 	}
-	if _, err := run(t, "bench", "--suite", "azure"); err == nil || !strings.Contains(err.Error(), `unknown suite "azure" (known: aws, mixed, replicas)`) {
+	if _, err := run(t, "bench", "--suite", "azure"); err == nil || !strings.Contains(err.Error(), `unknown suite "azure" (known: aws, mixed, tenants, replicas)`) {
 		t.Fatalf("bench --suite azure: %v", err)
 	}
 }

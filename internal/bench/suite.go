@@ -2,6 +2,7 @@ package bench
 
 import (
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -51,8 +52,9 @@ const (
 // "mixed" (mixedSuite) compares routing on fleets of mixed GPU generations:
 // mixed-gpu-stable, two fleets of other generations than the aws suite's, and
 // a burst that arrives inside one scrape interval, on two and on three speeds.
-// "replicas" (replicasSuite) runs four of these behind several gateway
-// replicas, with and without shared state.
+// "tenants" (tenantsSuite) sweeps many tenants' long system prompts from 70%
+// to 120% of the fleet's time. "replicas" (replicasSuite) runs six of these
+// behind several gateway replicas, with and without shared state.
 func Suite(name string, quick bool) ([]Scenario, error) {
 	n := func(full int) int {
 		if quick {
@@ -65,6 +67,8 @@ func Suite(name string, quick bool) ([]Scenario, error) {
 		return awsSuite(n), nil
 	case "mixed":
 		return mixedSuite(n), nil
+	case "tenants":
+		return tenantsSuite(n), nil
 	case ReplicasSuite:
 		return replicasSuite(n), nil
 	}
@@ -72,7 +76,7 @@ func Suite(name string, quick bool) ([]Scenario, error) {
 }
 
 // Suites are the names Suite knows.
-var Suites = []string{"aws", "mixed", ReplicasSuite}
+var Suites = []string{"aws", "mixed", "tenants", ReplicasSuite}
 
 // awsSuite is the "aws" suite; n sizes a workload from its full request count.
 func awsSuite(n func(int) int) []Scenario {
@@ -331,4 +335,55 @@ func mixedSuite(n func(int) int) []Scenario {
 				BurstSize: spikeSize, BurstEvery: spikeEvery, BurstSpread: spikeSpread},
 		},
 	}
+}
+
+// The tenants suite's traffic: llm-d's precise-prefix benchmark's tenants
+// (150 groups of 6,000-token system prompts; its questions are 1,200 tokens
+// and its answers 1,000, here the suite's chat questions and answers).
+const (
+	tenantCount  = 150
+	tenantPrompt = 6000 // tokens of a tenant's system prompt
+)
+
+// tenantLoadPerRate is the share of the fleet's time one request a second of
+// the tenants suite's full trace takes, as describeLoad counts it with the
+// system prompts cached (TestTenantsSuite measures it); the trace is the same
+// at every load but for its arrivals, which scale with the rate.
+const tenantLoadPerRate = 0.015829
+
+// tenantLoads are the tenants suite's loads, in percent of the fleet's time.
+var tenantLoads = []int{70, 90, 100, 110, 120}
+
+// tenantsSuite is the "tenants" suite: many tenants' system prompts, more
+// than one server's KV cache holds and less than the fleet's, on 8 H100s,
+// swept from 70% to 120% of the fleet's time as describeLoad counts it. A
+// prefix-aware router keeps each tenant's prompt on few servers; one that
+// spreads them recomputes 6,000 tokens at each miss, which costs several
+// times the fleet's time. Every scenario replays the same requests, at
+// arrivals scaled to its load.
+func tenantsSuite(n func(int) int) []Scenario {
+	var out []Scenario
+	for _, pct := range tenantLoads {
+		// Two decimals keep the load the report prints to within 0.1%.
+		rate := math.Round(float64(pct)/100/tenantLoadPerRate*100) / 100
+		var why string
+		switch {
+		case pct < 100:
+			why = "below the fleet's time, where a router that keeps tenants together drains and one that spreads them does not"
+		case pct == 100:
+			why = "the whole of the fleet's time"
+		default:
+			why = fmt.Sprintf("%d%% more than the fleet's time as counted here", pct-100)
+		}
+		out = append(out, Scenario{
+			Scenario: report.Scenario{Name: fmt.Sprintf("many-tenants-%d", pct), Baseline: "least-request",
+				Description: fmt.Sprintf("8 H100 servers of Llama-3.1-8B; %d tenants, each with its own %s-token system prompt (llm-d's precise-prefix benchmark; %.0fk tokens in all, twice what one server's KV cache holds, a quarter of the fleet's), each request adding a unique question of ~256 tokens and answered in ~256; Poisson at %g requests/s, %d%% of the fleet's time once the system prompts are cached: %s. A router that keeps each tenant on a few servers computes its system prompt once a server; one that spreads the tenants computes each on every server and evicts the others', %s tokens of prefill at each miss. The fleet's time counts each running sequence's whole context against its server's KV cache, though the sequences of one tenant on one server share their system prompt's blocks: a router that keeps tenants together holds larger batches than that count, and may drain above 100%%.",
+					tenantCount, thousands(tenantPrompt), tenantCount*tenantPrompt/1000.0, rate, pct, why, thousands(tenantPrompt))},
+			Fleet: simserver.FleetSpec{Seed: 9, Servers: []simserver.ServerSpec{servers("h100", "h100", "8b", 1, 8, nil)}},
+			Workload: workload.Spec{Kind: workload.SharedPrefix, Seed: 22, Requests: n(15000), Rate: rate,
+				Groups: tenantCount, Users: 5, SystemTokens: tenantPrompt,
+				PromptTokens: workload.Dist{Mean: 256, Sigma: 0.5, Min: 16, Max: 2048}},
+		})
+	}
+	return out
 }

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"math"
 	"reflect"
@@ -276,9 +277,9 @@ func fleetTimeLine(t *testing.T, fleet simserver.FleetSpec, spec workload.Spec) 
 // seenShare is the cached share Floor's warm replay finds, on the quick
 // traces of the scenarios whose load depends on it.
 func TestSeenShareIsFloors(t *testing.T) {
-	for _, name := range []string{"aws"} {
+	for _, name := range []string{"tenants", "aws"} {
 		for _, s := range suite(t, name, true) {
-			if s.Name != "code-generation" && s.Name != "shared-prefix" {
+			if s.Name != "many-tenants-70" && s.Name != "code-generation" && s.Name != "shared-prefix" {
 				continue
 			}
 			t.Run(s.Name, func(t *testing.T) {
@@ -296,6 +297,55 @@ func TestSeenShareIsFloors(t *testing.T) {
 			})
 		}
 	}
+}
+
+// The tenants suite sweeps one trace, on one fleet, over the loads its
+// names say: the report's load line of each full trace gives that share of
+// the fleet's time. The tenants' system prompts are more than one server's
+// KV cache holds and less than the fleet's.
+func TestTenantsSuite(t *testing.T) {
+	full, quick := suite(t, "tenants", false), suite(t, "tenants", true)
+	var names []string
+	for i, s := range full {
+		names = append(names, s.Name)
+		checkGoals(t, s)
+		first := full[0]
+		if !reflect.DeepEqual(s.Fleet, first.Fleet) || s.Workload.Seed != first.Workload.Seed || s.Workload.Requests != first.Workload.Requests {
+			t.Errorf("%s: fleet or trace differ from %s's", s.Name, first.Name)
+		}
+		if q := quick[i]; q.Name != s.Name || q.Workload.Requests != s.Workload.Requests/10 || q.Workload.Requests > 1500 {
+			t.Errorf("quick %s: %d requests, full %d", q.Name, q.Workload.Requests, s.Workload.Requests)
+		}
+		if !strings.Contains(s.Description, fmt.Sprintf("%g requests/s, %d%% of the fleet's time", s.Workload.Rate, tenantLoads[i])) {
+			t.Errorf("%s: description %q", s.Name, s.Description)
+		}
+	}
+	if want := "many-tenants-70,many-tenants-90,many-tenants-100,many-tenants-110,many-tenants-120"; strings.Join(names, ",") != want {
+		t.Fatalf("scenarios %v, want %s", names, want)
+	}
+	for i, s := range full {
+		t.Run(s.Name, func(t *testing.T) {
+			want := fmt.Sprintf("~%d%% of the fleet's time", tenantLoads[i])
+			if got := fleetTimeLine(t, s.Fleet, s.Workload); !strings.HasPrefix(got, want) {
+				t.Fatalf("load %q, want %q", got, want)
+			}
+		})
+	}
+	t.Run("the system prompts fill more than a server's KV cache, less than the fleet's", func(t *testing.T) {
+		opts, _, err := full[0].Fleet.Options(slog.New(slog.DiscardHandler))
+		if err != nil {
+			t.Fatal(err)
+		}
+		e, err := sim.New(opts[0].Engine)
+		if err != nil {
+			t.Fatal(err)
+		}
+		w := full[0].Workload
+		prompts, server := w.Groups*w.SystemTokens, e.NumBlocks()*blockTokens
+		if prompts <= server || prompts >= len(opts)*server {
+			t.Fatalf("%d tokens of system prompts, %d a server's KV cache, %d servers", prompts, server, len(opts))
+		}
+	})
 }
 
 // code-generation and kv-pressure run at 70% of the fleet's time, as the
