@@ -58,14 +58,17 @@ const (
 )
 
 // replicasSuite is the "replicas" suite: the scenarios where replicas matter.
-// shared-prefix's hit rate depends on each replica knowing where every
-// group's system prompt went; burst-at-once's 64 requests within 10 ms reach
-// every replica between two scrapes; mixed-gpu-stable and uniform-steady are
-// steady traffic on a mixed and a uniform fleet.
+// shared-prefix's and many-tenants-100's hit rates depend on each replica
+// knowing where every group's system prompt went (many-tenants-100's 150
+// prompts, at the whole of the fleet's time, leave no room for a replica
+// that does not); burst-at-once's and burst-three-speeds' 64 requests within
+// 10 ms reach every replica between two scrapes, on two and three speeds;
+// mixed-gpu-stable and uniform-steady are steady traffic on a mixed and a
+// uniform fleet.
 func replicasSuite(n func(int) int) []Scenario {
-	all := slices.Concat(awsSuite(n), mixedSuite(n))
+	all := slices.Concat(awsSuite(n), mixedSuite(n), tenantsSuite(n))
 	var out []Scenario
-	for _, name := range []string{"shared-prefix", "burst-at-once", "mixed-gpu-stable", "uniform-steady"} {
+	for _, name := range []string{"shared-prefix", "many-tenants-100", "burst-at-once", "burst-three-speeds", "mixed-gpu-stable", "uniform-steady"} {
 		s := all[slices.IndexFunc(all, func(s Scenario) bool { return s.Name == name })]
 		// The goals are the replicas report's own (goalHitRatio, goalP95).
 		s.Target, s.Goals = "", nil

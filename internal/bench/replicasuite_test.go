@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -50,6 +51,26 @@ func TestReplicasSuiteReport(t *testing.T) {
 		if r.Requests != 300 || len(r.MaxInFlightPerEndpoint) != 8 || r.MaxInFlight != slices.Max(r.MaxInFlightPerEndpoint) || r.Shared != (r.SyncDelayMS != nil) {
 			t.Errorf("run %+v", r)
 		}
+	}
+}
+
+// The replicas suite runs the scenarios where replicas matter, as their own
+// suites define them but for the goals, which are the replicas report's.
+func TestReplicasSuiteScenarios(t *testing.T) {
+	var others []Scenario
+	for _, name := range []string{"aws", "mixed", "tenants"} {
+		others = append(others, suite(t, name, false)...)
+	}
+	var names []string
+	for _, s := range suite(t, ReplicasSuite, false) {
+		names = append(names, s.Name)
+		o := others[slices.IndexFunc(others, func(o Scenario) bool { return o.Name == s.Name })]
+		if s.Target != "" || s.Goals != nil || s.Description != o.Description || s.Workload != o.Workload || !reflect.DeepEqual(s.Fleet, o.Fleet) {
+			t.Errorf("%s: %+v\nits suite's %+v", s.Name, s, o)
+		}
+	}
+	if want := "shared-prefix,many-tenants-100,burst-at-once,burst-three-speeds,mixed-gpu-stable,uniform-steady"; strings.Join(names, ",") != want {
+		t.Fatalf("scenarios %v, want %s", names, want)
 	}
 }
 
