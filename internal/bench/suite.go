@@ -349,7 +349,7 @@ const (
 // the tenants suite's full trace takes, as describeLoad counts it with the
 // system prompts cached (TestTenantsSuite measures it); the trace is the same
 // at every load but for its arrivals, which scale with the rate.
-const tenantLoadPerRate = 0.015829
+const tenantLoadPerRate = 0.0160286
 
 // tenantLoads are the tenants suite's loads, in percent of the fleet's time.
 var tenantLoads = []int{70, 90, 100, 110, 120}
@@ -380,7 +380,7 @@ func tenantsSuite(n func(int) int) []Scenario {
 				Description: fmt.Sprintf("8 H100 servers of Llama-3.1-8B; %d tenants, each with its own %s-token system prompt (llm-d's precise-prefix benchmark; %.0fk tokens in all, twice what one server's KV cache holds, a quarter of the fleet's), each request adding a unique question of ~256 tokens and answered in ~256; Poisson at %g requests/s, %d%% of the fleet's time once the system prompts are cached: %s. A router that keeps each tenant on a few servers computes its system prompt once a server; one that spreads the tenants computes each on every server and evicts the others', %s tokens of prefill at each miss. The fleet's time counts each running sequence's whole context against its server's KV cache, though the sequences of one tenant on one server share their system prompt's blocks: a router that keeps tenants together holds larger batches than that count, and may drain above 100%%.",
 					tenantCount, thousands(tenantPrompt), tenantCount*tenantPrompt/1000.0, rate, pct, why, thousands(tenantPrompt))},
 			Fleet: simserver.FleetSpec{Seed: 9, Servers: []simserver.ServerSpec{servers("h100", "h100", "8b", 1, 8, nil)}},
-			Workload: workload.Spec{Kind: workload.SharedPrefix, Seed: 22, Requests: n(15000), Rate: rate,
+			Workload: workload.Spec{Kind: workload.SharedPrefix, Seed: 22, Requests: n(10000), Rate: rate,
 				Groups: tenantCount, Users: 5, SystemTokens: tenantPrompt,
 				PromptTokens: workload.Dist{Mean: 256, Sigma: 0.5, Min: 16, Max: 2048}},
 		})
