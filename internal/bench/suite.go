@@ -369,11 +369,11 @@ func tenantsSuite(n func(int) int) []Scenario {
 		var why string
 		switch {
 		case pct < 100:
-			why = "below the fleet's time, where a router that keeps tenants together drains and one that spreads them does not"
+			why = "below it, a router that keeps tenants together keeps up, and one that spreads them falls behind"
 		case pct == 100:
-			why = "the whole of the fleet's time"
+			why = "no time to spare, as counted here"
 		default:
-			why = fmt.Sprintf("%d%% more than the fleet's time as counted here", pct-100)
+			why = "more time than the fleet has, as counted here"
 		}
 		out = append(out, Scenario{
 			Scenario: report.Scenario{Name: fmt.Sprintf("many-tenants-%d", pct), Baseline: "least-request",
