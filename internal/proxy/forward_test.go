@@ -85,6 +85,18 @@ var upstreams = map[string]http.HandlerFunc{
 		time.Sleep(100 * time.Millisecond)
 		_, _ = io.WriteString(w, event)
 	},
+	// reads-slowly: the body a kilobyte at a time, then one event.
+	"reads-slowly": func(w http.ResponseWriter, r *http.Request) {
+		buf := make([]byte, 1<<10)
+		for {
+			if _, err := r.Body.Read(buf); err != nil {
+				break
+			}
+			time.Sleep(time.Millisecond)
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(w, event)
+	},
 	// hangs: no answer until the request ends.
 	"hangs": func(_ http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
