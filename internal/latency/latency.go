@@ -359,6 +359,22 @@ func (t *Tracker) ObserveTTFT(own, ahead, running, loads, seconds float64, prior
 	t.publish(prior)
 }
 
+// ForgetTTFT drops what the tracker learned of the time to first token: the
+// next answer starts a model from its prior again, and until MinSamples of
+// them the endpoint borrows its pool's speed. For a belief an answer showed
+// wrong many times over, which the robust fit would take dozens of answers to
+// leave (it weighs each such answer as an outlier).
+func (t *Tracker) ForgetTTFT() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.ttft, t.logPace, t.paced = nil, 0, 0
+	if old := t.fit.Load(); old != nil {
+		s := *old
+		s.Samples = 0
+		t.fit.Store(&s)
+	}
+}
+
 // ObserveStep fits one stream's mean inter-token latency, seconds, with
 // running requests in the batch when it started.
 func (t *Tracker) ObserveStep(running, seconds float64, prior Speed) {

@@ -179,3 +179,26 @@ func TestPace(t *testing.T) {
 		})
 	}
 }
+
+// TestForgetTTFT: a tracker that forgot its time-to-first-token model borrows
+// its prior's again, keeps its step model, and learns anew from the next
+// answers at full weight.
+func TestForgetTTFT(t *testing.T) {
+	prior := Speed{Base: 0.01, PerKToken: 0.1, PerKTokenQueued: 0.1, PerRunning: 0.0005, StepBase: 0.02, MeanPrefillTokens: 512}
+	var tr Tracker
+	for range 20 {
+		tr.ObserveTTFT(2000, 0, 0, 0, 10, prior) // 50× the prior's 0.21 s
+		tr.ObserveStep(0, 0.05, prior)
+	}
+	tr.ForgetTTFT()
+	s := tr.Speed(prior)
+	if !s.Borrowed || s.Samples != 0 || s.TTFT(2000, 0, 0, 0) != prior.TTFT(2000, 0, 0, 0) || s.Steps != 20 || s.StepBase < 0.04 {
+		t.Fatalf("after ForgetTTFT it reads %+v; want the prior's TTFT and its own 20 steps", s)
+	}
+	for range MinSamples {
+		tr.ObserveTTFT(2000, 0, 0, 0, 0.4, prior)
+	}
+	if got := tr.Speed(prior).TTFT(2000, 0, 0, 0); got < 0.3 || got > 0.5 {
+		t.Errorf("after %d answers of 0.4 s it predicts %.2f s", MinSamples, got)
+	}
+}

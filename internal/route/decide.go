@@ -51,6 +51,8 @@ type decided struct {
 	cands    []schedule.Endpoint
 	hashes   []uint64
 	first    *endpoint
+	// probe says first is an endpoint probed (probe.go), not the pick.
+	probe bool
 }
 
 // decide hashes the prompt's head, waits for admission and picks, reserving the
@@ -67,6 +69,12 @@ func (g *Router) decide(ctx context.Context, a decideArgs, sc *snapshotScratch, 
 	d.decision, d.cands, d.first, ref = g.choose(ctx, p, req, d.hashes, a, sc)
 	if ref != nil {
 		return d, ref
+	}
+	if ep := g.probeTarget(p, a, req, &d, a.limit); ep != nil {
+		d.first.release()
+		g.freed.signal()
+		d.first, d.probe = ep, true
+		g.probes.WithLabelValues(p.name).Inc()
 	}
 	g.m.Decision.Observe(g.now().Sub(a.start).Seconds())
 	g.keepDecision(p, a.rid, a.model, d)

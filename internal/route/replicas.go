@@ -93,6 +93,7 @@ func (g *Router) PeerAnswer(a peers.Answer) {
 			continue
 		}
 		e.speed.ObserveTTFT(a.Own, a.Ahead, a.Running, a.Loads, a.Seconds, p.poolSpeed())
+		e.taught(now, false, false)
 		p.observedAt.Store(now.UnixNano())
 		p.refreshPrior(now)
 	}

@@ -93,6 +93,9 @@ type Route struct {
 	finished     bool
 	limit        slots
 	session      string
+	// probe says the endpoint was probed (probe.go): its answer may show
+	// its learned speed wrong.
+	probe bool
 	// What the served endpoint's speed is learned from: when the request's
 	// last byte went there (Sent), the prefill work ahead of it with its
 	// own, the batch it joined, and when its first byte came. sentAt, ticket
@@ -284,7 +287,7 @@ func (g *Router) route(ctx context.Context, rt *routes, req Request) (*Route, *p
 			r.hashes = slices.Clone(d.hashes) // for a fallback the data plane may use
 		}
 	}
-	r.session = session
+	r.session, r.probe = session, d.probe
 	if p.sessions != nil {
 		p.sessions.put(session, d.first.addr, g.now())
 	}
@@ -449,6 +452,7 @@ func (r *Route) FirstByte(status int, streamed bool) {
 	if streamed && status >= 200 && status < 300 && !sentAt.IsZero() {
 		r.firstAt = now
 		ttft := now.Sub(sentAt).Seconds()
+		r.served.taught(now, r.probe, r.probe && r.relearn(ttft))
 		r.served.speed.ObserveTTFT(float64(r.own), r.ahead, r.running, r.loads, ttft, r.p.poolSpeed())
 		r.g.answeredSpeed(peers.Answer{Endpoint: r.served.addr, Own: float64(r.own), Ahead: r.ahead, Running: r.running, Loads: r.loads, Seconds: ttft})
 		r.p.observedAt.Store(now.UnixNano())

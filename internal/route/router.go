@@ -91,6 +91,8 @@ type Router struct {
 	share atomic.Pointer[replicaShare]
 	// started is when the first configuration was applied (Unix seconds).
 	started atomic.Int64
+	// probes counts the probes of endpoints believed slow, by scheduler.
+	probes *prometheus.CounterVec
 }
 
 // routes is one applied configuration, immutable once built.
@@ -140,6 +142,9 @@ type scheduler struct {
 	// saturation are the thresholds past which the pool is saturated: a
 	// sheddable request is refused rather than queued inside an engine.
 	saturation schedule.Thresholds
+	// probes says the picker weighs learned speeds (predictedLatency): only
+	// then may a wrong one keep an endpoint idle, and is it probed.
+	probes bool
 }
 
 // priorEvery bounds how often a scheduler recomputes its pool's median speed.
@@ -206,6 +211,8 @@ type endpoint struct {
 	admittedAt atomic.Int64
 	// minute is its last minute of requests, for the fleet page.
 	minute atomic.Pointer[lastMinute]
+	// probe times its probes (probe.go).
+	probe probeState
 }
 
 // tryAcquire takes an in-flight slot if the limit has room for one more (zero: no
@@ -253,6 +260,7 @@ func New(opts Options) *Router {
 		fleet: fleet.New(opts.Fleet), prefix: prefix.New(), fleetCtx: ctx, stopFleet: cancel}
 	// A registry shared by several routers (tests) keeps the first one's collector.
 	_ = opts.Metrics.Registry.Register(newFleetCollector(g))
+	g.probes = probeCounter(opts.Metrics.Registry)
 	return g
 }
 
@@ -442,6 +450,7 @@ func (b *built) scheduler(sc v1alpha1.SchedulerSpec, old *scheduler, env buildEn
 			b.sessions[sc.Name] = p.sessions
 		}
 	}
+	p.probes = usesSpeed(sc, env.profile)
 	if usesPrefix(sc, env.profile) {
 		p.prefix = prefixConfig{blockChars: sc.PrefixBlockChars(), maxBlocks: sc.PrefixMaxBlocks(), capacity: sc.PrefixCapacity(),
 			seeds: map[string]uint64{sc.ModelName: prefix.Seed(sc.ModelName, "")}}
@@ -708,6 +717,12 @@ func (g *Router) fleetConfig(gw v1alpha1.GatewaySpec) fleet.Config {
 		}
 	}
 	return c
+}
+
+// usesSpeed says whether a scheduler's picker scores learned speeds.
+func usesSpeed(sc v1alpha1.SchedulerSpec, override *schedule.Profile) bool {
+	pr, err := profile(sc, override)
+	return err == nil && sc.PickerName() == schedule.PickerKvgate && pr.Weights[v1alpha1.ScorerPredictedLatency] > 0
 }
 
 // usesPrefix says whether a scheduler's picker scores prefix affinity.
