@@ -422,6 +422,14 @@ func (t *Tracker) publish(prior Speed) {
 func (t *Tracker) Speed(prior Speed) Speed {
 	s := t.Fit(prior)
 	if s.Borrowed {
+		// Too few answers for a fit of its own, but each already says how
+		// far the endpoint is from its pool's pace: a burst that comes
+		// before the fits does not find a slow generation rated as fast.
+		if own := t.fit.Load(); own != nil && own.Samples > 0 {
+			s.Pace = own.Pace
+			s.Base, s.PerKToken, s.PerKTokenQueued, s.PerRunning, s.AdapterLoad =
+				prior.Base*s.Pace, prior.PerKToken*s.Pace, prior.PerKTokenQueued*s.Pace, prior.PerRunning*s.Pace, prior.AdapterLoad*s.Pace
+		}
 		return s
 	}
 	pace, l := s.Pace, ownShare

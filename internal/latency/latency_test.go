@@ -101,8 +101,14 @@ func TestTrackerBorrowsUntilLearned(t *testing.T) {
 		t.Fatalf("a tracker that learned nothing reads %+v", s)
 	}
 	for i := range MinSamples {
-		if s := tr.Speed(prior); !s.Borrowed || s.PerKToken != 0.3 {
-			t.Fatalf("after %d answers it reads %+v, want the prior's", i, s)
+		// Before a fit of its own, the pool's shape at the pace its answers
+		// showed: each of 0.5 s where the pool predicts 0.02 + 0.3 × 0.512.
+		pace := 1.0
+		if i > 0 {
+			pace = 0.5 / prior.TTFT(512, 0, 0, 0)
+		}
+		if s := tr.Speed(prior); !s.Borrowed || math.Abs(s.PerKToken-0.3*pace) > 1e-9 || math.Abs(s.Pace-pace) > 1e-9 {
+			t.Fatalf("after %d answers it reads %+v, want the prior's at pace %.3f", i, s, pace)
 		}
 		// 512 tokens in 0.5 s: about a second per thousand tokens.
 		tr.ObserveTTFT(512, 0, 0, 0, 0.5, prior)

@@ -150,8 +150,8 @@ const DefaultProfile = v1alpha1.ProfileChat
 var profiles = [...]ProfileSpec{
 	{Name: v1alpha1.ProfileGIEDefault, Profile: Profile{Weights: GIEDefault},
 		Description: "kvgate's picker with the Gateway API Inference Extension's default weights (queue 2, kvCache 2, prefix 3)"},
-	{Name: v1alpha1.ProfileChat, Profile: Profile{Weights: Weights{v1alpha1.ScorerQueue: 1, v1alpha1.ScorerKVCache: 6, v1alpha1.ScorerPrefix: 6,
-		v1alpha1.ScorerPrefillQueue: 2, v1alpha1.ScorerErrorRate: 6, v1alpha1.ScorerPredictedLatency: 8}, QueueSpread: 16},
+	{Name: v1alpha1.ProfileChat, Profile: Profile{Weights: Weights{v1alpha1.ScorerQueue: 1, v1alpha1.ScorerKVCache: 6, v1alpha1.ScorerPrefix: 4,
+		v1alpha1.ScorerPrefillQueue: 2, v1alpha1.ScorerErrorRate: 6, v1alpha1.ScorerPredictedLatency: 6}, QueueSpread: 16},
 		Description: "kvgate's chat profile: KV cache, queue and queued prefill tokens, prefix affinity, error rate, predicted latency"},
 	{Name: v1alpha1.ProfileBatch, Profile: Profile{Weights: Weights{v1alpha1.ScorerQueue: 1, v1alpha1.ScorerKVCache: 3, v1alpha1.ScorerPrefix: 3,
 		v1alpha1.ScorerErrorRate: 4}, QueueSpread: 8},
