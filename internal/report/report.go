@@ -95,8 +95,10 @@ const (
 	Reference = "oracle"
 )
 
-// HeadlineBaselines are the policies the headline compares Subject with.
-var HeadlineBaselines = []string{"kube-proxy", "round-robin", "least-request", "weighted-round-robin", "gie-default"}
+// HeadlineBaselines are the policies the headline compares Subject with:
+// what users run instead, then the defaults of the field's leading routers
+// (llm-d's and Dynamo's, as kvgate's profiles reproduce them).
+var HeadlineBaselines = []string{"kube-proxy", "round-robin", "least-request", "weighted-round-robin", "gie-default", "llm-d-sticky", "dynamo-kv"}
 
 // Server is one endpoint of a scenario's fleet.
 type Server struct {
