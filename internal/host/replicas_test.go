@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -319,11 +320,20 @@ func TestReplicasShareScraping(t *testing.T) {
 	stop := traffic(t, []string{rs[1].URL, rs[2].URL}, 300)
 	time.Sleep(200 * time.Millisecond)
 	rs[0].Close()
-	after := rate(time.Second)
+	// The others take its share over: within three one-second windows, one
+	// where every server is scraped at least half as often as one replica
+	// alone scrapes it (a busy machine stretches the first window, which
+	// the handover straddles).
+	var after []float64
+	for range 3 {
+		if after = rate(time.Second); slices.Min(after) >= 10 {
+			break
+		}
+	}
 	t.Logf("after one replica left: %.1f scrapes a second; %d requests answered by the others", after, stop())
 	for i, v := range after {
 		if v < 10 {
-			t.Errorf("server %d scraped %.1f times a second after a replica left", i, v)
+			t.Errorf("server %d scraped %.1f times a second three seconds after a replica left", i, v)
 		}
 	}
 	for _, e := range rs[1].Router().FleetView()[0].Endpoints {
