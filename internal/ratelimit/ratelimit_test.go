@@ -508,7 +508,11 @@ func TestTwoReplicas(t *testing.T) {
 		t.Skip("4 s of load")
 	}
 	srv := redistest.Start(t)
-	replicas := []*Limiter{New(srv.Client(t), Options{}), New(srv.Client(t), Options{})}
+	// A wait well above the default's 50 ms: the test is about the shared
+	// count, and on a loaded machine under the race detector an answer now
+	// and then takes longer than 50 ms, which the fail mode would decide.
+	opts := Options{Timeout: 500 * time.Millisecond}
+	replicas := []*Limiter{New(srv.Client(t), opts), New(srv.Client(t), opts)}
 	ctx := context.Background()
 	k, lim := Key{Tenant: "shared", Model: "m"}, Limits{RequestsPerMinute: 6000}
 	const (
