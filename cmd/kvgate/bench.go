@@ -88,6 +88,7 @@ Examples:
 
 func newTuneCmd() *cobra.Command {
 	var cfg bench.TuneConfig
+	var perScenario bool
 	cmd := &cobra.Command{
 		Use:   "tune",
 		Short: "Search scorer weights in virtual time for a trace and fleet",
@@ -100,13 +101,18 @@ Scorers searched (the others score every simulated endpoint alike):
 ` + tunedScorers() + `
 Examples:
   kvgate tune --trace trace.jsonl --fleet fleet.yaml --objective p95-ttft
-  kvgate tune --suite aws --quick --objective p95-e2e --profile batch`,
+  kvgate tune --suite aws --quick --objective p95-e2e --profile batch
+  kvgate tune --suite mixed --quick --per-scenario`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if cfg.TraceFile == "" && cfg.FleetFile == "" && cfg.Suite == "" {
 				cfg.Suite = "aws"
 			}
 			cfg.Progress = progress(cmd.ErrOrStderr())
+			if perScenario {
+				_, err := bench.TunePerScenario(cmd.Context(), cmd.OutOrStdout(), cfg)
+				return err
+			}
 			_, err := bench.Tune(cmd.Context(), cmd.OutOrStdout(), cfg)
 			return err
 		},
@@ -121,6 +127,7 @@ Examples:
 	profiles := schedule.ProfileNames()
 	f.StringVar(&cfg.Profile, "profile", string(profiles[0]), fmt.Sprintf("profile to start from and to compare against %v", profiles))
 	f.BoolVar(&cfg.Spreads, "spreads", false, "also search the queue and running spreads (profile design)")
+	f.BoolVar(&perScenario, "per-scenario", false, "with --suite: tune each scenario on its own and show how far the profile is from each one's best weights")
 	f.Uint64Var(&cfg.Seed, "seed", 0, "added to every workload seed")
 	return cmd
 }

@@ -235,7 +235,9 @@ func TestLive(t *testing.T) {
 
 func TestTune(t *testing.T) {
 	var out, progress bytes.Buffer
-	p, err := Tune(context.Background(), &out, TuneConfig{Suite: "aws", Quick: true, Scenarios: []string{"mixed-gpu"}, Profile: "gie-default", Seed: 1,
+	// Tuned on one scenario, per scenario: the search as Tune runs it, then
+	// the table of distances.
+	bests, err := TunePerScenario(context.Background(), &out, TuneConfig{Suite: "aws", Quick: true, Scenarios: []string{"mixed-gpu"}, Profile: "gie-default", Seed: 1,
 		Progress: &progress})
 	if err != nil {
 		t.Fatal(err)
@@ -246,6 +248,11 @@ func TestTune(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), "weights: {queue:") || !strings.Contains(out.String(), "best:") {
 		t.Fatalf("output:\n%s", out.String())
+	}
+	p := bests[0]
+	if !strings.Contains(out.String(), "How far profile gie-default is from each scenario's best weights (p95-ttft)") ||
+		!strings.Contains(strings.Join(strings.Fields(out.String()), " "), "% "+describe(p)) {
+		t.Fatalf("per-scenario output, want mixed-gpu's row with %q:\n%s", describe(p), out.String())
 	}
 	// What it found beats where it started on the same trace: on a mixed fleet
 	// GIE's weights leave KV usage, the signal that the small A10G caches fill
@@ -261,6 +268,9 @@ func TestTune(t *testing.T) {
 	}
 	if _, err := Tune(context.Background(), &out, TuneConfig{Objective: "fastest"}); err == nil {
 		t.Error("unknown objective accepted")
+	}
+	if _, err := TunePerScenario(context.Background(), &out, TuneConfig{Suite: "aws", Scenarios: []string{"nowhere"}}); err == nil {
+		t.Error("an unknown scenario accepted")
 	}
 }
 

@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -61,24 +62,31 @@ var (
 // objective is the geometric mean of the per-scenario figures, so that no
 // scenario's scale dominates.
 func Tune(ctx context.Context, w io.Writer, cfg TuneConfig) (schedule.Profile, error) {
+	best, _, _, err := tune(ctx, w, cfg)
+	return best, err
+}
+
+// tune is Tune, which also returns the objective of the starting profile and
+// of the best one.
+func tune(ctx context.Context, w io.Writer, cfg TuneConfig) (schedule.Profile, float64, float64, error) {
 	if cfg.Objective == "" {
 		cfg.Objective = "p95-ttft"
 	}
 	obj, ok := Objectives[cfg.Objective]
 	if !ok {
-		return schedule.Profile{}, fmt.Errorf("unknown objective %q (known: %s)", cfg.Objective, strings.Join(slices.Sorted(maps.Keys(Objectives)), ", "))
+		return schedule.Profile{}, 0, 0, fmt.Errorf("unknown objective %q (known: %s)", cfg.Objective, strings.Join(slices.Sorted(maps.Keys(Objectives)), ", "))
 	}
 	if cfg.Profile == "" {
 		cfg.Profile = string(v1alpha1.ProfileKvgate)
 	}
 	start, err := schedule.LookupProfile(cfg.Profile)
 	if err != nil {
-		return schedule.Profile{}, err
+		return schedule.Profile{}, 0, 0, err
 	}
 	scenarios, traces, err := selectScenarios(Config{Suite: cfg.Suite, Scenarios: cfg.Scenarios, Quick: cfg.Quick,
 		TraceFile: cfg.TraceFile, FleetFile: cfg.FleetFile, Seed: cfg.Seed})
 	if err != nil {
-		return schedule.Profile{}, err
+		return schedule.Profile{}, 0, 0, err
 	}
 	// A pool with adapters runs its profile with loraAffinity (WithAdapters); the
 	// search starts from exactly that, so that what it prints is what it ran.
@@ -130,7 +138,7 @@ func Tune(ctx context.Context, w io.Writer, cfg TuneConfig) (schedule.Profile, e
 	best.Weights = maps.Clone(start.Weights)
 	bestScore, baseRes, err := eval(best)
 	if err != nil {
-		return best, err
+		return best, 0, 0, err
 	}
 	startScore := bestScore
 	note(cfg.Profile, 0, 0, 0, bestScore, bestScore)
@@ -162,7 +170,7 @@ func Tune(ctx context.Context, w io.Writer, cfg TuneConfig) (schedule.Profile, e
 			for _, v := range valuesOf(d) {
 				step++
 				if err := ctx.Err(); err != nil {
-					return best, err
+					return best, 0, 0, err
 				}
 				cand := with(best, d, v)
 				if cand.Equal(best) || len(activeWeights(cand)) == 0 {
@@ -170,7 +178,7 @@ func Tune(ctx context.Context, w io.Writer, cfg TuneConfig) (schedule.Profile, e
 				}
 				score, _, err := eval(cand)
 				if err != nil {
-					return best, err
+					return best, 0, 0, err
 				}
 				// A change must win by 1%: noise between near-equal settings must not
 				// walk the weights around.
@@ -187,7 +195,7 @@ func Tune(ctx context.Context, w io.Writer, cfg TuneConfig) (schedule.Profile, e
 	}
 	_, bestRes, err := eval(best)
 	if err != nil {
-		return best, err
+		return best, 0, 0, err
 	}
 	fmt.Fprintf(w, "\nbest: %s\n", describe(best))
 	fmt.Fprintf(w, "%s: %s against %s with profile %s (%+.1f%%)\n", cfg.Objective, fmtScore(cfg.Objective, bestScore),
@@ -199,7 +207,58 @@ func Tune(ctx context.Context, w io.Writer, cfg TuneConfig) (schedule.Profile, e
 	if cfg.Spreads {
 		fmt.Fprintf(w, "      # spreads (profile code, not configuration): queue %g, running %g, prefill %g\n", best.QueueSpread, best.RunningSpread, best.PrefillSpread)
 	}
-	return best, nil
+	return best, startScore, bestScore, nil
+}
+
+// TunePerScenario tunes each of the suite's scenarios (cfg.Scenarios, or all)
+// on its own, as Tune does, and ends with a table of how far the starting
+// profile is from the best weights for each: one profile serves every
+// scenario, and this says what that costs where. It returns the best profile
+// of each scenario, in suite order.
+func TunePerScenario(ctx context.Context, w io.Writer, cfg TuneConfig) ([]schedule.Profile, error) {
+	if cfg.Suite == "" {
+		return nil, fmt.Errorf("tuning per scenario needs a suite")
+	}
+	scenarios, err := Suite(cfg.Suite, cfg.Quick)
+	if err != nil {
+		return nil, err
+	}
+	var names []string
+	for _, s := range scenarios {
+		if len(cfg.Scenarios) == 0 || slices.Contains(cfg.Scenarios, s.Name) {
+			names = append(names, s.Name)
+		}
+	}
+	if len(names) == 0 {
+		return nil, fmt.Errorf("no scenario of suite %s is named %v", cfg.Suite, cfg.Scenarios)
+	}
+	type row struct {
+		name        string
+		start, best float64
+		weights     string
+	}
+	var rows []row
+	var bests []schedule.Profile
+	for _, name := range names {
+		one := cfg
+		one.Scenarios = []string{name}
+		var out strings.Builder
+		best, start, found, err := tune(ctx, &out, one)
+		if err != nil {
+			return nil, fmt.Errorf("scenario %s: %w", name, err)
+		}
+		fmt.Fprintf(w, "== %s\n%s\n", name, out.String())
+		rows = append(rows, row{name, start, found, describe(best)})
+		bests = append(bests, best)
+	}
+	profile := cmp.Or(cfg.Profile, string(v1alpha1.ProfileKvgate))
+	objective := cmp.Or(cfg.Objective, "p95-ttft")
+	fmt.Fprintf(w, "How far profile %s is from each scenario's best weights (%s):\n\n", profile, objective)
+	fmt.Fprintf(w, "  %-20s %12s %12s %8s  %s\n", "scenario", profile, "best", "gain", "best weights")
+	for _, r := range rows {
+		fmt.Fprintf(w, "  %-20s %12s %12s %+7.1f%%  %s\n", r.name, fmtScore(objective, r.start), fmtScore(objective, r.best), (r.best/r.start-1)*100, r.weights)
+	}
+	return bests, nil
 }
 
 // TunedScorers are the scorers whose weights Tune searches: those the
