@@ -272,8 +272,8 @@ type Speed struct {
 
 // ownShare is the weight of an endpoint's own fit in Speed, the rest the
 // pool's at its pace: on the bench's uniform fleets the pool's shape alone
-// predicts best, on its mixed ones the own fit; half of each is within 2% of
-// the better on both.
+// predicts best, on its mixed ones the own fit; half of each came within
+// about 5% of the better on both (uniform-steady, burst-at-once).
 const ownShare = 0.5
 
 // MinSamples is how many answers an endpoint's model needs before it speaks
