@@ -74,7 +74,7 @@ func (g *Router) decide(ctx context.Context, a decideArgs, sc *snapshotScratch, 
 		d.first.release()
 		g.freed.signal()
 		d.first, d.probe = ep, true
-		g.probes.WithLabelValues(p.name).Inc()
+		g.m.Probes.WithLabelValues(p.name).Inc()
 	}
 	g.m.Decision.Observe(g.now().Sub(a.start).Seconds())
 	g.keepDecision(p, a.rid, a.model, d)

@@ -1,11 +1,8 @@
 package route
 
 import (
-	"errors"
 	"sync/atomic"
 	"time"
-
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvgate/kvgate/internal/schedule"
 )
@@ -93,8 +90,8 @@ func (g *Router) probeTarget(p *scheduler, a decideArgs, req schedule.Request, d
 		}
 		taught, wait := e.probe.taughtAt.Load(), e.wait()
 		idle := now - max(taught, e.probe.probedAt.Load())
-		cheap := schedule.PredictTTFT(req, c) <= typical
-		if taught == 0 || idle < wait || !cheap && idle < 2*wait {
+		// The prediction last: nearly every candidate is out before it.
+		if taught == 0 || idle < wait || idle < 2*wait && schedule.PredictTTFT(req, c) > typical {
 			continue
 		}
 		if due == nil || taught < dueAt {
@@ -128,20 +125,4 @@ func (r *Route) relearn(ttft float64) bool {
 		return false
 	}
 	return true
-}
-
-// probeCounter is kvgate_probes_total, registered on reg, or the one
-// registered there before (routers sharing a registry in tests).
-func probeCounter(reg prometheus.Registerer) *prometheus.CounterVec {
-	c := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvgate_probes_total",
-		Help: "Requests sent to an endpoint that got none for 30 s while its pool answered, to measure its speed again."}, []string{"scheduler"})
-	if err := reg.Register(c); err != nil {
-		if are, ok := errors.AsType[prometheus.AlreadyRegisteredError](err); ok {
-			if prev, ok := are.ExistingCollector.(*prometheus.CounterVec); ok {
-				return prev
-			}
-		}
-		panic(err)
-	}
-	return c
 }

@@ -91,8 +91,6 @@ type Router struct {
 	share atomic.Pointer[replicaShare]
 	// started is when the first configuration was applied (Unix seconds).
 	started atomic.Int64
-	// probes counts the probes of endpoints believed slow, by scheduler.
-	probes *prometheus.CounterVec
 }
 
 // routes is one applied configuration, immutable once built.
@@ -260,7 +258,6 @@ func New(opts Options) *Router {
 		fleet: fleet.New(opts.Fleet), prefix: prefix.New(), fleetCtx: ctx, stopFleet: cancel}
 	// A registry shared by several routers (tests) keeps the first one's collector.
 	_ = opts.Metrics.Registry.Register(newFleetCollector(g))
-	g.probes = probeCounter(opts.Metrics.Registry)
 	return g
 }
 

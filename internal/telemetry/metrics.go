@@ -32,6 +32,7 @@ type Gateway struct {
 	Ejections      *prometheus.CounterVec   // scheduler, endpoint
 	Shed           *prometheus.CounterVec   // scheduler, reason
 	SLOMisses      *prometheus.CounterVec   // scheduler, action
+	Probes         *prometheus.CounterVec   // scheduler
 	StreamErrors   *prometheus.CounterVec   // scheduler
 	InFlight       *prometheus.GaugeVec     // scheduler, endpoint
 	Reloads        *prometheus.CounterVec   // result
@@ -89,6 +90,10 @@ func NewGateway() *Gateway {
 			Name: "kvgate_ttft_slo_unmet_total",
 			Help: "Requests with a ttftSLO that no endpoint was predicted to meet, by action (shed: refused, the request being sheddable; routed: sent to the best endpoint).",
 		}, []string{"scheduler", "action"}),
+		Probes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvgate_probes_total",
+			Help: "Requests sent to an endpoint that got none for 30 s while its pool answered, to measure its speed again.",
+		}, []string{"scheduler"}),
 		StreamErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvgate_stream_errors_total",
 			Help: "Responses that failed after bytes reached the client and were ended with an error event.",
@@ -114,7 +119,7 @@ func NewGateway() *Gateway {
 			Help: "Requests refused with 503 because holding their body's head would have taken the bytes held past spec.gateway.maxBufferedBytes.",
 		}),
 	}
-	g.Registry.MustRegister(g.Requests, g.Duration, g.TTFT, g.Decision, g.Plugins, g.PrefixMatch, g.Tokens, g.Retries, g.Ejections, g.Shed, g.SLOMisses, g.StreamErrors,
+	g.Registry.MustRegister(g.Requests, g.Duration, g.TTFT, g.Decision, g.Plugins, g.PrefixMatch, g.Tokens, g.Retries, g.Ejections, g.Shed, g.SLOMisses, g.Probes, g.StreamErrors,
 		g.InFlight, g.Reloads, g.ConfigAccepted, g.Buffered, g.BufferRefused,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return g
