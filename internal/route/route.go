@@ -104,10 +104,13 @@ type Route struct {
 	mu              sync.Mutex
 	sentAt, firstAt time.Time
 	dispatched      bool // the fleet counts the request (ticket)
-	ahead, running  float64
-	loads           float64 // 1: the adapter was not loaded there
-	own             int     // the prompt tokens not expected to be cached
-	decision        Decision
+	// recordCap, when not 0, is the prefix capacity to record the prompt's
+	// blocks at the served endpoint with once the body is all sent.
+	recordCap      int
+	ahead, running float64
+	loads          float64 // 1: the adapter was not loaded there
+	own            int     // the prompt tokens not expected to be cached
+	decision       Decision
 }
 
 // Scheduler is the name of the scheduler that picked.
@@ -282,9 +285,17 @@ func (g *Router) route(ctx context.Context, rt *routes, req Request) (*Route, *p
 		} else {
 			capacity = p.prefix.capacity
 		}
-		g.record(d.first.addr, d.hashes, capacity)
-		if len(r.Endpoints) > 1 {
-			r.hashes = slices.Clone(d.hashes) // for a fallback the data plane may use
+		if r.dispatched {
+			g.record(d.first.addr, d.hashes, capacity)
+		} else {
+			// Recorded once the body is all sent (Sent): an upload given
+			// up midway leaves no prompt in the engine's cache, and a
+			// belief that it did would make the next answer there look
+			// slow for the prefill it then computes.
+			r.recordCap = capacity
+		}
+		if len(r.Endpoints) > 1 || !r.dispatched {
+			r.hashes = slices.Clone(d.hashes) // for a fallback the data plane may use, or Sent
 		}
 	}
 	r.session, r.probe = session, d.probe
@@ -321,6 +332,10 @@ func (r *Route) Sent(addr string) {
 	r.sentAt = r.g.now()
 	if !r.dispatched {
 		r.dispatch()
+	}
+	if r.recordCap > 0 {
+		r.g.record(addr, r.hashes, r.recordCap)
+		r.recordCap = 0
 	}
 }
 
@@ -378,7 +393,7 @@ func (r *Route) move(addr string, limit slots) bool {
 	// A fallback gets the body from the gateway's buffer, whole: counted at
 	// once, and timed from its own Sent.
 	r.mu.Lock()
-	r.sentAt = time.Time{}
+	r.sentAt, r.recordCap = time.Time{}, 0 // recorded here, below
 	r.dispatch()
 	r.mu.Unlock()
 	if len(r.hashes) > 0 {

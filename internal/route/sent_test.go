@@ -1,7 +1,9 @@
 package route
 
 import (
+	"github.com/kvgate/kvgate/internal/proxy"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -119,4 +121,40 @@ func TestPendingBodyIsNoWorkAhead(t *testing.T) {
 		t.Errorf("a whole body's request puts %d prompt tokens ahead; want %d", w, promptTokens)
 	}
 	r.Finish(Outcome{Status: http.StatusOK})
+}
+
+// TestPendingBodyRecordsItsPromptWhenSent: the prefix index believes an
+// endpoint holds a prompt only once its body was all sent there; an upload
+// given up midway leaves nothing in the engine's cache, nor in the index.
+func TestPendingBodyRecordsItsPromptWhenSent(t *testing.T) {
+	const addr = "10.0.0.1:8000"
+	prompt := []byte(strings.Repeat(`{"role":"system","content":"a long system prompt"},`, 64))
+	for _, tc := range []struct {
+		name   string
+		sent   bool
+		status int
+		held   bool
+	}{
+		{"sent, then answered", true, http.StatusOK, true},
+		{"given up before it was all sent", false, proxy.StatusClientClosed, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clk := newClock()
+			g := newRouter(t, clk, testConfig(schedulerSpec("p", llama, addr)))
+			observe(g, clk, engine.Metrics{BlockSize: kvBlock, NumBlocks: 26_000}, addr)
+			blocks := func() int { return g.FleetView()[0].Endpoints[0].PrefixBlocks }
+			r := pick(t, g, Request{Model: llama, Prompt: prompt, BodyBytes: int64(len(prompt)), BodyPending: true})
+			if b := blocks(); b != 0 {
+				t.Fatalf("while the body arrives the index holds %d of its blocks there; want 0", b)
+			}
+			if tc.sent {
+				r.Sent(addr)
+				r.FirstByte(tc.status, true)
+			}
+			r.Finish(Outcome{Status: tc.status})
+			if b := blocks(); (b > 0) != tc.held {
+				t.Errorf("the index holds %d of its blocks there; want some: %v", b, tc.held)
+			}
+		})
+	}
 }
