@@ -12,7 +12,6 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"net/url"
 	"slices"
 	"strings"
 	"sync"
@@ -22,6 +21,7 @@ import (
 	jose "github.com/go-jose/go-jose/v4"
 
 	"github.com/kvgate/kvgate/api/v1alpha1"
+	"github.com/kvgate/kvgate/internal/config"
 )
 
 const (
@@ -69,12 +69,8 @@ type keySource struct {
 type fetchError struct{ err error }
 
 func newKeySource(ctx context.Context, spec *v1alpha1.JWTSpec, opts Options, m *metrics) *keySource {
-	logURL := spec.JWKSURI
-	if u, err := url.Parse(spec.JWKSURI); err == nil {
-		logURL = u.Redacted()
-	}
 	return &keySource{
-		url: spec.JWKSURI, logURL: logURL, client: opts.HTTPClient,
+		url: spec.JWKSURI, logURL: config.RedactURL(spec.JWKSURI), client: opts.HTTPClient,
 		timeout: spec.Fetch(), interval: spec.Refresh(),
 		now: opts.Now, log: opts.Logger, m: m, ctx: ctx,
 	}

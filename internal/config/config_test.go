@@ -268,3 +268,18 @@ func TestDecodeRenamed(t *testing.T) {
 		})
 	}
 }
+
+func TestRedactURL(t *testing.T) {
+	for _, tc := range []struct{ name, in, want string }{
+		{"no secret", "https://idp.example/jwks.json", "https://idp.example/jwks.json"},
+		{"password", "https://user:pa55@idp.example/jwks", "https://user:xxxxx@idp.example/jwks"},
+		{"query values", "https://idp.example/jwks?key=k3y&sig=abc", "https://idp.example/jwks?key=xxxxx&sig=xxxxx"},
+		{"unparsable", "https://user:pa55@idp.example/%zz", "(unparsable URL)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := RedactURL(tc.in); got != tc.want {
+				t.Errorf("RedactURL(%q) = %q, want %q", tc.in, got, tc.want)
+			}
+		})
+	}
+}

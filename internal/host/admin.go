@@ -59,8 +59,8 @@ func (h *Host) AdminHandler() http.Handler {
 	return mux
 }
 
-// serveDebugConfig shows the configuration serving now and the outcome of the
-// last attempt to load one.
+// serveDebugConfig shows the configuration serving now, without its secrets,
+// and the outcome of the last attempt to load one.
 func (h *Host) serveDebugConfig(w http.ResponseWriter, _ *http.Request) {
 	active, when, lastErr := h.core.ConfigStatus()
 	out := map[string]any{"lastReload": when.UTC().Format(time.RFC3339Nano), "lastReloadAccepted": lastErr == nil}
@@ -68,7 +68,7 @@ func (h *Host) serveDebugConfig(w http.ResponseWriter, _ *http.Request) {
 		out["lastReloadError"] = lastErr.Error()
 	}
 	if active != nil {
-		y, err := config.Marshal(active)
+		y, err := config.Marshal(config.Redacted(active))
 		if err == nil {
 			out["active"] = string(y)
 		}

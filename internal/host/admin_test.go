@@ -98,3 +98,30 @@ func TestReadyz(t *testing.T) {
 		t.Errorf("a frozen scheduler: /readyz %d %q, want 200 naming it", code, body)
 	}
 }
+
+// TestDebugConfigHoldsNoSecret: /debug/config shows the configuration without
+// the JWKS URL's password or query values, without the API keys' hashes and
+// without kubectl's copy of the spec in the annotations.
+func TestDebugConfigHoldsNoSecret(t *testing.T) {
+	const (
+		password = "s3cretpass"
+		query    = "sig0123"
+		hash     = "sha256:2bb80d537b1da3e38bd30361aa855686bde0eacd7162fef6a25fe97bf527a25b"
+	)
+	cfg := config(scheduler("chat", llama, "127.0.0.1:1"))
+	cfg.Annotations = map[string]string{"kubectl.kubernetes.io/last-applied-configuration": `{"hash":"` + hash + `"}`}
+	cfg.Spec.Auth = &v1alpha1.AuthSpec{
+		JWT:     &v1alpha1.JWTSpec{JWKSURI: "https://reader:" + password + "@127.0.0.1:1/jwks?token=" + query},
+		APIKeys: []v1alpha1.APIKeySpec{{Tenant: "acme", Hash: hash}},
+	}
+	g := start(t, cfg, host.CoreOptions{})
+	d := readDebugConfig(t, strings.TrimPrefix(g.AdminURL, "http://"))
+	if !strings.Contains(d.Active, "tenant: acme") || !strings.Contains(d.Active, "https://reader:xxxxx@127.0.0.1:1/jwks?token=xxxxx") {
+		t.Fatalf("the configuration is not shown redacted:\n%s", d.Active)
+	}
+	for _, secret := range []string{password, query, hash[len("sha256:"):]} {
+		if strings.Contains(d.Active, secret) {
+			t.Errorf("/debug/config shows %q:\n%s", secret, d.Active)
+		}
+	}
+}
