@@ -13,50 +13,68 @@ import (
 )
 
 // AdminHandler serves /metrics, /healthz, /readyz, /summary (the global router's
-// heartbeat), /debug/config, /debug/fleet, /debug/replicas, /debug/pprof and the
-// fleet page (/ui/, ui.go).
+// heartbeat), /debug/config, /debug/fleet, /debug/replicas, /debug/pprof (when
+// enabled) and the fleet page (/ui/, ui.go). Health and /summary answer
+// everyone; /debug/* only whom AdminOptions.Auth admits, under a Host a
+// browser cannot be tricked into (adminauth.go).
 func (h *Host) AdminHandler() http.Handler {
+	g := h.admin
+	if g == nil {
+		// The options did not hold (Run refuses them): protected pages
+		// answer why.
+		g = &adminGate{opts: AdminOptions{Auth: AdminAuthToken}, broken: h.adminErr}
+	}
 	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", promhttp.HandlerFor(h.Metrics().Registry, promhttp.HandlerOpts{}))
+	var metrics http.Handler = promhttp.HandlerFor(h.Metrics().Registry, promhttp.HandlerOpts{})
+	if g.opts.Metrics && g.opts.Auth != AdminAuthNone {
+		metrics = g.authenticated(metrics)
+	}
+	mux.Handle("GET /metrics", metrics)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
-		switch {
-		case h.core.Draining():
-			http.Error(w, "draining", http.StatusServiceUnavailable)
-		case !h.core.Configured() && !h.opts.ReadyWithoutConfig:
-			msg := "no configuration"
-			if _, _, err := h.core.ConfigStatus(); err != nil {
-				msg += ": the last one was rejected: " + err.Error()
-			}
-			http.Error(w, msg, http.StatusServiceUnavailable)
-		case h.awaitingCertificate() != "":
-			http.Error(w, h.awaitingCertificate(), http.StatusServiceUnavailable)
-		case len(h.core.Unready()) > 0 && r.URL.Query().Get("endpoints") == "all":
-			// Opt-in: a load balancer in front of one model's replicas may
-			// prefer to send nothing to one that cannot serve it.
-			http.Error(w, "no ready endpoint for scheduler "+strings.Join(h.core.Unready(), ", "), http.StatusServiceUnavailable)
-		case len(h.core.Unready()) > 0:
-			// Every replica sees the same pods: failing readiness here would
-			// take every replica, and every other model, out of the Service
-			// when one pool is empty. Requests for that model get 503.
-			_, _ = w.Write([]byte("ok; no ready endpoint for scheduler " + strings.Join(h.core.Unready(), ", ") + "\n"))
-		default:
-			_, _ = w.Write([]byte("ok\n"))
-		}
-	})
-	mux.HandleFunc("GET /debug/config", h.serveDebugConfig)
+	mux.HandleFunc("GET /readyz", h.serveReadyz)
 	mux.HandleFunc("GET /summary", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Cache-Control", "no-store")
 		openai.WriteJSON(w, h.core.Summary())
 	})
-	// Go's profiler, on the admin listener only.
-	mux.HandleFunc("GET /debug/pprof/", pprof.Index)
-	mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
-	mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
-	mux.HandleFunc("GET /debug/fleet", h.serveDebugFleet)
-	mux.HandleFunc("GET /debug/replicas", h.serveDebugReplicas)
-	h.routeUI(mux)
+	protect := func(pattern string, f http.HandlerFunc) { mux.Handle(pattern, g.protected(f)) }
+	protect("GET /debug/config", h.serveDebugConfig)
+	protect("GET /debug/fleet", h.serveDebugFleet)
+	protect("GET /debug/replicas", h.serveDebugReplicas)
+	if g.opts.Pprof {
+		// Go's profiler: CPU profiles and execution traces on demand, so
+		// only when asked for.
+		protect("GET /debug/pprof/", pprof.Index)
+		protect("GET /debug/pprof/profile", pprof.Profile)
+		protect("GET /debug/pprof/trace", pprof.Trace)
+	}
+	h.routeUI(mux, g)
 	return mux
+}
+
+func (h *Host) serveReadyz(w http.ResponseWriter, r *http.Request) {
+	switch {
+	case h.core.Draining():
+		http.Error(w, "draining", http.StatusServiceUnavailable)
+	case !h.core.Configured() && !h.opts.ReadyWithoutConfig:
+		msg := "no configuration"
+		if _, _, err := h.core.ConfigStatus(); err != nil {
+			msg += ": the last one was rejected: " + err.Error()
+		}
+		http.Error(w, msg, http.StatusServiceUnavailable)
+	case h.awaitingCertificate() != "":
+		http.Error(w, h.awaitingCertificate(), http.StatusServiceUnavailable)
+	case len(h.core.Unready()) > 0 && r.URL.Query().Get("endpoints") == "all":
+		// Opt-in: a load balancer in front of one model's replicas may
+		// prefer to send nothing to one that cannot serve it.
+		http.Error(w, "no ready endpoint for scheduler "+strings.Join(h.core.Unready(), ", "), http.StatusServiceUnavailable)
+	case len(h.core.Unready()) > 0:
+		// Every replica sees the same pods: failing readiness here would
+		// take every replica, and every other model, out of the Service
+		// when one pool is empty. Requests for that model get 503.
+		_, _ = w.Write([]byte("ok; no ready endpoint for scheduler " + strings.Join(h.core.Unready(), ", ") + "\n"))
+	default:
+		_, _ = w.Write([]byte("ok\n"))
+	}
 }
 
 // serveDebugConfig shows the configuration serving now, without its secrets,

@@ -43,6 +43,8 @@ type CoreOptions struct {
 	// ListenerTLS serves spec.tls on the API listener (kvgate serve's HTTP
 	// front; epp's gRPC listener has its own flags).
 	ListenerTLS bool
+	// Admin secures the admin listener.
+	Admin AdminOptions
 }
 
 // Host holds the routing core and what lives beside it: the peers mesh and
@@ -58,6 +60,11 @@ type Host struct {
 	meshSpec *v1alpha1.SharedStateSpec
 	// tls is the API listener's TLS, nil where spec.tls is not served.
 	tls *listenerTLS
+	// admin guards the admin listener's pages; adminErr is why it could not
+	// be set up, which Run reports (AdminHandler then refuses every
+	// protected page).
+	admin    *adminGate
+	adminErr error
 }
 
 // New returns a host with no configuration: its core refuses with 503 until
@@ -79,6 +86,7 @@ func New(opts CoreOptions) *Host {
 	if opts.ListenerTLS {
 		h.serveTLS()
 	}
+	h.admin, h.adminErr = newAdminGate(opts.Admin, opts.Logger)
 	return h
 }
 

@@ -56,6 +56,9 @@ func Run(ctx context.Context, o Options) error {
 	o.Core.Logger = log
 	h := New(o.Core)
 	defer h.Close()
+	if h.adminErr != nil {
+		return h.adminErr
+	}
 	var initial []byte
 	schedulers := 0
 	if o.Source == nil {

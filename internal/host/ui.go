@@ -21,15 +21,18 @@ var uiFiles embed.FS
 const uiPolicy = "default-src 'self'; img-src 'self' data:; object-src 'none'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
 
 // routeUI adds the fleet page (/ui/, with / leading there) and the decision
-// log it reads (/debug/decisions) to the admin mux.
-func (h *Host) routeUI(mux *http.ServeMux) {
-	mux.Handle("GET /ui/", uiHandler())
-	mux.Handle("GET /ui", http.RedirectHandler("/ui/", http.StatusFound))
-	mux.Handle("GET /{$}", http.RedirectHandler("/ui/", http.StatusFound))
-	mux.HandleFunc("GET /debug/decisions", func(w http.ResponseWriter, _ *http.Request) {
+// log it reads (/debug/decisions) to the admin mux. The page's own files are
+// the binary's, the same for everyone, and a browser's navigation carries no
+// bearer token: they answer without authentication (under the Host check),
+// and the page sends the token the user gives it with its reads of /debug/*.
+func (h *Host) routeUI(mux *http.ServeMux, g *adminGate) {
+	mux.Handle("GET /ui/", g.browsable(uiHandler()))
+	mux.Handle("GET /ui", g.browsable(http.RedirectHandler("/ui/", http.StatusFound)))
+	mux.Handle("GET /{$}", g.browsable(http.RedirectHandler("/ui/", http.StatusFound)))
+	mux.Handle("GET /debug/decisions", g.protected(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Cache-Control", "no-store")
 		openai.WriteJSON(w, h.core.Decisions())
-	})
+	})))
 }
 
 // uiHandler serves the page's files under /ui/.
