@@ -30,6 +30,7 @@ func newEPPCmd() *cobra.Command {
 		secure              bool
 		certDir             string
 		obs                 observeFlags
+		admin               adminFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "epp",
@@ -111,6 +112,10 @@ with --bbr-configmaps, from ConfigMaps labelled inference.networking.k8s.io/bbr-
 				}
 				tlsConfig = cfg
 			}
+			var err error
+			if o.Core.Admin, err = admin.options(kubeconfig, log); err != nil {
+				return err
+			}
 			xo.Logger = log
 			o.Front = func(ctx context.Context, h *host.Host) (host.Front, error) {
 				return extproc.Listen(ctx, extproc.New(h.Router(), xo), healthListen, tlsConfig)
@@ -134,9 +139,10 @@ with --bbr-configmaps, from ConfigMaps labelled inference.networking.k8s.io/bbr-
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	f.StringVar(&logFormat, "log-format", "text", "text or json")
 	f.StringVar(&igwc, "igwc", "", "serve this InferenceGatewayConfig (NAMESPACE/NAME) from the cluster instead of --config")
-	f.StringVar(&kubeconfig, "kubeconfig", "", "with --igwc or --bbr-configmaps: kubeconfig file (default: in-cluster, then $KUBECONFIG)")
+	f.StringVar(&kubeconfig, "kubeconfig", "", "with --igwc, --bbr-configmaps or --admin-auth kubernetes: kubeconfig file (default: in-cluster, then $KUBECONFIG)")
 	f.BoolVar(&leaderElect, "leader-elect", true, "with --igwc: only the elected replica writes status (all replicas serve)")
 	sharedStateFlags(f, &o.Core.SharedState)
+	admin.register(f)
 	obs.register(f, true)
 	return cmd
 }

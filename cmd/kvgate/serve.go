@@ -31,6 +31,7 @@ func newServeCmd() *cobra.Command {
 		igwc, kubeconfig    string
 		leaderElect         bool
 		obs                 observeFlags
+		admin               adminFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -73,6 +74,9 @@ pods become endpoints as they come and go, and the resource's status reports wha
 			} else if o.ConfigPath == "" {
 				return errors.New("--config FILE or --igwc NAMESPACE/NAME is required")
 			}
+			if o.Core.Admin, err = admin.options(kubeconfig, o.Logger); err != nil {
+				return err
+			}
 			o.Core.ListenerTLS = true
 			o.Front = func(_ context.Context, h *host.Host) (host.Front, error) {
 				return h.HTTP(gateway.New(h.Router(), gw)), nil
@@ -91,11 +95,41 @@ pods become endpoints as they come and go, and the resource's status reports wha
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	f.StringVar(&logFormat, "log-format", "text", "text or json")
 	f.StringVar(&igwc, "igwc", "", "serve this InferenceGatewayConfig (NAMESPACE/NAME) from the cluster instead of --config")
-	f.StringVar(&kubeconfig, "kubeconfig", "", "with --igwc: kubeconfig file (default: in-cluster, then $KUBECONFIG)")
+	f.StringVar(&kubeconfig, "kubeconfig", "", "with --igwc or --admin-auth kubernetes: kubeconfig file (default: in-cluster, then $KUBECONFIG)")
 	f.BoolVar(&leaderElect, "leader-elect", true, "with --igwc: only the elected replica writes status (all replicas serve)")
 	sharedStateFlags(f, &o.Core.SharedState)
+	admin.register(f)
 	obs.register(f, true)
 	return cmd
+}
+
+// adminFlags secure the admin listener.
+type adminFlags struct {
+	auth, tokenFile string
+	metrics, pprof  bool
+	hosts           []string
+}
+
+func (a *adminFlags) register(f *pflag.FlagSet) {
+	f.StringVar(&a.auth, "admin-auth", host.AdminAuthNone, "who may read /debug/* on --admin-listen: none (loopback clients only), token (the bearer token in --admin-token-file) or kubernetes (bearer tokens reviewed by the API server: TokenReview, then SubjectAccessReview of get on the path)")
+	f.StringVar(&a.tokenFile, "admin-token-file", "", "with --admin-auth token: file holding the token, reread when it changes")
+	f.BoolVar(&a.metrics, "admin-auth-metrics", true, "with --admin-auth token or kubernetes: /metrics wants the same authentication (/healthz, /readyz and /summary never do)")
+	f.BoolVar(&a.pprof, "admin-pprof", false, "serve Go's profiler on /debug/pprof/ (behind --admin-auth)")
+	f.StringSliceVar(&a.hosts, "admin-host", nil, "names, besides localhost and IP addresses, that the Host header of /ui/ and /debug/* may carry (e.g. the admin Service's DNS names)")
+}
+
+// options are the host's admin options; kubernetes reviews tokens through
+// the cluster kubeconfig names (in-cluster by default).
+func (a *adminFlags) options(kubeconfig string, log *slog.Logger) (host.AdminOptions, error) {
+	o := host.AdminOptions{Auth: a.auth, TokenFile: a.tokenFile, Metrics: a.metrics, Pprof: a.pprof, Hosts: a.hosts}
+	if a.auth == host.AdminAuthKubernetes {
+		cfg, err := restConfig(kubeconfig, log)
+		if err != nil {
+			return o, fmt.Errorf("--admin-auth kubernetes: %w", err)
+		}
+		o.Kube = cfg
+	}
+	return o, nil
 }
 
 // sharedStateFlags registers the flags that link a replica to its peers.
