@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
@@ -96,6 +97,24 @@ func TestFleetPage(t *testing.T) {
 	if err := chromedp.Do(browserCtx); err != nil {
 		t.Fatalf("starting %s: %v", browser, err)
 	}
+
+	// Behind --admin-auth token the page asks for the token on the first
+	// 401 and sends it with its reads: the fleet shows.
+	t.Run("asks for the admin token", func(t *testing.T) {
+		file := filepath.Join(t.TempDir(), "token")
+		if err := os.WriteFile(file, []byte("page-token"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		g := start(t, config(scheduler("chat", llama, startSim(t, llama, simserver.Options{}).Addr())),
+			host.CoreOptions{Admin: host.AdminOptions{Auth: host.AdminAuthToken, TokenFile: file}})
+		tab, closeTab := chromedp.NewContext(browserCtx)
+		t.Cleanup(closeTab)
+		if err := chromedp.Do(tab, chromedp.Navigate(g.AdminURL+"/ui/"), waitTrue(`!document.getElementById("login").hidden`),
+			chromedp.SendKeys("#token", "page-token"), chromedp.Click("#login button"),
+			waitTrue(`document.querySelectorAll("tr[data-endpoint]").length === 1`)); err != nil {
+			t.Fatalf("the page did not ask for the token, or did not show the fleet with it: %v", err)
+		}
+	})
 
 	t.Run("live fleet", func(t *testing.T) {
 		var addrs []string

@@ -47,11 +47,30 @@ function clock(iso) {
   return d.toLocaleTimeString([], { hour12: false }) + "." + String(d.getMilliseconds()).padStart(3, "0");
 }
 
+// The admin token (--admin-auth token or kubernetes), kept for this tab only.
+const TOKEN_KEY = "kvgate-admin-token";
+
+// login shows the token field after a 401 and keeps what is entered.
+function login() {
+  const form = document.getElementById("login");
+  if (!form.hidden) return;
+  form.hidden = false;
+  form.onsubmit = ev => {
+    ev.preventDefault();
+    const v = document.getElementById("token").value.trim();
+    if (v) sessionStorage.setItem(TOKEN_KEY, v);
+    form.hidden = true;
+  };
+}
+
 async function getJSON(path) {
   const ctl = new AbortController();
   const timer = setTimeout(() => ctl.abort(), FETCH_TIMEOUT_MS);
+  const token = sessionStorage.getItem(TOKEN_KEY);
   try {
-    const r = await fetch(path, { cache: "no-store", signal: ctl.signal });
+    const r = await fetch(path, { cache: "no-store", signal: ctl.signal,
+      headers: token ? { Authorization: "Bearer " + token } : {} });
+    if (r.status === 401) login();
     if (!r.ok) throw new Error(path + ": HTTP " + r.status);
     return await r.json();
   } finally {
