@@ -26,3 +26,11 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "kvgate.tlsSecret" -}}
 {{- .Values.tls.secretName | default (dig "tls" "secretName" "" (.Values.config.spec | default dict)) -}}
 {{- end -}}
+{{- /* The admin port's ClusterRoles: cluster-scoped, so named by namespace and release. */ -}}
+{{- define "kvgate.adminRole" -}}
+{{ .Release.Namespace }}-{{ .Release.Name }}-admin
+{{- end -}}
+{{- /* /metrics wants a token. */ -}}
+{{- define "kvgate.metricsAuth" -}}
+{{- if and (eq .Values.admin.auth "kubernetes") .Values.admin.metricsAuth }}true{{ end -}}
+{{- end -}}
