@@ -25,7 +25,7 @@ func (h *Host) AdminHandler() http.Handler {
 		g = &adminGate{opts: AdminOptions{Auth: AdminAuthToken}, broken: h.adminErr}
 	}
 	mux := http.NewServeMux()
-	var metrics http.Handler = promhttp.HandlerFor(h.Metrics().Registry, promhttp.HandlerOpts{})
+	metrics := promhttp.HandlerFor(h.Metrics().Registry, promhttp.HandlerOpts{})
 	if g.opts.Metrics && g.opts.Auth != AdminAuthNone {
 		metrics = g.authenticated(metrics)
 	}
