@@ -20,8 +20,8 @@ func (b BBRSpec) MaxBodyBytes() int64 {
 
 // Port is the model servers' port.
 func (s SchedulerSpec) Port() int {
-	if s.TargetPort != 0 {
-		return int(s.TargetPort)
+	if s.TargetPort != nil {
+		return int(*s.TargetPort)
 	}
 	return DefaultTargetPort
 }

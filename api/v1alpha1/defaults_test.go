@@ -40,7 +40,7 @@ func TestDefaults(t *testing.T) {
 	}
 	one, limit, buf := int32(1), int32(4), int64(10)
 	d := metav1.Duration{Duration: 3 * time.Second}
-	set := SchedulerSpec{TargetPort: 9000, Picker: "random", AppProtocol: AppProtocolH2C, RouteTimeout: &d}
+	set := SchedulerSpec{TargetPort: ptr(int32(9000)), Picker: "random", AppProtocol: AppProtocolH2C, RouteTimeout: &d}
 	gw = GatewaySpec{MaxAttempts: &one, MaxInFlightPerEndpoint: &limit, QueueTimeout: &d, ConnectTimeout: &d, ResponseHeaderTimeout: &d, RetryBufferBytes: &buf,
 		FirstByteTimeout: &d, StreamIdleTimeout: &d, ClientWriteTimeout: &d}
 	if set.Port() != 9000 || set.PickerName() != "random" || !set.H2C() || set.Timeout() != d.Duration {

@@ -1,6 +1,14 @@
 // Package v1alpha1 holds the InferenceGatewayConfig API: the resource a Kubernetes
 // user applies and the file `kvgate serve --config` reads are the same document.
 //
+// Every CEL rule on a duration passes when the value did not change
+// (optionalOldSelf): duration() raises an error on a string it cannot parse,
+// and the API server ratchets failed rules on unchanged fields but not errors,
+// so a value stored under an older CRD would otherwise make every update of
+// the object refused, its status included. Durations are at most 64
+// characters, which keeps the comparison within the API server's CEL cost
+// budget.
+//
 // +kubebuilder:object:generate=true
 // +groupName=gateway.kvgate.io
 package v1alpha1
@@ -145,22 +153,25 @@ type JWTSpec struct {
 	// at least 1s).
 	// +optional
 	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=64
 	// +kubebuilder:validation:Pattern=`^(0|(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+)$`
-	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('1s')",message="must be at least 1s"
+	// +kubebuilder:validation:XValidation:rule="(oldSelf.hasValue() && oldSelf.value() == self) || (duration(self) >= duration('1s'))",message="must be at least 1s",optionalOldSelf=true
 	RefreshInterval *metav1.Duration `json:"refreshInterval,omitempty"`
 	// Leeway is the clock skew allowed on exp and nbf (default 30s, at most
 	// 5m: more would keep an expired token good far longer than its issuer
 	// meant).
 	// +optional
 	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=64
 	// +kubebuilder:validation:Pattern=`^(0|(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+)$`
-	// +kubebuilder:validation:XValidation:rule="duration(self) <= duration('5m')",message="must be between 0 and 5m0s"
+	// +kubebuilder:validation:XValidation:rule="(oldSelf.hasValue() && oldSelf.value() == self) || (duration(self) <= duration('5m'))",message="must be between 0 and 5m0s",optionalOldSelf=true
 	Leeway *metav1.Duration `json:"leeway,omitempty"`
 	// FetchTimeout bounds one fetch of the JWKS (default 10s).
 	// +optional
 	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=64
 	// +kubebuilder:validation:Pattern=`^(0|(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+)$`
-	// +kubebuilder:validation:XValidation:rule="duration(self) > duration('0s')",message="must be positive"
+	// +kubebuilder:validation:XValidation:rule="(oldSelf.hasValue() && oldSelf.value() == self) || (duration(self) > duration('0s'))",message="must be positive",optionalOldSelf=true
 	FetchTimeout *metav1.Duration `json:"fetchTimeout,omitempty"`
 }
 
@@ -238,8 +249,9 @@ type ObjectiveSpec struct {
 	// the best endpoint.
 	// +optional
 	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=64
 	// +kubebuilder:validation:Pattern=`^(0|(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+)$`
-	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('0s')",message="must fit in a Go time.Duration (at most 2562047h)"
+	// +kubebuilder:validation:XValidation:rule="(oldSelf.hasValue() && oldSelf.value() == self) || (duration(self) >= duration('0s'))",message="must fit in a Go time.Duration (at most 2562047h)",optionalOldSelf=true
 	TTFTSLO *metav1.Duration `json:"ttftSLO,omitempty"`
 }
 
@@ -302,11 +314,12 @@ type SchedulerSpec struct {
 	// +kubebuilder:validation:MaxLength=253
 	// +kubebuilder:validation:Pattern=`^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*)?$`
 	PoolRef string `json:"poolRef,omitempty"`
-	// TargetPort is the model servers' port (default 8000).
-	// +kubebuilder:validation:Minimum=0
+	// TargetPort is the model servers' port (default 8000). A pointer so that
+	// an explicit 0 is refused rather than read as unset.
+	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=65535
 	// +optional
-	TargetPort int32 `json:"targetPort,omitempty"`
+	TargetPort *int32 `json:"targetPort,omitempty"`
 	// AppProtocol of the model servers: http (default), kubernetes.io/h2c
 	// or https (TLS, checked against backendTLS or the system's CAs; metrics
 	// are scraped over it too).
@@ -368,8 +381,9 @@ type SchedulerSpec struct {
 	// 0s disables it).
 	// +optional
 	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=64
 	// +kubebuilder:validation:Pattern=`^(0|(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+)$`
-	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('0s')",message="must fit in a Go time.Duration (at most 2562047h)"
+	// +kubebuilder:validation:XValidation:rule="(oldSelf.hasValue() && oldSelf.value() == self) || (duration(self) >= duration('0s'))",message="must fit in a Go time.Duration (at most 2562047h)",optionalOldSelf=true
 	RouteTimeout *metav1.Duration `json:"routeTimeout,omitempty"`
 	// TTFTSLO is the time to first token this pool's requests should get, as
 	// predicted from each endpoint's learned speed; an objective's ttftSLO
@@ -378,8 +392,9 @@ type SchedulerSpec struct {
 	// the best endpoint; both are counted. Unset or 0s sets none.
 	// +optional
 	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=64
 	// +kubebuilder:validation:Pattern=`^(0|(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+)$`
-	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('0s')",message="must fit in a Go time.Duration (at most 2562047h)"
+	// +kubebuilder:validation:XValidation:rule="(oldSelf.hasValue() && oldSelf.value() == self) || (duration(self) >= duration('0s'))",message="must fit in a Go time.Duration (at most 2562047h)",optionalOldSelf=true
 	TTFTSLO *metav1.Duration `json:"ttftSLO,omitempty"`
 	// SessionAffinity returns a session's requests to the endpoint that served
 	// it last, which holds its conversation's KV cache, while that endpoint
@@ -568,8 +583,9 @@ type SessionAffinitySpec struct {
 	// (default 30m).
 	// +optional
 	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=64
 	// +kubebuilder:validation:Pattern=`^(0|(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+)$`
-	// +kubebuilder:validation:XValidation:rule="duration(self) > duration('0s')",message="must be above 0s and fit in a Go time.Duration"
+	// +kubebuilder:validation:XValidation:rule="(oldSelf.hasValue() && oldSelf.value() == self) || (duration(self) > duration('0s'))",message="must be above 0s and fit in a Go time.Duration",optionalOldSelf=true
 	TTL *metav1.Duration `json:"ttl,omitempty"`
 }
 
@@ -616,18 +632,21 @@ type ScrapeSpec struct {
 	// Interval between two scrapes of an endpoint (default 50ms).
 	// +optional
 	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=64
 	// +kubebuilder:validation:Pattern=`^(0|(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+)$`
-	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('10ms') && duration(self) <= duration('1m')",message="must be between 10ms and 1m"
+	// +kubebuilder:validation:XValidation:rule="(oldSelf.hasValue() && oldSelf.value() == self) || (duration(self) >= duration('10ms') && duration(self) <= duration('1m'))",message="must be between 10ms and 1m",optionalOldSelf=true
 	Interval *metav1.Duration `json:"interval,omitempty"`
 	// Timeout of one scrape (default 1s).
 	// +optional
 	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=64
 	// +kubebuilder:validation:Pattern=`^(0|(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+)$`
-	// +kubebuilder:validation:XValidation:rule="duration(self) > duration('0s') && duration(self) <= duration('1m')",message="must be between 1ns and 1m"
+	// +kubebuilder:validation:XValidation:rule="(oldSelf.hasValue() && oldSelf.value() == self) || (duration(self) > duration('0s') && duration(self) <= duration('1m'))",message="must be between 1ns and 1m",optionalOldSelf=true
 	Timeout *metav1.Duration `json:"timeout,omitempty"`
 	// StaleAfter: metrics older than this make an endpoint stale (default 2s).
 	// +optional
 	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=64
 	// +kubebuilder:validation:Pattern=`^(0|(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+)$`
 	StaleAfter *metav1.Duration `json:"staleAfter,omitempty"`
 	// UnhealthyAfter consecutive failed scrapes make an endpoint unhealthy
@@ -656,45 +675,51 @@ type GatewaySpec struct {
 	// (default 1s).
 	// +optional
 	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=64
 	// +kubebuilder:validation:Pattern=`^(0|(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+)$`
-	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('0s') && duration(self) <= duration('1m')",message="must be between 0s and 1m"
+	// +kubebuilder:validation:XValidation:rule="(oldSelf.hasValue() && oldSelf.value() == self) || (duration(self) >= duration('0s') && duration(self) <= duration('1m'))",message="must be between 0s and 1m",optionalOldSelf=true
 	QueueTimeout *metav1.Duration `json:"queueTimeout,omitempty"`
 	// ConnectTimeout bounds dialling an endpoint (default 2s).
 	// +optional
 	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=64
 	// +kubebuilder:validation:Pattern=`^(0|(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+)$`
-	// +kubebuilder:validation:XValidation:rule="duration(self) > duration('0s') && duration(self) <= duration('1m')",message="must be between 1ns and 1m"
+	// +kubebuilder:validation:XValidation:rule="(oldSelf.hasValue() && oldSelf.value() == self) || (duration(self) > duration('0s') && duration(self) <= duration('1m'))",message="must be between 1ns and 1m",optionalOldSelf=true
 	ConnectTimeout *metav1.Duration `json:"connectTimeout,omitempty"`
 	// ResponseHeaderTimeout bounds the wait for an endpoint's response headers
 	// (default 5m: a non-streaming answer's headers come with its last token;
 	// 0s: none). An endpoint that misses it is given up on for the next.
 	// +optional
 	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=64
 	// +kubebuilder:validation:Pattern=`^(0|(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+)$`
-	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('0s')",message="must fit in a Go time.Duration (at most 2562047h)"
+	// +kubebuilder:validation:XValidation:rule="(oldSelf.hasValue() && oldSelf.value() == self) || (duration(self) >= duration('0s'))",message="must fit in a Go time.Duration (at most 2562047h)",optionalOldSelf=true
 	ResponseHeaderTimeout *metav1.Duration `json:"responseHeaderTimeout,omitempty"`
 	// FirstByteTimeout bounds the wait from a streamed response's headers to its
 	// first event (default 60s; 0s: none). An endpoint that misses it is given
 	// up on for the next.
 	// +optional
 	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=64
 	// +kubebuilder:validation:Pattern=`^(0|(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+)$`
-	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('0s')",message="must fit in a Go time.Duration (at most 2562047h)"
+	// +kubebuilder:validation:XValidation:rule="(oldSelf.hasValue() && oldSelf.value() == self) || (duration(self) >= duration('0s'))",message="must fit in a Go time.Duration (at most 2562047h)",optionalOldSelf=true
 	FirstByteTimeout *metav1.Duration `json:"firstByteTimeout,omitempty"`
 	// StreamIdleTimeout ends a streamed response that sends nothing for this
 	// long once it started, with an error event (default 60s; 0s: none).
 	// +optional
 	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=64
 	// +kubebuilder:validation:Pattern=`^(0|(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+)$`
-	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('0s')",message="must fit in a Go time.Duration (at most 2562047h)"
+	// +kubebuilder:validation:XValidation:rule="(oldSelf.hasValue() && oldSelf.value() == self) || (duration(self) >= duration('0s'))",message="must fit in a Go time.Duration (at most 2562047h)",optionalOldSelf=true
 	StreamIdleTimeout *metav1.Duration `json:"streamIdleTimeout,omitempty"`
 	// ClientWriteTimeout ends a streamed request whose client has not taken a
 	// write for about this long (default 30s; 0s: none), releasing its
 	// endpoint: a client that stops reading cannot hold a slot.
 	// +optional
 	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=64
 	// +kubebuilder:validation:Pattern=`^(0|(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+)$`
-	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('0s')",message="must fit in a Go time.Duration (at most 2562047h)"
+	// +kubebuilder:validation:XValidation:rule="(oldSelf.hasValue() && oldSelf.value() == self) || (duration(self) >= duration('0s'))",message="must fit in a Go time.Duration (at most 2562047h)",optionalOldSelf=true
 	ClientWriteTimeout *metav1.Duration `json:"clientWriteTimeout,omitempty"`
 	// RetryBufferBytes is how much of a body is kept to replay it on a retry
 	// (default 8 MiB); a larger body is streamed once and not retried.
@@ -795,8 +820,9 @@ type OutlierSpec struct {
 	// BaseEjectionTime is the first ejection's length (default 30s).
 	// +optional
 	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=64
 	// +kubebuilder:validation:Pattern=`^(0|(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+)$`
-	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('1s') && duration(self) <= duration('1h')",message="must be between 1s and 1h"
+	// +kubebuilder:validation:XValidation:rule="(oldSelf.hasValue() && oldSelf.value() == self) || (duration(self) >= duration('1s') && duration(self) <= duration('1h'))",message="must be between 1s and 1h",optionalOldSelf=true
 	BaseEjectionTime *metav1.Duration `json:"baseEjectionTime,omitempty"`
 	// MaxEjectionPercent of a scheduler's endpoints ejected at once (default 50).
 	// +kubebuilder:validation:Minimum=0

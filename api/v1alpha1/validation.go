@@ -442,8 +442,8 @@ func (v *fieldErrors) endpoints(p string, sc SchedulerSpec) {
 			v.add(fmt.Sprintf("%s.endpoints[%d]", p, j), "%q is not host:port with a port between 1 and 65535", ep)
 		}
 	}
-	if sc.TargetPort < 0 || sc.TargetPort > 65535 {
-		v.add(p+".targetPort", "must be a port between 1 and 65535, got %d", sc.TargetPort)
+	if sc.TargetPort != nil && (*sc.TargetPort < 1 || *sc.TargetPort > 65535) {
+		v.add(p+".targetPort", "must be a port between 1 and 65535, got %d", *sc.TargetPort)
 	}
 	if sc.AppProtocol != "" && sc.AppProtocol != AppProtocolHTTP && sc.AppProtocol != AppProtocolH2C && sc.AppProtocol != AppProtocolHTTPS {
 		v.add(p+".appProtocol", "%q is not %s, %s or %s", sc.AppProtocol, AppProtocolHTTP, AppProtocolH2C, AppProtocolHTTPS)

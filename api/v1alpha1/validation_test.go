@@ -51,6 +51,8 @@ func TestValidateRefuses(t *testing.T) {
 		{"selector with empty lists", func(c *InferenceGatewayConfig) {
 			c.Spec.Schedulers[0].ModelSelector = &metav1.LabelSelector{MatchLabels: map[string]string{}, MatchExpressions: []metav1.LabelSelectorRequirement{}}
 		}, "spec.schedulers[0].modelSelector", MsgEmptySelector},
+		{"targetPort zero", func(c *InferenceGatewayConfig) { c.Spec.Schedulers[0].TargetPort = ptr(int32(0)) }, "spec.schedulers[0].targetPort", "must be a port between 1 and 65535, got 0"},
+		{"targetPort too high", func(c *InferenceGatewayConfig) { c.Spec.Schedulers[0].TargetPort = ptr(int32(65536)) }, "spec.schedulers[0].targetPort", "must be a port between 1 and 65535, got 65536"},
 		{"body limit low", func(c *InferenceGatewayConfig) { c.Spec.BBR.MaxRequestBodyBytes = ptr(int64(1023)) }, "spec.bbr.maxRequestBodyBytes", "must be between 1024 and 1073741824"},
 		{"staleAfter below the default interval", func(c *InferenceGatewayConfig) {
 			c.Spec.Gateway.Scrape = &ScrapeSpec{StaleAfter: dur(49 * time.Millisecond)}

@@ -643,6 +643,11 @@ func (in *SchedulerSpec) DeepCopyInto(out *SchedulerSpec) {
 		*out = make([]string, len(*in))
 		copy(*out, *in)
 	}
+	if in.TargetPort != nil {
+		in, out := &in.TargetPort, &out.TargetPort
+		*out = new(int32)
+		**out = **in
+	}
 	if in.BackendTLS != nil {
 		in, out := &in.BackendTLS, &out.BackendTLS
 		*out = new(BackendTLSSpec)

@@ -145,7 +145,8 @@ func TestCRDValidation(t *testing.T) {
 	refuse("spec.schedulers[0].name", "Llama_8B", match)
 	refuse("spec.schedulers[0].modelName", "", "should be at least 1 chars long")
 	refuse("spec.schedulers[0].targetPort", 65536, atMost+"65535")
-	refuse("spec.schedulers[0].targetPort", -1, atLeast+"0")
+	refuse("spec.schedulers[0].targetPort", 0, atLeast+"1") // 0 would be read as unset: the default port
+	accept("spec.schedulers[0].targetPort", 1)
 	accept("spec.schedulers[0].targetPort", 65535)
 	refuse("spec.schedulers[0].appProtocol", "grpc", enum)
 	refuse("spec.schedulers[0].engineType", "ollama", enum)

@@ -307,7 +307,7 @@ func TestPodsBecomeEndpoints(t *testing.T) {
 	g, base := gatewayUnderTest(t, k, target)
 	ctx := context.Background()
 
-	cfg := igwc(ns, "kvgate", v1alpha1.SchedulerSpec{Name: "llama", ModelName: model, TargetPort: int32(port),
+	cfg := igwc(ns, "kvgate", v1alpha1.SchedulerSpec{Name: "llama", ModelName: model, TargetPort: ptr(int32(port)),
 		ModelSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "llama"}}})
 	if err := k.c.Create(ctx, cfg); err != nil {
 		t.Fatal(err)

@@ -43,7 +43,7 @@ func TestTLSSecret(t *testing.T) {
 	ips, port := servers(t, 1)
 	k.pod(t, ns, "m-0", ips[0], true, map[string]string{"app": "m"})
 	target := types.NamespacedName{Namespace: ns, Name: "kvgate"}
-	cfg := igwc(ns, "kvgate", v1alpha1.SchedulerSpec{Name: "m", ModelName: model, TargetPort: int32(port),
+	cfg := igwc(ns, "kvgate", v1alpha1.SchedulerSpec{Name: "m", ModelName: model, TargetPort: ptr(int32(port)),
 		ModelSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "m"}}})
 	cfg.Spec.TLS = &v1alpha1.TLSSpec{SecretName: "api-tls"}
 	ctx := context.Background()
