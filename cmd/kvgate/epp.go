@@ -25,7 +25,8 @@ func newEPPCmd() *cobra.Command {
 		healthListen        string
 		logLevel, logFormat string
 		igwc, kubeconfig    string
-		leaderElect, bbr    bool
+		bbr                 bool
+		lease               leaseFlags
 		bbrConfigMaps       string
 		secure              bool
 		certDir             string
@@ -64,7 +65,7 @@ with --bbr-configmaps, from ConfigMaps labelled inference.networking.k8s.io/bbr-
 			case igwc != "" && o.ConfigPath != "":
 				return errors.New("--config and --igwc are exclusive")
 			case igwc != "":
-				src, err := kubeSource(igwc, kubeconfig, leaderElect, log)
+				src, err := kubeSource(igwc, kubeconfig, lease.options(o.Core.SharedState), log)
 				if err != nil {
 					return err
 				}
@@ -140,7 +141,7 @@ with --bbr-configmaps, from ConfigMaps labelled inference.networking.k8s.io/bbr-
 	f.StringVar(&logFormat, "log-format", "text", "text or json")
 	f.StringVar(&igwc, "igwc", "", "serve this InferenceGatewayConfig (NAMESPACE/NAME) from the cluster instead of --config")
 	f.StringVar(&kubeconfig, "kubeconfig", "", "with --igwc, --bbr-configmaps or --admin-auth kubernetes: kubeconfig file (default: in-cluster, then $KUBECONFIG)")
-	f.BoolVar(&leaderElect, "leader-elect", true, "with --igwc: only the elected replica writes status (all replicas serve)")
+	lease.register(f)
 	sharedStateFlags(f, &o.Core.SharedState)
 	admin.register(f)
 	obs.register(f, true)

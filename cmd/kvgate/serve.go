@@ -29,7 +29,7 @@ func newServeCmd() *cobra.Command {
 		gw                  gateway.Options
 		logLevel, logFormat string
 		igwc, kubeconfig    string
-		leaderElect         bool
+		lease               leaseFlags
 		obs                 observeFlags
 		admin               adminFlags
 	)
@@ -66,7 +66,7 @@ pods become endpoints as they come and go, and the resource's status reports wha
 				if o.ConfigPath != "" {
 					return errors.New("--config and --igwc are exclusive")
 				}
-				src, err := kubeSource(igwc, kubeconfig, leaderElect, o.Logger)
+				src, err := kubeSource(igwc, kubeconfig, lease.options(o.Core.SharedState), o.Logger)
 				if err != nil {
 					return err
 				}
@@ -96,7 +96,7 @@ pods become endpoints as they come and go, and the resource's status reports wha
 	f.StringVar(&logFormat, "log-format", "text", "text or json")
 	f.StringVar(&igwc, "igwc", "", "serve this InferenceGatewayConfig (NAMESPACE/NAME) from the cluster instead of --config")
 	f.StringVar(&kubeconfig, "kubeconfig", "", "with --igwc or --admin-auth kubernetes: kubeconfig file (default: in-cluster, then $KUBECONFIG)")
-	f.BoolVar(&leaderElect, "leader-elect", true, "with --igwc: only the elected replica writes status (all replicas serve)")
+	lease.register(f)
 	sharedStateFlags(f, &o.Core.SharedState)
 	admin.register(f)
 	obs.register(f, true)
@@ -136,22 +136,42 @@ func (a *adminFlags) options(kubeconfig string, log *slog.Logger) (host.AdminOpt
 func sharedStateFlags(f *pflag.FlagSet, o *host.SharedStateOptions) {
 	f.StringVar(&o.Redis, "shared-state-redis", "", "share routing state with the other replicas through this Redis (host:port; overrides spec.gateway.sharedState.redis; credentials from $"+host.EnvSharedStateUsername+" and $"+host.EnvSharedStatePassword+")")
 	f.StringVar(&o.Cluster, "shared-state-cluster", "", "the identity the replicas that share state have in common (default: spec.gateway.sharedState.cluster, else the configuration's namespace/name)")
-	f.StringVar(&o.Replica, "replica-name", "", "this replica's name among its peers (default: $POD_NAME, else the host name with a random suffix)")
+	f.StringVar(&o.Replica, "replica-name", "", "this replica's name among its peers and as the status Lease's holder (default: $POD_NAME, else the host name with a random suffix)")
+}
+
+// leaseFlags say how the replicas share the status Lease (--igwc).
+type leaseFlags struct {
+	elect    bool
+	duration time.Duration
+}
+
+func (l *leaseFlags) register(f *pflag.FlagSet) {
+	f.BoolVar(&l.elect, "leader-elect", true, "with --igwc: only the elected replica writes status (all replicas serve)")
+	f.DurationVar(&l.duration, "lease-duration", kube.DefaultLeaseDuration, "with --igwc: how long the status Lease holds without renewal: a killed holder's status goes unwritten this long (graceful stops hand over at once); shorter means more Lease renewals and a holder losing it to a slow API server sooner (at least "+kube.MinLeaseDuration.String()+")")
+}
+
+// options are the kube options the flags set; the Lease holder is the replica's name.
+func (l leaseFlags) options(s host.SharedStateOptions) kube.Options {
+	return kube.Options{LeaderElection: l.elect, LeaseDuration: l.duration, Identity: s.Replica}
 }
 
 // kubeSource connects to the cluster and returns the gateway's configuration
 // source for the named InferenceGatewayConfig.
-func kubeSource(igwc, kubeconfig string, leaderElect bool, log *slog.Logger) (func(context.Context, *host.Host) error, error) {
+func kubeSource(igwc, kubeconfig string, ko kube.Options, log *slog.Logger) (func(context.Context, *host.Host) error, error) {
 	ns, name, ok := strings.Cut(igwc, "/")
 	if !ok || ns == "" || name == "" {
 		return nil, fmt.Errorf("--igwc %q: want NAMESPACE/NAME", igwc)
+	}
+	if err := kube.ValidateLeaseDuration(ko.LeaseDuration); err != nil {
+		return nil, err
 	}
 	cfg, err := restConfig(kubeconfig, log)
 	if err != nil {
 		return nil, err
 	}
 	return func(ctx context.Context, g *host.Host) error {
-		return kube.Start(ctx, cfg, kube.Options{Target: types.NamespacedName{Namespace: ns, Name: name}, Gateway: g, Log: log, LeaderElection: leaderElect})
+		ko.Target, ko.Gateway, ko.Log = types.NamespacedName{Namespace: ns, Name: name}, g, log
+		return kube.Start(ctx, cfg, ko)
 	}, nil
 }
 

@@ -19,6 +19,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -42,6 +43,7 @@ import (
 	poolv1 "github.com/kvgate/kvgate/api/inferencepool/v1"
 	"github.com/kvgate/kvgate/api/v1alpha1"
 	"github.com/kvgate/kvgate/internal/config"
+	"github.com/kvgate/kvgate/internal/route"
 )
 
 // InferencePoolGVK is the upstream pool resource kvgate accepts as a pool source.
@@ -76,6 +78,9 @@ type Reconciler struct {
 	// Pools says whether the API server serves the InferencePool resource now;
 	// nil means it does not.
 	Pools func() bool
+	// StatusWriteFailures counts the status writes the API server refused, by
+	// its reason; nil counts none.
+	StatusWriteFailures *prometheus.CounterVec
 	// kick, when set, re-runs the reconcile on demand (on winning the Lease, on
 	// the InferencePool resource appearing).
 	kick <-chan event.GenericEvent
@@ -89,7 +94,18 @@ type Reconciler struct {
 	recorded bool                             // a rejection was recorded in the gateway since the last apply
 	logged   string                           // the last rejection logged, so that pod events do not repeat it
 	gone     bool                             // the resource's deletion was logged
+	refused  string                           // the last refusal of a status write reported, so that retries do not repeat it
 }
+
+// Scraping is a gateway that scrapes its endpoints' metrics (kvgate's Host):
+// status then counts an endpoint as answering only while its scrapes succeed.
+type Scraping interface {
+	Router() *route.Router
+}
+
+// healthResync is how often the status Lease holder looks at the endpoints'
+// scrape health again: scrapes change nothing the watches see.
+const healthResync = 2 * time.Second
 
 // specError is a problem with the configuration itself, reported in status
 // rather than retried.
@@ -183,6 +199,9 @@ func (r *Reconciler) reconcile(ctx context.Context) (reconcile.Result, error) {
 		// The Secret of what the gateway runs, however this reconcile ends.
 		defer func() { r.secrets.follow(tlsSecret(r.applied)) }()
 	}
+	// Once r.applied is settled below, the Secret watch follows it before
+	// status is computed: spec.tls removed clears TLSReady in this very
+	// write (stopping the watch triggers no reconcile of its own).
 	// The newest generation is served when it is valid and the gateway takes
 	// it; else the one served before goes on, following the pods of now.
 	var statuses []v1alpha1.SchedulerStatus
@@ -244,7 +263,59 @@ func (r *Reconciler) reconcile(ctx context.Context) (reconcile.Result, error) {
 		return reconcile.Result{}, nil
 	}
 	r.gone = false
-	return r.writeStatus(ctx, obj, r.status(latest, obj, problems, statuses))
+	if r.secrets != nil {
+		r.secrets.follow(tlsSecret(r.applied))
+	}
+	health := r.scrapeHealth(statuses)
+	res, err := r.writeStatus(ctx, obj, r.status(latest, obj, problems, statuses))
+	if err == nil && res.RequeueAfter == 0 && health && (r.Leader == nil || r.Leader()) {
+		res.RequeueAfter = healthResync
+	}
+	return res, err
+}
+
+// scrapeHealth turns the Ready condition of each scheduler whose every
+// endpoint fails its metrics scrape false: pods ready but a model server that
+// does not answer (a wrong targetPort, a hung process) serve nothing. It says
+// whether some endpoint's health is worth looking at again later.
+func (r *Reconciler) scrapeHealth(sts []v1alpha1.SchedulerStatus) bool {
+	sg, ok := r.Gateway.(Scraping)
+	if !ok || r.applied == nil {
+		return false
+	}
+	failAfter := r.applied.Spec.Gateway.UnhealthyAfter()
+	views := map[string]route.SchedulerView{}
+	for _, v := range sg.Router().FleetView() {
+		views[v.Scheduler] = v
+	}
+	watch := false
+	for i := range sts {
+		st := &sts[i]
+		v, ok := views[st.Name]
+		if !ok || st.Endpoints == 0 || len(v.Endpoints) == 0 || len(st.Conditions) == 0 || st.Conditions[0].Status != metav1.ConditionTrue {
+			continue
+		}
+		watch = true
+		failing, lastErr := 0, ""
+		for _, e := range v.Endpoints {
+			// Unhealthy once its failures reach unhealthyAfter; one never
+			// scraped yet is not judged before as many tries.
+			if !e.Healthy && (e.Scraped || e.ScrapeErrors >= uint64(failAfter)) {
+				failing++
+				if lastErr == "" {
+					lastErr = e.LastError
+				}
+			}
+		}
+		if failing < len(v.Endpoints) {
+			continue
+		}
+		st.RolloutState = "Degraded"
+		st.Conditions = []metav1.Condition{{Type: "Ready", Status: metav1.ConditionFalse, Reason: "EndpointsNotAnswering",
+			Message: fmt.Sprintf("%s, but none of its %d endpoints answers its metrics scrape (%d failures in a row or more; last: %s): requests are refused with 503",
+				st.Conditions[0].Message, len(v.Endpoints), failAfter, lastErr)}}
+	}
+	return watch
 }
 
 // apply hands a resolved configuration to the gateway unless it is what runs:
@@ -379,7 +450,7 @@ func (r *Reconciler) status(latest *v1alpha1.InferenceGatewayConfig, obj *unstru
 	var empty []string
 	for _, s := range sts {
 		st.ReadyEndpoints += s.Endpoints
-		if s.Endpoints == 0 {
+		if s.Endpoints == 0 || (len(s.Conditions) > 0 && s.Conditions[0].Status != metav1.ConditionTrue) {
 			empty = append(empty, s.Name+": "+schedulerCondition(sts, s.Name))
 		}
 	}
@@ -581,12 +652,48 @@ func (r *Reconciler) writeStatus(ctx context.Context, obj *unstructured.Unstruct
 			r.Log.Debug("status update raced another write; retrying", "config", r.Target, "err", err)
 			return reconcile.Result{RequeueAfter: 100 * time.Millisecond}, nil
 		}
-		// Status-only changes trigger no event, so nothing else would write
-		// this status again: back to the queue.
-		return reconcile.Result{}, fmt.Errorf("writing status: %w", err)
+		return r.statusRefused(obj, err)
 	}
-	r.events(u, prev, st)
+	r.refused = ""
+	r.events(ref(u), prev, st)
 	return reconcile.Result{}, nil
+}
+
+// statusRetry is how long a refused status write waits before it is tried
+// again (a pod or spec change tries sooner).
+const statusRetry = 30 * time.Second
+
+// statusRefused reports a status write the API server refused: counted every
+// time, and once per distinct refusal in the log and in a Warning Event (an
+// Event is an object of its own, so it is written even when the resource
+// cannot be). The write is tried again later: status-only changes trigger no
+// event, so nothing else would.
+func (r *Reconciler) statusRefused(obj *unstructured.Unstructured, err error) (reconcile.Result, error) {
+	reason := string(apierrors.ReasonForError(err))
+	if reason == "" {
+		reason = "Unknown"
+	}
+	if r.StatusWriteFailures != nil {
+		r.StatusWriteFailures.WithLabelValues(reason).Inc()
+	}
+	if msg := err.Error(); msg != r.refused {
+		r.refused = msg
+		r.Log.Error("the API server refused the status write; status is stale until it is accepted", "config", r.Target, "reason", reason, "err", err)
+		if r.Events != nil {
+			r.Events.Eventf(ref(obj), nil, corev1.EventTypeWarning, "StatusWriteFailed", "WriteStatus", "%s",
+				trimEvent(fmt.Sprintf("the API server refused kvgate's status write (%s), so status is stale: %s", reason, msg)))
+		}
+	}
+	return reconcile.Result{RequeueAfter: statusRetry}, nil
+}
+
+// ref is the object an Event is about, without its resource version: the
+// Event recorder aggregates the repeats of one reason on one object into a
+// series, which it can only do when their references compare equal (status
+// writes change the resource version every time).
+func ref(obj client.Object) *corev1.ObjectReference {
+	gvk := obj.GetObjectKind().GroupVersionKind()
+	return &corev1.ObjectReference{APIVersion: gvk.GroupVersion().String(), Kind: gvk.Kind, Namespace: obj.GetNamespace(), Name: obj.GetName(), UID: obj.GetUID()}
 }
 
 // events records what changed between two statuses: a generation accepted or

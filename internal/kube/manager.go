@@ -2,6 +2,7 @@ package kube
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"log/slog"
@@ -10,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/rand"
@@ -30,6 +32,7 @@ import (
 
 	poolv1 "github.com/kvgate/kvgate/api/inferencepool/v1"
 	"github.com/kvgate/kvgate/api/v1alpha1"
+	"github.com/kvgate/kvgate/internal/telemetry"
 )
 
 // Options configure Start.
@@ -40,8 +43,61 @@ type Options struct {
 	// LeaderElection gates status writes (not serving) on a Lease named after the
 	// target, so that several replicas do not fight over status.
 	LeaderElection bool
+	// LeaseDuration is how long the status Lease holds without renewal
+	// (default DefaultLeaseDuration): how long status stays unwritten after
+	// its holder dies without releasing it. See ValidateLeaseDuration.
+	LeaseDuration time.Duration
+	// Identity is the Lease holder's name: the replica's name (default
+	// $POD_NAME, else the host name with a random suffix). Two live replicas
+	// must not share it: each would take the other's Lease for its own.
+	Identity string
 	// PoolPollInterval overrides PoolPollInterval (tests).
 	PoolPollInterval time.Duration
+}
+
+// DefaultLeaseDuration is client-go's and controller-runtime's default: a
+// killed holder's status goes unwritten this long (plus up to a retry period).
+// Graceful stops release the Lease at once.
+const DefaultLeaseDuration = 15 * time.Second
+
+// MinLeaseDuration keeps the renewal deadline (two thirds of the Lease) well
+// above the retry period: an API server answering in a second must not cost
+// the Lease.
+const MinLeaseDuration = 3 * time.Second
+
+// leaseRetry is how often a standby replica tries to take the Lease.
+const leaseRetry = 500 * time.Millisecond
+
+// ValidateLeaseDuration checks a --lease-duration.
+func ValidateLeaseDuration(d time.Duration) error {
+	if d != 0 && d < MinLeaseDuration {
+		return fmt.Errorf("--lease-duration %v: at least %v (the holder renews it every %v, and must fit a slow API server's answer in between)", d, MinLeaseDuration, leaseRetry)
+	}
+	return nil
+}
+
+// StatusWriteFailuresMetric counts the status writes the API server refused.
+const StatusWriteFailuresMetric = "kvgate_status_write_failures_total"
+
+// statusWriteFailures registers (or finds, on a second Start in one process)
+// the counter of refused status writes on the gateway's registry.
+func statusWriteFailures(gw Applier) (*prometheus.CounterVec, error) {
+	m, ok := gw.(interface{ Metrics() *telemetry.Gateway })
+	if !ok || m.Metrics() == nil {
+		return nil, nil
+	}
+	c := prometheus.NewCounterVec(prometheus.CounterOpts{Name: StatusWriteFailuresMetric,
+		Help: "Status writes of the InferenceGatewayConfig the API server refused, by its reason (Invalid, Forbidden, ...)."}, []string{"reason"})
+	if err := m.Metrics().Registry.Register(c); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if errors.As(err, &are) {
+			if existing, ok := are.ExistingCollector.(*prometheus.CounterVec); ok {
+				return existing, nil
+			}
+		}
+		return nil, fmt.Errorf("registering %s: %w", StatusWriteFailuresMetric, err)
+	}
+	return c, nil
 }
 
 // SetLoggers routes controller-runtime's and client-go's (klog) logs to l. Both
@@ -96,9 +152,19 @@ func Start(ctx context.Context, cfg *rest.Config, o Options) error {
 		return fmt.Errorf("looking up the InferencePool resource: %w", err)
 	}
 	pools.Store(installed)
+	if err := ValidateLeaseDuration(o.LeaseDuration); err != nil {
+		return err
+	}
+	if o.LeaseDuration == 0 {
+		o.LeaseDuration = DefaultLeaseDuration
+	}
+	failures, err := statusWriteFailures(o.Gateway)
+	if err != nil {
+		return err
+	}
 	kick := make(chan event.GenericEvent, 1)
 	r := &Reconciler{Client: mgr.GetClient(), Target: o.Target, Gateway: o.Gateway, Log: o.Log, Pools: pools.Load, kick: kick,
-		Events: mgr.GetEventRecorder("kvgate")}
+		Events: mgr.GetEventRecorder("kvgate"), StatusWriteFailures: failures}
 	// The campaign ends with Start, however Start ends, and Start returns
 	// once its Lease is released.
 	electCtx, stopElect := context.WithCancel(ctx)
@@ -142,7 +208,7 @@ func Start(ctx context.Context, cfg *rest.Config, o Options) error {
 			return nil
 		})
 	}
-	o.Log.Info("watching the cluster", "config", o.Target, "inferencePools", installed, "leaderElection", o.LeaderElection)
+	o.Log.Info("watching the cluster", "config", o.Target, "inferencePools", installed, "leaderElection", o.LeaderElection, "leaseDuration", o.LeaseDuration)
 	return mgr.Start(ctx)
 }
 
@@ -213,17 +279,28 @@ func poke(kick chan<- event.GenericEvent) {
 // The returned channel closes once the elector has stopped and released the
 // Lease.
 func campaign(ctx context.Context, cs kubernetes.Interface, o Options, elected *atomic.Bool, kick chan<- event.GenericEvent) (<-chan struct{}, error) {
-	host, _ := os.Hostname()
+	id := o.Identity
+	if id == "" {
+		id = os.Getenv("POD_NAME") // the chart sets it, as it names the replica
+	}
+	if id == "" {
+		host, _ := os.Hostname()
+		id = host + "_" + rand.String(8)
+	}
 	name := LeaseName(o.Target.Name)
 	lock, err := resourcelock.New(resourcelock.LeasesResourceLock, o.Target.Namespace, name, cs.CoreV1(), cs.CoordinationV1(),
-		resourcelock.ResourceLockConfig{Identity: host + "_" + rand.String(8)})
+		resourcelock.ResourceLockConfig{Identity: id})
 	if err != nil {
 		return nil, err
 	}
+	lease := o.LeaseDuration
 	// A released Lease is taken at the next retry: 0.5–1.1 s (client-go adds
-	// up to 1.2 × the period as jitter) after the previous holder stops.
+	// up to 1.2 × the period as jitter) after the previous holder stops; an
+	// expired one (its holder killed) the same after the Lease's duration.
+	// The holder gives up after two thirds of it without a renewal, as
+	// client-go's defaults do (15 s and 10 s).
 	le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
-		Lock: lock, LeaseDuration: 15 * time.Second, RenewDeadline: 10 * time.Second, RetryPeriod: 500 * time.Millisecond,
+		Lock: lock, LeaseDuration: lease, RenewDeadline: lease * 2 / 3, RetryPeriod: leaseRetry,
 		ReleaseOnCancel: true, Name: name,
 		Callbacks: leaderelection.LeaderCallbacks{
 			OnStartedLeading: func(context.Context) {

@@ -106,18 +106,10 @@ func (k *cluster) rawStatus(t *testing.T, ns, name string) v1alpha1.InferenceGat
 // events lists the reasons of the Events recorded on a config, oldest first.
 func (k *cluster) events(t *testing.T, ns, name string) []string {
 	t.Helper()
-	var list unstructured.UnstructuredList
-	list.SetAPIVersion("events.k8s.io/v1")
-	list.SetKind("EventList")
-	if err := k.c.List(context.Background(), &list, client.InNamespace(ns)); err != nil {
-		t.Fatal(err)
-	}
 	var out []string
-	for _, e := range list.Items {
-		if n, _, _ := unstructured.NestedString(e.Object, "regarding", "name"); n == name {
-			r, _, _ := unstructured.NestedString(e.Object, "reason")
-			out = append(out, r)
-		}
+	for _, e := range k.eventObjects(t, ns, name) {
+		r, _, _ := unstructured.NestedString(e.Object, "reason")
+		out = append(out, r)
 	}
 	return out
 }
@@ -463,6 +455,27 @@ func TestLeaseHandover(t *testing.T) {
 	}
 }
 
+// serveProcess starts `kvgate serve --igwc target` against the cluster as a
+// process of its own, killed when the test ends.
+func (k *cluster) serveProcess(t *testing.T, target string, args ...string) (*exec.Cmd, *logtest.Buffer) {
+	t.Helper()
+	var out logtest.Buffer
+	cmd := exec.Command(testenv.Kvgate(t), append([]string{"serve", "--igwc", target, "--kubeconfig", k.kubeconfig(t),
+		"--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"}, args...)...)
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		if t.Failed() {
+			t.Logf("kvgate %s log:\n%s", strings.Join(args, " "), out.String())
+		}
+	})
+	return cmd, &out
+}
+
 // leaseHolder reads the status Lease's holder ("" when released or absent).
 func (k *cluster) leaseHolder(t *testing.T, ns, name string) string {
 	t.Helper()
@@ -486,23 +499,8 @@ func TestProcessReleasesLease(t *testing.T) {
 	if err := k.c.Create(context.Background(), igwc(ns, "gw", v1alpha1.SchedulerSpec{Name: "s", ModelName: model, Endpoints: []string{"127.0.0.1:1"}})); err != nil {
 		t.Fatal(err)
 	}
-	bin, kubeconfig := testenv.Kvgate(t), k.kubeconfig(t)
 	start := func() (*exec.Cmd, *logtest.Buffer) {
-		var out logtest.Buffer
-		cmd := exec.Command(bin, "serve", "--igwc", ns+"/gw", "--kubeconfig", kubeconfig, "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0",
-			"--pre-stop", "0s", "--drain-timeout", "1s")
-		cmd.Stdout, cmd.Stderr = &out, &out
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			_ = cmd.Process.Kill()
-			_ = cmd.Wait()
-			if t.Failed() {
-				t.Logf("kvgate log:\n%s", out.String())
-			}
-		})
-		return cmd, &out
+		return k.serveProcess(t, ns+"/gw", "--pre-stop", "0s", "--drain-timeout", "1s")
 	}
 	a, _ := start()
 	var first string

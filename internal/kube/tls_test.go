@@ -14,6 +14,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
@@ -199,6 +200,22 @@ func TestTLSSecret(t *testing.T) {
 				t.Fatalf("serving %s, %v; want the last good certificate %s", s, err, second.Serial)
 			}
 		})
+	}
+
+	// spec.tls removed: TLSReady leaves status in the write that observes
+	// the edit, not at some later event.
+	k.edit(t, target, func(c *v1alpha1.InferenceGatewayConfig) { c.Spec.TLS = nil })
+	var cur v1alpha1.InferenceGatewayConfig
+	if err := k.c.Get(ctx, target, &cur); err != nil {
+		t.Fatal(err)
+	}
+	edited := time.Now()
+	waittest.Until(t, 5*time.Second, "TLSReady gone from status", func() bool {
+		st := k.status(t, ns, "kvgate")
+		return st.ObservedGeneration == cur.Generation && meta.FindStatusCondition(st.Conditions, TLSCondition) == nil
+	})
+	if took := time.Since(edited); took > time.Second {
+		t.Errorf("TLSReady left status %v after spec.tls was removed, want within 1s", took)
 	}
 }
 
