@@ -410,7 +410,10 @@ type SchedulerSpec struct {
 	Replicas *int32 `json:"replicas,omitempty"`
 }
 
-// BackendTLSSpec checks the model servers' certificates.
+// BackendTLSSpec checks the model servers' certificates and, with certFile
+// and keyFile, presents kvgate's own to servers that require one (mTLS).
+//
+// +kubebuilder:validation:XValidation:rule="has(self.certFile) == has(self.keyFile)",message="certFile and keyFile go together"
 type BackendTLSSpec struct {
 	// CAFile is a PEM bundle of the CAs that sign the model servers'
 	// certificates (default: the system's), reread when it changes.
@@ -422,6 +425,15 @@ type BackendTLSSpec struct {
 	// +kubebuilder:validation:MaxLength=253
 	// +optional
 	ServerName string `json:"serverName,omitempty"`
+	// CertFile is the PEM certificate chain kvgate presents to model servers
+	// that ask for a client certificate, reread when it changes.
+	// +kubebuilder:validation:MaxLength=4096
+	// +optional
+	CertFile string `json:"certFile,omitempty"`
+	// KeyFile is CertFile's private key (PEM), reread with it.
+	// +kubebuilder:validation:MaxLength=4096
+	// +optional
+	KeyFile string `json:"keyFile,omitempty"`
 }
 
 // MetricMap says where a model server publishes each signal: a metric, the

@@ -255,6 +255,9 @@ func (v *fieldErrors) scheduler(p string, i int, sc SchedulerSpec, names map[str
 	if t := sc.BackendTLS; t != nil && sc.AppProtocol != AppProtocolHTTPS {
 		v.add(p+".backendTLS", "applies only with appProtocol https")
 	}
+	if t := sc.BackendTLS; t != nil && (t.CertFile == "") != (t.KeyFile == "") {
+		v.add(p+".backendTLS", "certFile and keyFile go together")
+	}
 }
 
 // names checks a set of names: at most limit, none empty, none twice.

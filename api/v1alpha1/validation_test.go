@@ -83,6 +83,9 @@ func TestValidateRefuses(t *testing.T) {
 		{"scale no number", custom(&MetricMap{KVUsage: &MetricSource{MetricSelector: MetricSelector{Name: "kv"}, Scale: "lots"}}), "spec.schedulers[0].metrics.kvUsage.scale", `"lots" is not a number`},
 		{"info label", custom(&MetricMap{Queue: src("q"), BlockSize: &IntegerSource{MetricSource: *src("info"), Label: "block size"}}), "spec.schedulers[0].metrics.blockSize.label", "is not a Prometheus label name"},
 		{"lora without running label", custom(&MetricMap{Queue: src("q"), LoRA: &LoRASource{MetricSelector: MetricSelector{Name: "lora_info"}}}), "spec.schedulers[0].metrics.lora.runningLabel", "is required"},
+		{"client certificate without its key", func(c *InferenceGatewayConfig) {
+			c.Spec.Schedulers[0].AppProtocol, c.Spec.Schedulers[0].BackendTLS = AppProtocolHTTPS, &BackendTLSSpec{CertFile: "/c"}
+		}, "spec.schedulers[0].backendTLS", "certFile and keyFile go together"},
 		{"lora label", custom(&MetricMap{Queue: src("q"), LoRA: &LoRASource{MetricSelector: MetricSelector{Name: "lora_info"}, RunningLabel: "running", MaxLabel: "max-lora"}}), "spec.schedulers[0].metrics.lora.maxLabel", "is not a Prometheus label name"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -16,16 +16,21 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/api/v1alpha1"
+	"github.com/kvgate/kvgate/internal/certs"
 )
 
 // backendTLS is how a scheduler with appProtocol https checks its model
 // servers: against the CAs of a bundle file (reread as it changes) or the
 // system's, for the configured server name or else the endpoint's host. Each
 // connection gets its own tls.Config, built from the bundle's current pool,
-// so a rotated CA applies to the next handshake without a restart.
+// so a rotated CA applies to the next handshake without a restart. With a
+// client certificate, it is presented to servers that ask for one (mTLS),
+// read again from its files as the listener's is, so a rotated one is used
+// from the next handshake on.
 type backendTLS struct {
 	serverName string
-	ca         *caBundle // nil: the system's CAs
+	ca         *caBundle    // nil: the system's CAs
+	client     *certs.Files // nil: no client certificate
 }
 
 // newBackendTLS builds a scheduler's backend TLS; field prefixes its errors
@@ -43,6 +48,12 @@ func newBackendTLS(spec *v1alpha1.BackendTLSSpec, field string, log *slog.Logger
 			return nil, fmt.Errorf("%s.caFile: %w", field, err)
 		}
 		b.ca = ca
+	}
+	if spec.CertFile != "" {
+		b.client = &certs.Files{CertFile: spec.CertFile, KeyFile: spec.KeyFile, Log: log}
+		if err := b.client.Load(); err != nil {
+			return nil, fmt.Errorf("%s.certFile: %w", field, err)
+		}
 	}
 	return b, nil
 }
@@ -79,7 +90,19 @@ func (b *backendTLS) ClientConfig(addr string) *tls.Config {
 	if b.ca != nil {
 		c.RootCAs = b.ca.pool()
 	}
+	if b.client != nil {
+		c.GetClientCertificate = b.clientCertificate
+	}
 	return c
+}
+
+// clientCertificate is tls.Config.GetClientCertificate: the current client
+// certificate, its files looked at again if they may have changed. It is
+// presented whatever CAs the server names, as curl and Envoy do: the server
+// is the judge.
+func (b *backendTLS) clientCertificate(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+	b.client.Check()
+	return b.client.Certificate(), nil
 }
 
 // dialTLS connects to addr and completes the handshake within the connect

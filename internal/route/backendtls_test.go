@@ -236,3 +236,40 @@ func TestClientConfigServerName(t *testing.T) {
 		})
 	}
 }
+
+// TestBackendTLSClientCertificate: a client certificate that does not load
+// refuses the configuration naming the field, as a bad CA bundle does; one
+// that loads is what handshakes present.
+func TestBackendTLSClientCertificate(t *testing.T) {
+	dir := t.TempDir()
+	ca := simtest.NewCA(t, "clients")
+	certFile, keyFile := ca.IssueClient(t, "kvgate").Write(t, dir)
+	other := ca.IssueClient(t, "other")
+	otherKey := filepath.Join(dir, "other.key")
+	simtest.WriteFile(t, otherKey, other.KeyPEM)
+	for _, tc := range []struct {
+		name, cert, key, want string // want "" loads
+	}{
+		{"loads", certFile, keyFile, ""},
+		{"certificate missing", filepath.Join(dir, "none.crt"), keyFile, "no such file"},
+		{"key missing", certFile, filepath.Join(dir, "none.key"), "no such file"},
+		{"key of another certificate", certFile, otherKey, "private key does not match public key"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			bt, err := newBackendTLS(&v1alpha1.BackendTLSSpec{CertFile: tc.cert, KeyFile: tc.key}, "spec.schedulers[0].backendTLS", slog.New(slog.DiscardHandler))
+			if tc.want != "" {
+				if err == nil || !strings.Contains(err.Error(), "spec.schedulers[0].backendTLS.certFile") || !strings.Contains(err.Error(), tc.want) {
+					t.Fatalf("newBackendTLS: %v; want the field named and %q", err, tc.want)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			c, err := bt.ClientConfig("10.0.0.1:8443").GetClientCertificate(&tls.CertificateRequestInfo{})
+			if err != nil || c == nil || c.Leaf.Subject.CommonName != "kvgate" {
+				t.Fatalf("client certificate %+v, %v", c, err)
+			}
+		})
+	}
+}

@@ -76,13 +76,25 @@ func (ca *CA) Issue(t testing.TB, hosts ...string) Leaf {
 // addresses, which go in the IP SANs — valid for a day.
 func (ca *CA) IssueFor(t testing.TB, names ...string) Leaf {
 	t.Helper()
+	return ca.issue(t, x509.ExtKeyUsageServerAuth, "kvgate", names)
+}
+
+// IssueClient makes a client certificate named name (its common name), as a
+// server that verifies client certificates requires, valid for a day.
+func (ca *CA) IssueClient(t testing.TB, name string) Leaf {
+	t.Helper()
+	return ca.issue(t, x509.ExtKeyUsageClientAuth, name, nil)
+}
+
+func (ca *CA) issue(t testing.TB, usage x509.ExtKeyUsage, name string, names []string) Leaf {
+	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		t.Fatal(err)
 	}
-	tmpl := &x509.Certificate{SerialNumber: serial(t), Subject: pkix.Name{CommonName: "kvgate"},
+	tmpl := &x509.Certificate{SerialNumber: serial(t), Subject: pkix.Name{CommonName: name},
 		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour).Truncate(time.Second),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{usage}}
 	for _, n := range names {
 		if ip := net.ParseIP(n); ip != nil {
 			tmpl.IPAddresses = append(tmpl.IPAddresses, ip)
