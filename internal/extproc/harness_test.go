@@ -144,7 +144,9 @@ func gatewayConfig(schedulers ...v1alpha1.SchedulerSpec) *v1alpha1.InferenceGate
 type request struct {
 	method, path string
 	headers      map[string]string
-	body         []byte
+	// more are header lines sent after headers', a name again included.
+	more [][2]string
+	body []byte
 	// cuts are the body's chunk sizes in order (the rest goes in a last chunk);
 	// nil sends the body as one chunk. A trailing 0 sends an empty final chunk.
 	cuts []int
@@ -418,8 +420,12 @@ func (s *testServer) play(t testing.TB, req request) *played {
 	for k, v := range req.headers {
 		h[k] = v
 	}
+	hm := hdrs(h)
+	for _, kv := range req.more {
+		hm.Headers = append(hm.Headers, &corev3.HeaderValue{Key: kv[0], RawValue: []byte(kv[1])})
+	}
 	first := &extprocv3.ProcessingRequest{ObservabilityMode: req.observability, ProtocolConfig: req.modes, Request: &extprocv3.ProcessingRequest_RequestHeaders{
-		RequestHeaders: &extprocv3.HttpHeaders{Headers: hdrs(h), EndOfStream: len(req.body) == 0 && !req.trailers}}}
+		RequestHeaders: &extprocv3.HttpHeaders{Headers: hm, EndOfStream: len(req.body) == 0 && !req.trailers}}}
 	if req.subset != nil {
 		list := make([]any, len(req.subset))
 		for i, a := range req.subset {

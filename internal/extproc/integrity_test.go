@@ -87,3 +87,40 @@ func TestOneModelPerRequest(t *testing.T) {
 	}
 	picker.inFlightZero(t)
 }
+
+// TestRepeatedModelHeader: x-gateway-model-name given twice, or with two
+// values in one line, is refused with 400 before the pick, as a body naming
+// two models is: the picker and the model server could each read another.
+func TestRepeatedModelHeader(t *testing.T) {
+	addrs := startSims(t, 1, simserver.Options{})
+	s := startServer(t, gatewayConfig(pool(addrs...)), Options{})
+	body := []byte(`{"messages":[{"role":"user","content":"hi"}]}`)
+	for _, tc := range []struct {
+		name  string
+		lines [][2]string
+		want  int // 0: routed
+	}{
+		{"two lines", [][2]string{{ModelHeader, llama}, {"X-Gateway-Model-Name", "other"}}, 400},
+		{"the same model twice", [][2]string{{ModelHeader, llama}, {ModelHeader, llama}}, 400},
+		{"two values in one line", [][2]string{{ModelHeader, llama + ", other"}}, 400},
+		{"one", [][2]string{{ModelHeader, llama}}, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := s.play(t, request{body: body, more: tc.lines, noUpstream: true})
+			if tc.want == 0 {
+				if p.immediate != nil || !bytes.Equal(p.upstreamBody, body) {
+					t.Fatalf("not routed: immediate %v", p.immediate)
+				}
+				return
+			}
+			ir := p.immediate
+			if ir == nil || int(ir.GetStatus().GetCode()) != tc.want || !strings.Contains(string(ir.GetBody()), "names more than one model") ||
+				!strings.Contains(string(ir.GetBody()), `"param":"model"`) {
+				t.Fatalf("immediate response %v, want %d naming the header", ir, tc.want)
+			}
+			if len(p.upstreamBody) != 0 {
+				t.Errorf("released %d bytes", len(p.upstreamBody))
+			}
+		})
+	}
+}

@@ -323,12 +323,16 @@ func (x *exchange) requestHeaders(msg *extprocv3.ProcessingRequest, h *extprocv3
 		x.startSpan() // refusals are traced too
 		// Before anything else, as kvgate serve does: Envoy answers the
 		// client with the refusal and the request goes nowhere.
-		id, ref := x.cfg.Authenticate(httpHeader(h.GetHeaders()))
+		all := httpHeader(h.GetHeaders())
+		id, ref := x.cfg.Authenticate(all)
 		if ref != nil {
 			x.s.log.Debug("request not authenticated", "request_id", x.rid, "status", ref.Status)
 			return x.refuse(ref, true)
 		}
 		x.identity = id
+		if _, err := openai.HeaderModel(all.Values(ModelHeader)); err != nil {
+			return x.refuse(bodyError(err), false)
+		}
 	}
 	x.subset = subsetHint(msg.GetMetadataContext())
 	if cl, err := strconv.ParseInt(x.headers["content-length"], 10, 64); err == nil && x.s.opts.BBR == nil {

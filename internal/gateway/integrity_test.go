@@ -194,3 +194,48 @@ func TestShortBody(t *testing.T) {
 		t.Errorf("the model server completed %d short bodies", len(got))
 	}
 }
+
+// TestRepeatedModelHeader: x-gateway-model-name given twice, or with two
+// values in one line, is refused with an OpenAI 400 on param model, as a body
+// naming two models is, and reaches no model server.
+func TestRepeatedModelHeader(t *testing.T) {
+	rec, addr := startRecorder(t)
+	_, base := startGateway(t, gatewayConfig(scheduler("a", "model-a", addr), scheduler("b", "model-b", addr)))
+	body := `{"messages":[{"role":"user","content":"hi"}]}`
+	for _, tc := range []struct {
+		name   string
+		values []string
+		want   int
+	}{
+		{"two lines", []string{"model-a", "model-b"}, 400},
+		{"the same model twice", []string{"model-a", "model-a"}, 400},
+		{"two values in one line", []string{"model-a, model-b"}, 400},
+		{"one", []string{"model-b"}, 200},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			before := len(rec.completed())
+			req, _ := http.NewRequest("POST", base+"/v1/chat/completions", strings.NewReader(body))
+			req.Header["X-Gateway-Model-Name"] = tc.values
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			raw, _ := io.ReadAll(resp.Body)
+			_ = resp.Body.Close()
+			if resp.StatusCode != tc.want {
+				t.Fatalf("status %d, want %d: %s", resp.StatusCode, tc.want, raw)
+			}
+			if tc.want == 200 {
+				return
+			}
+			var e apiError
+			if json.Unmarshal(raw, &e) != nil || e.Error.Type != "invalid_request_error" || !strings.Contains(e.Error.Message, "names more than one model") ||
+				!strings.Contains(string(raw), `"param":"model"`) {
+				t.Errorf("error body %s", raw)
+			}
+			if n := len(rec.completed()); n != before {
+				t.Errorf("a model server completed the request")
+			}
+		})
+	}
+}

@@ -91,13 +91,17 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// their pool after the last attempt's reader is detached (deferred later).
 	parts := &headParts{m: &g.bodies, hold: hold}
 	defer parts.done()
-	model := r.Header.Get("X-Gateway-Model-Name")
+	model, err := openai.HeaderModel(r.Header.Values(proxy.ModelHeader))
+	if ref, ok := proxy.BodyError(err); ok {
+		g.refuse(w, nil, ref)
+		return
+	}
 	scanning := int64(scanBuffer)
 	if r.ContentLength >= 0 {
 		scanning = min(scanning, r.ContentLength)
 	}
 	var sc openai.Scanned
-	err := errOverBudget
+	err = errOverBudget
 	if hold.Reserve(scanning) {
 		sc, err = openai.ScanFor(body, head, openai.Want{PromptLimit: cfg.PromptLimit(), HeaderModel: model, User: cfg.WantsUser(), Spill: parts.add})
 		hold.Release(scanning)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 )
 
 // ErrNotObject is returned by Scan when the body is not a JSON object.
@@ -451,6 +452,21 @@ func (s *scanner) readModel() error {
 	}
 	s.modelFound, s.bodyModel = true, true
 	return nil
+}
+
+// HeaderModel is the model the x-gateway-model-name header names, from every
+// value it came with ("" for none). The header given twice, or a value with a
+// comma (two values joined, as RFC 9110 lets a proxy join repeated lines), is
+// refused as a conflict: the picker and the model server could each read
+// another name.
+func HeaderModel(values []string) (string, error) {
+	switch {
+	case len(values) == 0:
+		return "", nil
+	case len(values) > 1 || strings.Contains(values[0], ","):
+		return "", &ConflictError{Reason: "the x-gateway-model-name header names more than one model; send one"}
+	}
+	return values[0], nil
 }
 
 // headerConflict refuses a body that names a model the header does not.
