@@ -239,3 +239,37 @@ func TestRepeatedModelHeader(t *testing.T) {
 		})
 	}
 }
+
+// TestNonJSONWhere: what configuration.md says of non-JSON. At the top level
+// of the body's object (where a lenient decoder such as Python's json, which
+// reads NaN and Infinity, could otherwise find another model) kvgate refuses
+// it, in the head it reads and past it; inside a nested value it follows only
+// strings and brackets, so the body goes on and the model server judges it.
+func TestNonJSONWhere(t *testing.T) {
+	_, addr := startRecorder(t)
+	_, base := startGateway(t, gatewayConfig(scheduler("a", "model-a", addr)))
+	msgs := `"messages":[{"role":"user","content":"hi"}]`
+	pad := `"tools":["` + strings.Repeat("t", 3<<20) + `"]`
+	for _, tc := range []struct {
+		name, body string
+		forwarded  bool
+	}{
+		{"top level, in the head", `{"model":"model-a","t":NaN,` + msgs + `}`, false},
+		{"top level, past the head", `{"model":"model-a",` + msgs + `,` + pad + `,"t":Infinity}`, false},
+		{"nested, in the head", `{"model":"model-a","t":[NaN],` + msgs + `}`, true},
+		{"nested, past the head", `{"model":"model-a",` + msgs + `,` + pad + `,"t":{"x":-Infinity}}`, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			// The recorder, decoding as Go does, answers what it gets with 400
+			// "bad body", relayed; kvgate's own refusal says malformed JSON.
+			resp, raw, e := call(t, "POST", base+"/v1/chat/completions", tc.body)
+			want := "malformed JSON body"
+			if tc.forwarded {
+				want = "bad body"
+			}
+			if resp.StatusCode != http.StatusBadRequest || !strings.Contains(e.Error.Message, want) {
+				t.Fatalf("status %d %s, want 400 with %q", resp.StatusCode, raw, want)
+			}
+		})
+	}
+}
