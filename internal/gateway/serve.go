@@ -26,6 +26,18 @@ const maxWholeBody = 32 << 10
 
 // ServeHTTP implements the OpenAI data plane.
 func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	counted := &countingBody{ReadCloser: r.Body}
+	if r.Body != nil && r.Body != http.NoBody {
+		r.Body = counted
+	}
+	g.serve(w, r)
+	// Once the answer is out and everything held is given back (not after a
+	// panic: the server answers that itself), the rest of a body the answer
+	// did not need is read and dropped.
+	linger(w, r, counted)
+}
+
+func (g *Gateway) serve(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	rid := proxy.RequestID(r.Header)
 	w.Header().Set("X-Request-Id", rid)
