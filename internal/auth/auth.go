@@ -78,6 +78,7 @@ type Authenticator struct {
 	anonymous bool
 	m         *metrics
 	log       *slog.Logger
+	throttle  *throttle
 
 	stop context.CancelFunc
 	done chan struct{} // closed when the refresh loop has returned
@@ -119,7 +120,7 @@ func New(ctx context.Context, spec *v1alpha1.AuthSpec, opts Options) (*Authentic
 	if err != nil {
 		return nil, err
 	}
-	a := &Authenticator{anonymous: spec.AllowAnonymous, m: m, log: opts.Logger}
+	a := &Authenticator{anonymous: spec.AllowAnonymous, m: m, log: opts.Logger, throttle: newThrottle(opts.Now)}
 	for _, k := range spec.APIKeys {
 		d, _ := v1alpha1.KeyDigest(k.Hash) // checked by Validate
 		a.keys = append(a.keys, keyEntry{digest: d, tenant: k.Tenant})
@@ -169,10 +170,33 @@ func (a *Authenticator) Ready() error {
 	return a.jwt.keys.ready()
 }
 
-// Authenticate checks the request's credentials. Every error it returns is an
+// Authenticate checks the request's credentials, its client address
+// (RemoteAddr) throttled after failures. Every error it returns is an
 // *Error, to be answered with WriteError.
 func (a *Authenticator) Authenticate(r *http.Request) (Identity, error) {
-	id, aerr := a.authenticate(r)
+	return a.AuthenticateFrom(r.Header, r.RemoteAddr)
+}
+
+// AuthenticateHeader is Authenticate for a front that has only the request's
+// headers (the Envoy ext_proc picker): no client address, no throttle.
+func (a *Authenticator) AuthenticateHeader(h http.Header) (Identity, error) {
+	return a.AuthenticateFrom(h, "")
+}
+
+// AuthenticateFrom is Authenticate for the headers of a request from the
+// client address client (host:port or an address; "" for none known): past
+// ThrottleFailures refusals of a credential that does not verify within
+// ThrottleWindow from the address, it is refused with ReasonThrottled before
+// the credentials are looked at.
+func (a *Authenticator) AuthenticateFrom(h http.Header, client string) (Identity, error) {
+	key, keyed := clientKey(client)
+	var id Identity
+	var aerr *Error
+	if wait := a.throttle.wait(key, keyed); wait > 0 {
+		aerr = &Error{Reason: ReasonThrottled, RetryAfter: wait}
+	} else if id, aerr = a.authenticate(&http.Request{Header: h}); aerr != nil && keyed && aerr.Reason.guess() {
+		a.throttle.failed(key)
+	}
 	if aerr != nil {
 		method := aerr.Method
 		if method == "" {
@@ -183,12 +207,6 @@ func (a *Authenticator) Authenticate(r *http.Request) (Identity, error) {
 	}
 	a.m.requests.WithLabelValues(id.Method, "ok").Inc()
 	return id, nil
-}
-
-// AuthenticateHeader is Authenticate for a front that has only the request's
-// headers (the Envoy ext_proc picker).
-func (a *Authenticator) AuthenticateHeader(h http.Header) (Identity, error) {
-	return a.Authenticate(&http.Request{Header: h})
 }
 
 // IsCredential says whether a request header carries credentials this package

@@ -3,6 +3,8 @@ package auth
 import (
 	"errors"
 	"net/http"
+	"strconv"
+	"time"
 
 	"github.com/kvgate/kvgate/internal/openai"
 )
@@ -27,7 +29,20 @@ const (
 	ReasonNoTenant       Reason = "no_tenant"       // jwt: the tenant claim is absent or not a string or integer
 	ReasonInvalid        Reason = "invalid"         // jwt: any other claim problem
 	ReasonClaimMismatch  Reason = "claim_mismatch"  // jwt: a required claim is absent or holds none of its values (403)
+	ReasonThrottled      Reason = "throttled"       // too many refusals from the client's address: 429, not looked at
 )
+
+// guess says whether a refusal is of a credential that does not verify — a
+// key or token that could be a guess — and so counts toward the throttle. A
+// genuine token refused for its claims, its time or a key the JWKS in use
+// lacks yet (a rotation), or a request without credentials, does not.
+func (r Reason) guess() bool {
+	switch r {
+	case ReasonUnknownKey, ReasonBadSignature, ReasonMalformed, ReasonUnsupportedAlg:
+		return true
+	}
+	return false
+}
 
 // Error is what Authenticate returns for every refused request. Its Message is
 // safe to show the client: it never holds the key or the token.
@@ -41,6 +56,8 @@ type Error struct {
 	Detail string
 	// Err is the underlying cause, for logs; may be nil.
 	Err error
+	// RetryAfter is how long a throttled client is still refused.
+	RetryAfter time.Duration
 }
 
 func (e *Error) Error() string {
@@ -60,6 +77,8 @@ func (e *Error) Unwrap() error { return e.Err }
 // Message is the error message for the client, in the OpenAI API's style.
 func (e *Error) Message() string {
 	switch {
+	case e.Reason == ReasonThrottled:
+		return "Too many failed authentications from this address; retry later."
 	case e.Reason == ReasonMissing:
 		return "Missing credentials: set Authorization: Bearer <API key or token> (or api-key: <API key>)."
 	case e.Method == MethodAPIKey:
@@ -76,27 +95,42 @@ func (e *Error) Message() string {
 }
 
 // StatusCode is the HTTP status of the answer: 403 for a genuine token that
-// lacks a required claim, 401 otherwise.
+// lacks a required claim, 429 for a throttled client, 401 otherwise.
 func (e *Error) StatusCode() int {
-	if e.Reason == ReasonClaimMismatch {
+	switch e.Reason {
+	case ReasonClaimMismatch:
 		return http.StatusForbidden
+	case ReasonThrottled:
+		return http.StatusTooManyRequests
 	}
 	return http.StatusUnauthorized
 }
 
 // Type is the OpenAI error type of the answer.
 func (e *Error) Type() string {
-	if e.Reason == ReasonClaimMismatch {
+	switch e.Reason {
+	case ReasonClaimMismatch:
 		return openai.TypePermission
+	case ReasonThrottled:
+		return openai.TypeRateLimit
 	}
 	return openai.TypeInvalidRequest
 }
 
+// RetryAfterSeconds is the Retry-After of the answer in whole seconds, rounded
+// up; 0 sends none.
+func (e *Error) RetryAfterSeconds() int {
+	return int((e.RetryAfter + time.Second - 1) / time.Second)
+}
+
 // Challenge is the WWW-Authenticate value of RFC 6750 §3: a bare one when no
 // credentials came, error="invalid_token" when they were refused,
-// error="insufficient_scope" when a required claim is missing.
+// error="insufficient_scope" when a required claim is missing; none for a
+// throttled client, whose credentials were not looked at.
 func (e *Error) Challenge() string {
 	switch e.Reason {
+	case ReasonThrottled:
+		return ""
 	case ReasonMissing:
 		return `Bearer realm="kvgate"`
 	case ReasonClaimMismatch:
@@ -114,6 +148,11 @@ func WriteError(w http.ResponseWriter, err error) {
 	if !errors.As(err, &ae) {
 		ae = &Error{Reason: ReasonInvalid}
 	}
-	w.Header().Set("WWW-Authenticate", ae.Challenge())
+	if c := ae.Challenge(); c != "" {
+		w.Header().Set("WWW-Authenticate", c)
+	}
+	if s := ae.RetryAfterSeconds(); s > 0 {
+		w.Header().Set("Retry-After", strconv.Itoa(s))
+	}
 	openai.WriteError(w, ae.StatusCode(), ae.Type(), ae.Message())
 }

@@ -16,7 +16,8 @@ type metrics struct {
 	// result is ok or the Reason of the refusal (missing, malformed,
 	// unknown_key, unsupported_alg, unknown_kid, bad_signature, expired,
 	// not_yet_valid, wrong_issuer, wrong_audience, missing_claim, no_tenant,
-	// invalid). Requests to the Middleware's open paths are not counted.
+	// invalid, claim_mismatch, throttled). Requests to the Middleware's open
+	// paths are not counted.
 	requests *prometheus.CounterVec
 	// kvgate_auth_jwks_refreshes_total{trigger,result}: fetches of the JWKS.
 	// trigger is startup, periodic or unknown_kid (a token named a key the

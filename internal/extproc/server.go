@@ -324,7 +324,7 @@ func (x *exchange) requestHeaders(msg *extprocv3.ProcessingRequest, h *extprocv3
 		// Before anything else, as kvgate serve does: Envoy answers the
 		// client with the refusal and the request goes nowhere.
 		all := httpHeader(h.GetHeaders())
-		id, ref := x.cfg.Authenticate(all)
+		id, ref := x.cfg.Authenticate(all, "")
 		if ref != nil {
 			x.s.log.Debug("request not authenticated", "request_id", x.rid, "status", ref.Status)
 			return x.refuse(ref, true)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -282,5 +283,29 @@ func TestDiagnostics(t *testing.T) {
 				t.Errorf("scheduler %q", resp.Header.Get("X-Kvgate-Scheduler"))
 			}
 		})
+	}
+}
+
+// TestAuthThrottled: `kvgate serve` answers a client address that failed
+// authentication auth.ThrottleFailures times within a minute with an OpenAI
+// 429 and Retry-After, its good key included, before looking at it.
+func TestAuthThrottled(t *testing.T) {
+	_, a := startSim(t, llama, simserver.Options{})
+	cfg := gatewayConfig(scheduler("p", llama, a))
+	cfg.Spec.Auth = &v1alpha1.AuthSpec{APIKeys: []v1alpha1.APIKeySpec{{Tenant: "acme", Hash: auth.HashKey("sk-acme")}}}
+	_, base := startGateway(t, cfg)
+	for i := range auth.ThrottleFailures {
+		if resp, raw, _ := call(t, "POST", base+"/v1/chat/completions", chat(llama), "Authorization", "Bearer sk-guess"); resp.StatusCode != 401 {
+			t.Fatalf("guess %d: %d %s", i, resp.StatusCode, raw)
+		}
+	}
+	for _, key := range []string{"sk-guess", "sk-acme"} {
+		resp, raw, e := call(t, "POST", base+"/v1/chat/completions", chat(llama), "Authorization", "Bearer "+key)
+		if resp.StatusCode != 429 || e.Error.Type != "rate_limit_error" || resp.Header.Get("WWW-Authenticate") != "" {
+			t.Fatalf("%s: %d %q %s; want an OpenAI 429 without a challenge", key, resp.StatusCode, resp.Header.Get("WWW-Authenticate"), raw)
+		}
+		if s, err := strconv.Atoi(resp.Header.Get("Retry-After")); err != nil || s < 1 || s > 60 {
+			t.Errorf("%s: Retry-After %q", key, resp.Header.Get("Retry-After"))
+		}
 	}
 }

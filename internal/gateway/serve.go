@@ -52,7 +52,7 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request) {
 	cfg := g.core.Current()
 	// Before anything else: an unauthenticated client learns nothing, not
 	// even which paths exist.
-	id, aref := cfg.Authenticate(r.Header)
+	id, aref := cfg.Authenticate(r.Header, r.RemoteAddr)
 	if aref != nil {
 		// Debug: scanners probing the front door would flood Info, and the
 		// refusals are counted (kvgate_auth_requests_total).

@@ -360,7 +360,11 @@ func (r *Router) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	if g.auth != nil {
 		id, err := g.auth.Authenticate(req)
 		if err != nil {
-			r.m.Requests.WithLabelValues("", "", "401").Inc()
+			code := http.StatusUnauthorized
+			if ae := (*auth.Error)(nil); errors.As(err, &ae) {
+				code = ae.StatusCode() // 403, or 429 for a throttled address
+			}
+			r.m.Requests.WithLabelValues("", "", strconv.Itoa(code)).Inc()
 			auth.WriteError(w, err)
 			return
 		}

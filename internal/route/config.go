@@ -28,19 +28,20 @@ func (c Config) Configured() bool { return c.rt != nil }
 
 // Authenticate checks a request's credentials against spec.auth: its
 // identity, nil when the configuration has none (anyone is served), or the
-// refusal to answer (401 or 403, with WWW-Authenticate), counted.
-func (c Config) Authenticate(h http.Header) (*auth.Identity, *proxy.Refusal) {
+// refusal to answer (401 or 403 with WWW-Authenticate, 429 with Retry-After
+// for a client address past its failures; "" for none known), counted.
+func (c Config) Authenticate(h http.Header, client string) (*auth.Identity, *proxy.Refusal) {
 	if c.rt == nil || c.rt.auth == nil {
 		return nil, nil
 	}
-	id, err := c.rt.auth.a.AuthenticateHeader(h)
+	id, err := c.rt.auth.a.AuthenticateFrom(h, client)
 	if err != nil {
 		var ae *auth.Error
 		if !errors.As(err, &ae) {
 			ae = &auth.Error{Reason: auth.ReasonInvalid} // fail closed
 		}
 		c.g.CountRefused(ae.StatusCode())
-		return nil, &proxy.Refusal{Status: ae.StatusCode(), Type: ae.Type(), Message: ae.Message(), Challenge: ae.Challenge()}
+		return nil, &proxy.Refusal{Status: ae.StatusCode(), Type: ae.Type(), Message: ae.Message(), Challenge: ae.Challenge(), RetryAfter: ae.RetryAfterSeconds()}
 	}
 	return &id, nil
 }

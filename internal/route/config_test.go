@@ -51,14 +51,14 @@ func TestConfigHoldsThroughReloads(t *testing.T) {
 	}{
 		{"authentication", func() error {
 			h := http.Header{"Authorization": {"Bearer key-0"}}
-			id, ref := c.Authenticate(h)
+			id, ref := c.Authenticate(h, "")
 			if ref != nil {
 				return fmt.Errorf("key-0 refused: %s", ref.Message)
 			}
 			if id == nil || id.Tenant != "tenant-0" {
 				return fmt.Errorf("key-0: identity %v; want tenant-0", id)
 			}
-			if _, ref := c.Authenticate(http.Header{"Authorization": {"Bearer key-1"}}); ref == nil {
+			if _, ref := c.Authenticate(http.Header{"Authorization": {"Bearer key-1"}}, ""); ref == nil {
 				return fmt.Errorf("key-1 of a later configuration: accepted, want 401")
 			} else if ref.Status != http.StatusUnauthorized {
 				return fmt.Errorf("key-1 of a later configuration: %d, want 401", ref.Status)
@@ -123,7 +123,7 @@ func TestZeroConfig(t *testing.T) {
 	if c.Configured() || c.MaxBody() != 0 || c.WantsUser() || c.AuthEnabled() || len(c.Models(nil)) != 0 {
 		t.Error("the zero Config reads as configured")
 	}
-	if id, ref := c.Authenticate(http.Header{}); id != nil || ref != nil {
+	if id, ref := c.Authenticate(http.Header{}, ""); id != nil || ref != nil {
 		t.Errorf("Authenticate: %v, %v", id, ref)
 	}
 	if rt, ref := c.Route(context.Background(), Request{Model: llama}); rt != nil || ref == nil || ref.Status != http.StatusServiceUnavailable {
