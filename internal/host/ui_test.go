@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -211,6 +212,34 @@ func TestFleetPage(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
+		}
+	})
+
+	t.Run("an endpoint whose scrapes fail shows as unhealthy", func(t *testing.T) {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		dead := l.Addr().String()
+		_ = l.Close() // nothing listens there: every scrape fails
+		live := startSim(t, llama, simserver.Options{}).Addr()
+		g := start(t, config(scheduler("chat", llama, live, dead)), host.CoreOptions{})
+		tab, closeTab := chromedp.NewContext(browserCtx)
+		t.Cleanup(closeTab)
+		badge := func(addr string) string {
+			return `(document.querySelector('tr[data-endpoint="` + addr + `"] .badge') || {}).`
+		}
+		both := badge(live) + `textContent === "healthy" && ` + badge(dead) + `className === "badge bad"`
+		if err := chromedp.Do(tab, chromedp.Navigate(g.AdminURL+"/ui/"), waitTrue(both)); err != nil {
+			got, _ := chromedp.Run(tab, chromedp.Evaluate[[]string](`[...document.querySelectorAll("tr[data-endpoint] .badge")].map(b => b.textContent + " " + b.className)`))
+			t.Fatalf("badges %q: want the live endpoint healthy and the dead one marked bad: %v", got, err)
+		}
+		got, err := chromedp.Run(tab, chromedp.Evaluate[[]string](`[`+badge(dead)+`textContent, `+badge(dead)+`title]`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(got) != 2 || got[0] != "unhealthy" || got[1] == "" {
+			t.Errorf("the dead endpoint's badge %q (title %q): want unhealthy, with the scrape's error as its title", got[0], got[1])
 		}
 	})
 

@@ -78,9 +78,12 @@ async function getJSON(path) {
   }
 }
 
-// health is an endpoint's state as one badge.
+// health is an endpoint's state as one badge. One never scraped is
+// unhealthy once a scrape has failed (nothing answers there), and only "not
+// scraped" while its first scrape is still to come.
 function health(e) {
   if (e.ejectedForMs > 0) return ["ejected " + Math.ceil(e.ejectedForMs / 1000) + "s", "bad"];
+  if (!e.scraped && (e.scrapeErrors > 0 || e.lastError)) return ["unhealthy", "bad"];
   if (!e.scraped) return ["not scraped", "idle"];
   if (!e.healthy) return ["unhealthy", "bad"];
   if (e.stale) return ["stale", "warn"];
