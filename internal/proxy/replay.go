@@ -188,7 +188,14 @@ func (r *replayReader) Read(p []byte) (int, error) {
 		b.record(p[:n])
 	}
 	r.off += n
-	if err != nil && !errors.Is(err, io.EOF) {
+	switch {
+	case errors.Is(err, io.EOF):
+		// Ended: later reads (the transport's check for bytes past the
+		// length, a replay) must not touch the client's body again, which its
+		// server closes once the answer starts; a read of it then fails and
+		// the transport closes the upstream connection mid-answer.
+		b.rest = nil
+	case err != nil:
 		b.clientErr = err
 	}
 	return n, err

@@ -106,3 +106,45 @@ func TestReplayBodyClientError(t *testing.T) {
 		t.Fatal("a body the client broke was sent again")
 	}
 }
+
+// closedAfterEOF is a client's body as net/http serves it: the last bytes come
+// with io.EOF, and once the server closed it (as it does when the answer
+// starts) a read fails.
+type closedAfterEOF struct {
+	data string
+	done bool
+}
+
+func (c *closedAfterEOF) Read(p []byte) (int, error) {
+	if c.done {
+		return 0, errors.New("http: invalid Read on closed Body")
+	}
+	c.done = true
+	return copy(p, c.data), io.EOF
+}
+
+// TestReplayBodyEnded: once the client's body ended, reading on (the
+// transport checks for bytes past the length after the last one) does not
+// touch the client's body again, which its server may have closed meanwhile:
+// that read failing made the transport close the upstream connection
+// mid-answer.
+func TestReplayBodyEnded(t *testing.T) {
+	b := NewReplayBody(nil, &closedAfterEOF{data: `{"model":"m"}`}, 100)
+	rc, _ := b.Next()
+	buf := make([]byte, 64)
+	if n, err := rc.Read(buf); n != 13 || !errors.Is(err, io.EOF) {
+		t.Fatalf("first read %d, %v", n, err)
+	}
+	for i := range 2 {
+		if n, err := rc.Read(buf); n != 0 || !errors.Is(err, io.EOF) {
+			t.Fatalf("read %d past the end: %d, %v; want io.EOF", i+1, n, err)
+		}
+	}
+	if b.ClientError() != nil || !b.CanReplay() {
+		t.Fatalf("ClientError %v, CanReplay %v", b.ClientError(), b.CanReplay())
+	}
+	again, _ := b.Next()
+	if got, err := io.ReadAll(again); err != nil || string(got) != `{"model":"m"}` {
+		t.Fatalf("replay sent %q, %v", got, err)
+	}
+}
