@@ -16,7 +16,18 @@ type UsageReader struct {
 	seen    bool
 	tooLong bool
 	events  int64 // SSE data lines but [DONE]
+
+	// The event being assembled, for the checks of the stream's shape: its
+	// data lines joined by newlines, as the SSE specification joins them.
+	lineCut, eventCut, hasData bool
+	event                      []byte
+	ended                      bool  // the stream's terminator was seen
+	malformed                  int64 // events whose data is neither JSON nor [DONE]
 }
+
+// terminal are the Responses API's last events; chat and completions streams
+// end with data: [DONE] instead.
+var terminal = [][]byte{[]byte("response.completed"), []byte("response.incomplete"), []byte("response.failed")}
 
 // Past these a body is not searched (a JSON answer that large is not a chat
 // completion) and an SSE line is cut (its event is lost, not the stream).
@@ -67,19 +78,39 @@ func (u *UsageReader) Feed(p []byte) {
 	for len(p) > 0 {
 		i := bytes.IndexByte(p, '\n')
 		if i < 0 {
-			if len(u.line)+len(p) <= maxSSELine {
-				u.line = append(u.line, p...)
-			}
+			u.appendLine(p)
 			return
 		}
-		u.line = append(u.line, p[:i]...)
+		u.appendLine(p[:i])
 		u.sseLine(u.line)
-		u.line = u.line[:0]
+		u.line, u.lineCut = u.line[:0], false
 		p = p[i+1:]
 	}
 }
 
+func (u *UsageReader) appendLine(p []byte) {
+	if u.lineCut || len(u.line)+len(p) > maxSSELine {
+		u.lineCut = true
+		return
+	}
+	u.line = append(u.line, p...)
+}
+
 func (u *UsageReader) sseLine(line []byte) {
+	line = bytes.TrimSuffix(line, []byte("\r"))
+	if len(line) == 0 {
+		u.dispatch()
+		return
+	}
+	if name, ok := bytes.CutPrefix(line, []byte("event:")); ok {
+		name = bytes.TrimSpace(name)
+		for _, t := range terminal {
+			if bytes.Equal(name, t) {
+				u.ended = true
+			}
+		}
+		return
+	}
 	data, ok := bytes.CutPrefix(line, []byte("data:"))
 	if !ok {
 		return
@@ -91,7 +122,52 @@ func (u *UsageReader) sseLine(line []byte) {
 	if hasUsage(data) {
 		u.parse(data)
 	}
+	if u.hasData {
+		u.event = append(u.event, '\n')
+	}
+	u.hasData = true
+	u.eventCut = u.eventCut || u.lineCut || len(u.event)+len(data) > maxSSELine
+	if !u.eventCut {
+		u.event = append(u.event, data...)
+	}
 }
+
+// dispatch ends the event being assembled (at a blank line): [DONE] ends the
+// stream; any other data must be JSON. An event cut for its size is not
+// judged.
+func (u *UsageReader) dispatch() {
+	if u.hasData && !u.eventCut {
+		d := bytes.TrimSpace(u.event)
+		switch {
+		case bytes.Equal(d, []byte("[DONE]")):
+			u.ended = true
+		case !json.Valid(d):
+			u.malformed++
+		}
+	}
+	u.event, u.hasData, u.eventCut = u.event[:0], false, false
+}
+
+// Finish judges what the stream left unterminated (a last line without its
+// newline, a last event without its blank line) once it ended.
+func (u *UsageReader) Finish() {
+	if !u.sse {
+		return
+	}
+	if len(u.line) > 0 {
+		u.sseLine(u.line)
+		u.line = u.line[:0]
+	}
+	u.dispatch()
+}
+
+// Ended says whether the event stream sent its terminator: data: [DONE]
+// (chat and completions), or a Responses API last event.
+func (u *UsageReader) Ended() bool { return u.ended }
+
+// Malformed counts the events fed so far whose data is neither JSON nor
+// [DONE].
+func (u *UsageReader) Malformed() int64 { return u.malformed }
 
 // Events counts the server-sent events with data fed so far, but [DONE]:
 // about one token each, for a stream without usage.

@@ -41,3 +41,42 @@ func TestUsageReader(t *testing.T) {
 		})
 	}
 }
+
+// TestUsageReaderShape: a stream is whole once its terminator came, and an
+// event whose data is neither JSON nor [DONE] is malformed, however the
+// stream is cut into pieces.
+func TestUsageReaderShape(t *testing.T) {
+	ev := "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n"
+	for _, tc := range []struct {
+		name      string
+		body      string
+		ended     bool
+		malformed int64
+	}{
+		{"chat stream", ev + "data: [DONE]\n\n", true, 0},
+		{"CRLF lines", "data: {\"a\":1}\r\n\r\ndata: [DONE]\r\n\r\n", true, 0},
+		{"[DONE] without its blank line", ev + "data: [DONE]", true, 0},
+		{"no terminator", ev + ev, false, 0},
+		{"cut mid-event", ev + "data: {\"choices\":[", false, 1},
+		{"not JSON", ev + "data: <html>oops</html>\n\n" + "data: [DONE]\n\n", true, 1},
+		{"JSON over two data lines", "data: {\"a\":\ndata: 1}\n\ndata: [DONE]\n\n", true, 0},
+		{"comments and other fields", ": keep-alive\n\nid: 7\nretry: 100\n" + ev + "data: [DONE]\n\n", true, 0},
+		{"responses stream", "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\"}\n\nevent: response.completed\ndata: {\"type\":\"response.completed\"}\n\n", true, 0},
+		{"responses stream cut", "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\"}\n\n", false, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for _, piece := range []int{1, 7, 1 << 20} {
+				u := NewUsageReader(true)
+				for b := []byte(tc.body); len(b) > 0; {
+					n := min(piece, len(b))
+					u.Feed(b[:n])
+					b = b[n:]
+				}
+				u.Finish()
+				if u.Ended() != tc.ended || u.Malformed() != tc.malformed {
+					t.Fatalf("pieces of %d: ended %v, malformed %d; want %v, %d", piece, u.Ended(), u.Malformed(), tc.ended, tc.malformed)
+				}
+			}
+		})
+	}
+}

@@ -144,6 +144,13 @@ func shutdown(r *http.Request) bool { return errors.Is(context.Cause(r.Context()
 // nothing within FirstByteTimeout.
 var errFirstByte = Timeout("no first event within the first-byte timeout")
 
+// An event stream that ended cleanly yet is not whole: counted as its
+// target's failure (CodeStreamError) and ended with an error event.
+var (
+	errNoTerminator   = errors.New("event stream ended without its terminator")
+	errMalformedEvent = errors.New("event stream sent an event that is not JSON")
+)
+
 // AttemptError is why an attempt at a target failed: the transport's error
 // (or Watch's reason), or the status the target answered.
 type AttemptError struct {
@@ -543,6 +550,10 @@ func (j *Job) relay(ctx context.Context, w http.ResponseWriter, i int, a answer,
 		// not this relay's.
 		defer func() { _ = rc.SetWriteDeadline(time.Time{}) }()
 	}
+	// An OpenAI event stream is whole only once it sent its terminator, and
+	// each of its events is JSON: one that ended early or garbled is a
+	// failure of its target, not a success the client cannot tell apart.
+	checked := res.SSE && resp.StatusCode < 300 && Proxied(j.Request.URL.Path)
 	n, err := a.n, a.err
 	first, clientGone := true, false
 	for {
@@ -566,6 +577,12 @@ func (j *Job) relay(ctx context.Context, w http.ResponseWriter, i int, a answer,
 				clientGone = true
 				break
 			}
+			if checked && usage.Malformed() > 0 {
+				// What follows a garbled event cannot be trusted either: the
+				// stream ends here, with an error event after what went out.
+				err = errMalformedEvent
+				break
+			}
 			// With the end of the body read in the same call, the data goes out
 			// with the response's last chunk when the handler returns: one write,
 			// and the client wakes once.
@@ -580,6 +597,15 @@ func (j *Job) relay(ctx context.Context, w http.ResponseWriter, i int, a answer,
 			break
 		}
 		n, err = resp.Body.Read(buf)
+	}
+	if checked && errors.Is(err, io.EOF) && !clientGone {
+		usage.Finish()
+		switch {
+		case usage.Malformed() > 0:
+			err = errMalformedEvent
+		case !usage.Ended():
+			err = errNoTerminator
+		}
 	}
 	broke := err != nil && !errors.Is(err, io.EOF)
 	switch {
@@ -606,6 +632,8 @@ func (j *Job) relay(ctx context.Context, w http.ResponseWriter, i int, a answer,
 			msg, status = "the model server sent nothing for "+j.IdleTimeout.String(), http.StatusGatewayTimeout
 		case shutdown(j.Request):
 			msg, status = "the gateway is shutting down; retry", http.StatusServiceUnavailable
+		case errors.Is(err, errNoTerminator), errors.Is(err, errMalformedEvent):
+			msg = "the model server's " + err.Error()
 		}
 		event, _ := json.Marshal(openai.ErrorBody{Error: openai.ErrorDetail{Message: msg, Type: openai.TypeServer, Code: status}})
 		if writeTimeout > 0 {

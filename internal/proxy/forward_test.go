@@ -23,6 +23,7 @@ const (
 	usageJSON = `{"id":"ok","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2}}`
 	event     = "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n"
 	midStream = "the upstream failed mid-response"
+	done      = "data: [DONE]\n\n"
 )
 
 // upstreams are the targets' behaviours, by name.
@@ -77,13 +78,30 @@ var upstreams = map[string]http.HandlerFunc{
 		w.(http.Flusher).Flush()
 		<-r.Context().Done()
 	},
-	// pauses: an event, a pause, another.
+	// pauses: an event, a pause, another, the end.
 	"pauses": func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/event-stream")
 		_, _ = io.WriteString(w, event)
 		w.(http.Flusher).Flush()
 		time.Sleep(100 * time.Millisecond)
+		_, _ = io.WriteString(w, event+done)
+	},
+	// no-DONE: events, then a clean end without the terminator.
+	"no-DONE": func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
 		_, _ = io.WriteString(w, event)
+		w.(http.Flusher).Flush() // streamed, as model servers do: no Content-Length
+		_, _ = io.WriteString(w, event)
+	},
+	// garbled: an event, one that is not JSON, more that never go out.
+	"garbled": func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(w, event)
+		w.(http.Flusher).Flush()
+		_, _ = io.WriteString(w, "data: <html>Bad Gateway</html>\n\n")
+		w.(http.Flusher).Flush()
+		time.Sleep(50 * time.Millisecond)
+		_, _ = io.WriteString(w, event+done)
 	},
 	// reads-slowly: the body a kilobyte at a time, then one event.
 	"reads-slowly": func(w http.ResponseWriter, r *http.Request) {
@@ -202,6 +220,14 @@ func TestForward(t *testing.T) {
 		{"breaks mid-SSE", []string{"mid-SSE", "good"},
 			want{committed: true, status: 200, code: CodeStreamError, body: event + "data: {\"error\":{\"message\":\"" + midStream},
 			want{committed: true, status: 200, code: CodeStreamError, body: event + "data: {\"error\":{\"message\":\"" + midStream}},
+		// An event stream that ends without its terminator, or garbled, is
+		// its target's failure, and the client is told.
+		{"ends without its terminator", []string{"no-DONE", "good"},
+			want{committed: true, status: 200, code: CodeStreamError, body: event + event + `data: {"error":{"message":"the model server's event stream ended without its terminator"`},
+			want{committed: true, status: 200, code: CodeStreamError, body: event + event + `data: {"error":{"message":"the model server's event stream ended without its terminator"`}},
+		{"sends an event that is not JSON", []string{"garbled", "good"},
+			want{committed: true, status: 200, code: CodeStreamError, body: "</html>\n\n" + `data: {"error":{"message":"the model server's event stream sent an event that is not JSON"`},
+			want{committed: true, status: 200, code: CodeStreamError, body: "</html>\n\n" + `data: {"error":{"message":"the model server's event stream sent an event that is not JSON"`}},
 		// A JSON answer is read whole, as far as the buffer goes, before it
 		// is committed: one that breaks within it is retried.
 		{"breaks a JSON body mid-way", []string{"mid-JSON", "good"},
@@ -321,7 +347,7 @@ func TestForwardWatch(t *testing.T) {
 			}
 		})
 		status, body, err := b.send(context.Background())
-		if res := <-b.results; status != 200 || body != event+event || err != nil || res.Code != "200" {
+		if res := <-b.results; status != 200 || body != event+event+done || err != nil || res.Code != "200" {
 			t.Errorf("%d %q %v, result %+v", status, body, err, res)
 		}
 	})
