@@ -67,6 +67,9 @@ func (f *faulty) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch f.mode {
 	case "500": // fails at once
 		http.Error(w, `{"error":{"message":"boom"}}`, http.StatusInternalServerError)
+	case "429": // overloaded: refuses at once
+		w.Header().Set("Retry-After", "1")
+		http.Error(w, `{"error":{"message":"too many requests"}}`, http.StatusTooManyRequests)
 	case "headers-then-nothing": // a stream's headers, then silence
 		w.Header().Set("Content-Type", "text/event-stream")
 		w.WriteHeader(http.StatusOK)
@@ -190,6 +193,7 @@ func TestFaults(t *testing.T) {
 		mode, reason string // the retries_total reason the fault is retried with
 	}{
 		{"500", "status"},
+		{"429", "status"},
 		{"headers-then-nothing", "timeout"},
 		{"die-after-headers", "connect"},
 	} {

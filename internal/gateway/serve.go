@@ -230,7 +230,7 @@ func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Re
 			switch {
 			case e.Status != 0:
 				retry = "status"
-				g.log.Warn("endpoint answered with a server error; trying the next", "request_id", rid, "endpoint", e.Target, "status", e.Status)
+				g.log.Warn("endpoint answered with an error worth another endpoint; trying the next", "request_id", rid, "endpoint", e.Target, "status", e.Status)
 				return
 			case errors.Is(e.Err, errEndpointLost):
 				retry = "unhealthy"
@@ -311,8 +311,9 @@ func serverError(status int, rid string) *proxy.Refusal {
 	return ref
 }
 
-// retryStatus: a model server's 5xx is worth another endpoint.
-func retryStatus(status int) bool { return status >= 500 }
+// retryStatus: a model server's 5xx, or its 429 (it is overloaded, others may
+// not be), is worth another endpoint.
+func retryStatus(status int) bool { return status >= 500 || status == http.StatusTooManyRequests }
 
 // errEndpointLost gives up on an endpoint that the fleet stopped reading as
 // healthy and fresh while the request waited for its first byte (frozen or gone).

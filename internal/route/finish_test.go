@@ -23,15 +23,17 @@ func TestFinish(t *testing.T) {
 		durations float64
 		errors    bool // counted as a failure in the load summary
 		meanSeen  bool // in the summary's mean duration (a 200 window)
+		penalised bool // counted against the endpoint for routing (its error rate)
 	}{
-		{"answered", Outcome{Status: 200}, "200", 1, false, true},
-		{"server error", Outcome{Status: 503}, "503", 1, false, false},
-		{"broke mid-stream", Outcome{Status: 200, StreamError: true}, "stream_error", 1, true, false},
-		{"client left a 200", Outcome{Status: 200, ClientGone: true}, "499", 1, false, true},
-		{"client left before an answer", Outcome{Unanswered: true}, "499", 0, false, false},
-		{"refused after the pick", Outcome{Status: 413, Unanswered: true}, "413", 0, false, false},
-		{"never seen", Outcome{Status: StatusUnseen}, "unseen", 1, false, false},
-		{"every endpoint failed", Outcome{Status: 503, Unanswered: true, EndpointsFailed: true}, "503", 0, true, false},
+		{"answered", Outcome{Status: 200}, "200", 1, false, true, false},
+		{"server error", Outcome{Status: 503}, "503", 1, false, false, true},
+		{"overloaded", Outcome{Status: 429}, "429", 1, false, false, true},
+		{"broke mid-stream", Outcome{Status: 200, StreamError: true}, "stream_error", 1, true, false, true},
+		{"client left a 200", Outcome{Status: 200, ClientGone: true}, "499", 1, false, true, false},
+		{"client left before an answer", Outcome{Unanswered: true}, "499", 0, false, false, false},
+		{"refused after the pick", Outcome{Status: 413, Unanswered: true}, "413", 0, false, false, false},
+		{"never seen", Outcome{Status: StatusUnseen}, "unseen", 1, false, false, false},
+		{"every endpoint failed", Outcome{Status: 503, Unanswered: true, EndpointsFailed: true}, "503", 0, true, false, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			now := time.Unix(1_700_000_000, 0)
@@ -54,6 +56,9 @@ func TestFinish(t *testing.T) {
 			}
 			if n := promtest.Value(t, reg, "kvgate_request_duration_seconds"); n != tc.durations {
 				t.Errorf("durations observed %v, want %v", n, tc.durations)
+			}
+			if rate := g.FleetView()[0].Endpoints[0].ErrorRate; (rate > 0) != tc.penalised {
+				t.Errorf("the endpoint's error rate %v, want penalised=%v", rate, tc.penalised)
 			}
 			if n := g.FleetView()[0].Endpoints[0].InFlight; n != 0 {
 				t.Errorf("in flight after Finish: %d", n)

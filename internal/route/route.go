@@ -502,6 +502,13 @@ type Outcome struct {
 	UsageSeen                      bool
 }
 
+// failedAnswer says whether an endpoint's answer counts against it for
+// routing: a 5xx, a broken stream, or a 429 (it is overloaded: sending it more
+// only earns more refusals while others have room).
+func failedAnswer(o Outcome) bool {
+	return o.StreamError || o.Status >= 500 || o.Status == http.StatusTooManyRequests
+}
+
 // Finish ends the request: it counts it and releases its endpoint.
 func (r *Route) Finish(o Outcome) {
 	if r.finished {
@@ -532,7 +539,7 @@ func (r *Route) Finish(o Outcome) {
 	// The endpoint's answer, as outlier detection judges it; a client that
 	// left says nothing of it.
 	if !o.Unanswered && !o.ClientGone && (o.Status > 0 || o.StreamError) {
-		r.g.answered(r.p, r.served, o.StreamError || o.Status >= 500)
+		r.g.answered(r.p, r.served, failedAnswer(o))
 	}
 	// The load summary judges the endpoint: a client that left mid-response
 	// does not hide how the endpoint was answering.
