@@ -139,6 +139,9 @@ func (g *Router) choose(ctx context.Context, p *scheduler, req schedule.Request,
 		// A request lets the more important ones waiting for an endpoint take
 		// it first.
 		all := p.snapshot(g.fleet, g.prefix, hashes, req.Adapter, limit, a.subset, sessionAddr, g.now(), sc)
+		for _, addr := range sc.recovered {
+			g.log.Info("endpoint back after an outage: its ejection and failures are forgotten", "scheduler", p.name, "endpoint", addr)
+		}
 		// Past saturation, more work only queues inside the engines, where
 		// it delays the requests that matter: sheddable work goes first.
 		if a.priority < 0 && p.saturation.Saturated(all) {

@@ -5,6 +5,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/kvgate/kvgate/internal/fleet"
 )
 
 // outlier is an endpoint's passive health, learned from its answers as
@@ -19,6 +21,9 @@ type outlier struct {
 	// (1 failed, 0 not) that fades while no answer comes, read without a lock.
 	rate   atomic.Uint64 // float64 bits
 	rateAt atomic.Int64  // Unix nanoseconds of its last update
+	// wasDown: the fleet found the endpoint gone or frozen since it was last
+	// seen healthy; its next healthy scrape ends the outage (recovered).
+	wasDown atomic.Bool
 }
 
 const (
@@ -66,6 +71,36 @@ func (e *endpoint) noteAnswer(now time.Time, failed bool) {
 func (e *endpoint) ejected(now time.Time) bool {
 	u := e.out.until.Load()
 	return u != 0 && now.UnixNano() < u
+}
+
+// sawDown notes that the fleet found e gone or frozen.
+func (e *endpoint) sawDown() {
+	if !e.out.wasDown.Load() {
+		e.out.wasDown.Store(true)
+	}
+}
+
+// recovered ends an outage of e once the fleet scrapes it healthy and fresh
+// again (as Envoy un-ejects a host on a passing health check): its ejection
+// ends and its failures are forgotten, for they were the outage's (streams cut
+// by a kill, before any scrape could tell). It says whether it did.
+func (e *endpoint) recovered(s *fleet.Snapshot, now time.Time) bool {
+	if !e.out.wasDown.Load() || !s.Healthy || s.Stale || s.Failures != 0 {
+		return false
+	}
+	e.out.mu.Lock()
+	defer e.out.mu.Unlock()
+	if !e.out.wasDown.Load() {
+		return false // another pick got here first
+	}
+	e.out.wasDown.Store(false)
+	if e.ejected(now) {
+		e.out.until.Store(now.UnixNano())
+	}
+	e.out.failures.Store(0)
+	e.out.rate.Store(0)
+	e.out.rateAt.Store(now.UnixNano())
+	return true
 }
 
 // outlierPolicy is a scheduler's outlier detection (spec.gateway.outlierDetection).

@@ -626,6 +626,8 @@ type snapshotScratch struct {
 	// one of those may borrow a slot within a borrow window.
 	down, full int
 	soon       bool
+	// recovered are the endpoints whose outage this snapshot ended.
+	recovered []string
 }
 
 var snapshotPool = sync.Pool{New: func() any { return new(snapshotScratch) }}
@@ -654,12 +656,16 @@ func (p *scheduler) snapshot(fl *fleet.Fleet, idx *prefix.Index, hashes []uint64
 	// Aligned with addrs: one lookup per endpoint on the request path.
 	sc.snaps = fl.AppendSnapshots(sc.snaps[:0], addrs)
 	out, kept := sc.eps[:0], 0
-	sc.down, sc.full, sc.soon = 0, 0, false
+	sc.down, sc.full, sc.soon, sc.recovered = 0, 0, false, sc.recovered[:0]
 	for i := range sc.snaps {
 		s, e := &sc.snaps[i], refs[i]
 		if down(s) {
+			e.sawDown()
 			sc.down++
 			continue
+		}
+		if e.recovered(s, now) {
+			sc.recovered = append(sc.recovered, e.addr)
 		}
 		n := int(e.inFlight.Load())
 		if ok, soon := e.admits(limit, now); !ok {
