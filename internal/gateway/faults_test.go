@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -20,7 +21,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kvgate/kvgate/api/v1alpha1"
+	"github.com/kvgate/kvgate/internal/serving"
 	"github.com/kvgate/kvgate/internal/simserver"
+	"github.com/kvgate/kvgate/internal/waittest"
 )
 
 // faulty is a model server that misbehaves on purpose: its /metrics are a real
@@ -108,6 +111,23 @@ func (f *faulty) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			case <-f.release:
 				return
 			case <-time.After(100 * time.Millisecond):
+			}
+		}
+		fmt.Fprint(w, "data: [DONE]\n\n")
+	case "paced": // a 256-byte event every 5 ms (about 50 KB/s, a fast model's pace) for a minute
+		w.Header().Set("Content-Type", "text/event-stream")
+		pad := strings.Repeat("x", 240)
+		for range 12000 {
+			if _, err := fmt.Fprintf(w, "data: {\"p\":%q}\n\n", pad); err != nil {
+				return
+			}
+			_ = http.NewResponseController(w).Flush()
+			select {
+			case <-r.Context().Done():
+				return
+			case <-f.release:
+				return
+			case <-time.After(5 * time.Millisecond):
 			}
 		}
 		fmt.Fprint(w, "data: [DONE]\n\n")
@@ -434,6 +454,44 @@ func TestFaultSlowClients(t *testing.T) {
 	if resp.StatusCode != 200 || !strings.HasPrefix(line, "data: ") {
 		t.Fatalf("%d %q", resp.StatusCode, line)
 	}
+}
+
+// TestFaultStalledReaderOverTCP: a client that sends a streaming request over
+// real TCP, with the kernel's default buffers, and never reads, frees its
+// endpoint slot within clientWriteTimeout of its own receive buffer filling,
+// not once the gateway's send buffer (megabytes) is full as well.
+func TestFaultStalledReaderOverTCP(t *testing.T) {
+	_, addr := startFaulty(t, "paced")
+	g, _ := startGateway(t, faultConfig(addr))
+	api := serving.NewAPI(g.front, slog.New(slog.DiscardHandler))
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = api.Serve(ln) }()
+	t.Cleanup(func() { _ = api.Close() })
+	waitScraped(t, g, addr)
+	body := chat(llama, `"stream":true`)
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	// and never reads
+	began := time.Now()
+	inFlight := func() int64 { return g.FleetView()[0].Endpoints[0].InFlight }
+	waittest.Until(t, 5*time.Second, "the request in flight", func() bool { return inFlight() == 1 })
+	// At 50 KB/s a loopback receive buffer (128 KiB by default) fills in
+	// about 3 s; the gateway's own send buffer grows to 4 MiB, 80 s more.
+	const bound = 15 * time.Second
+	for inFlight() != 0 {
+		if time.Since(began) > bound {
+			t.Fatalf("the slot of a client that stopped reading still held after %v", bound)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Logf("a client that never reads, over TCP at 50 KB/s: its slot free after %v (clientWriteTimeout 500ms)", time.Since(began).Round(time.Millisecond))
 }
 
 // TestRetriesCounted: a retry is counted when the next attempt starts, so the

@@ -20,6 +20,11 @@ import (
 // DefaultHandshakeTimeout bounds a client's TLS handshake.
 const DefaultHandshakeTimeout = 10 * time.Second
 
+// UnsentLimit is how many answer bytes a connection may queue in the kernel
+// beyond what is sent: a few segments, enough to keep a reading client's link
+// busy, little for a client that stopped reading to hide behind.
+const UnsentLimit = 16 << 10
+
 // Bounds of the answer to a connection that is closed after a protocol
 // error: the client's unread bytes are read and dropped for a while, so that
 // closing does not reset the connection before the client has read the error.
@@ -86,6 +91,7 @@ func (l *listener) accept() {
 			}
 			continue
 		}
+		limitUnsent(c)
 		var cfg *tls.Config
 		if l.tlsConfig != nil {
 			cfg = l.tlsConfig()
