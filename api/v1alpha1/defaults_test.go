@@ -74,3 +74,26 @@ func TestWeightsByName(t *testing.T) {
 		})
 	}
 }
+
+// TestStallBoundsBelowProxies: with the defaults, a stalled request ends with
+// the gateway's own error before the 60 s of silence after which nginx
+// (proxy_read_timeout) and AWS's load balancers (idle timeout) cut the
+// client's connection: a silent stream, and a request whose every attempt
+// waits out its first-byte bound.
+func TestStallBoundsBelowProxies(t *testing.T) {
+	const proxySilence = 60 * time.Second
+	var gw GatewaySpec
+	for _, tc := range []struct {
+		name   string
+		silent time.Duration
+	}{
+		{"stream idle", gw.StreamIdle()},
+		{"every attempt waiting for its first byte", time.Duration(gw.Attempts()) * (gw.FirstByte() + gw.Connect())},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.silent >= proxySilence {
+				t.Errorf("the client waits %v in silence by default, not below a proxy's %v", tc.silent, proxySilence)
+			}
+		})
+	}
+}

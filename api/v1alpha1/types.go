@@ -708,7 +708,7 @@ type GatewaySpec struct {
 	// +kubebuilder:validation:XValidation:rule="(oldSelf.hasValue() && oldSelf.value() == self) || (duration(self) >= duration('0s'))",message="must fit in a Go time.Duration (at most 2562047h)",optionalOldSelf=true
 	ResponseHeaderTimeout *metav1.Duration `json:"responseHeaderTimeout,omitempty"`
 	// FirstByteTimeout bounds the wait from a streamed response's headers to its
-	// first event (default 60s; 0s: none). An endpoint that misses it is given
+	// first event (default 15s; 0s: none). An endpoint that misses it is given
 	// up on for the next.
 	// +optional
 	// +kubebuilder:validation:Type=string
@@ -717,7 +717,7 @@ type GatewaySpec struct {
 	// +kubebuilder:validation:XValidation:rule="(oldSelf.hasValue() && oldSelf.value() == self) || (duration(self) >= duration('0s'))",message="must fit in a Go time.Duration (at most 2562047h)",optionalOldSelf=true
 	FirstByteTimeout *metav1.Duration `json:"firstByteTimeout,omitempty"`
 	// StreamIdleTimeout ends a streamed response that sends nothing for this
-	// long once it started, with an error event (default 60s; 0s: none).
+	// long once it started, with an error event (default 30s; 0s: none).
 	// +optional
 	// +kubebuilder:validation:Type=string
 	// +kubebuilder:validation:MaxLength=64

@@ -26,8 +26,14 @@ const (
 	DefaultSessionTTL          = 30 * time.Minute
 	DefaultSessionHeader       = "x-session-id"
 	DefaultHeaderTimeout       = 5 * time.Minute
-	DefaultFirstByteTimeout    = time.Minute
-	DefaultStreamIdleTimeout   = time.Minute
+	// The stall bounds sit below the 60 s of silence after which common
+	// proxies and load balancers give up (nginx's proxy_read_timeout, AWS's
+	// idle timeout), so a client behind one gets the gateway's explicit error,
+	// not a cut: a stream silent for 30 s ends with an error event, and a
+	// request whose attempts each wait 15 s for a first event is answered
+	// within 3 × 15 s.
+	DefaultFirstByteTimeout    = 15 * time.Second
+	DefaultStreamIdleTimeout   = 30 * time.Second
 	DefaultClientWriteTimeout  = 30 * time.Second
 	DefaultOutlierFailures     = 5
 	DefaultBaseEjectionTime    = 30 * time.Second

@@ -262,7 +262,7 @@ func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Re
 	if !res.Committed {
 		// Every endpoint down or failing is the pool unavailable: worth a retry
 		// soon, as AWS's gateway and kvgate global answer it.
-		ref := res.Unserved("route timeout exceeded before an endpoint answered",
+		ref := res.Unserved("route timeout exceeded before an endpoint answered (routeTimeout)",
 			&proxy.Refusal{Status: http.StatusServiceUnavailable, Type: openai.TypeServer, Message: "no endpoint could serve the request; retry later (request id " + rid + ")", RetryAfter: 1})
 		if ref == nil {
 			rt.Finish(route.Outcome{Unanswered: true}) // the client went away: 499

@@ -129,8 +129,9 @@ type Job struct {
 // replacedLog bounds the head of a replaced answer kept for the log.
 const replacedLog = 2 << 10
 
-// midStreamTimeout ends an event stream cut by Ctx's deadline.
-const midStreamTimeout = "route timeout exceeded mid-response"
+// midStreamTimeout ends an event stream cut by Ctx's deadline (tier 1: the
+// scheduler's routeTimeout, which the message names).
+const midStreamTimeout = "route timeout exceeded mid-response (routeTimeout)"
 
 // ErrShutdown is the cause with which a server that stops ends the requests
 // still running at the end of its drain: they get an explicit error (503 before
@@ -140,9 +141,12 @@ var ErrShutdown = errors.New("the gateway is shutting down")
 // shutdown says whether the client's request was ended by the server stopping.
 func shutdown(r *http.Request) bool { return errors.Is(context.Cause(r.Context()), ErrShutdown) }
 
-// errFirstByte is a target that sent an event stream's headers and then
-// nothing within FirstByteTimeout.
-var errFirstByte = Timeout("no first event within the first-byte timeout")
+// firstByteError is a target that sent an event stream's headers and then
+// nothing within FirstByteTimeout: it names the bound, which the client reads
+// when no target answered in time.
+func (j *Job) firstByteError() Timeout {
+	return Timeout(fmt.Sprintf("no first event within %v (firstByteTimeout)", j.FirstByteTimeout))
+}
 
 // An event stream that ended cleanly yet is not whole: counted as its
 // target's failure (CodeStreamError) and ended with an error event.
@@ -207,6 +211,9 @@ type Result struct {
 
 	bodyErr  error // the client's, reading its request body
 	shutdown bool  // the server stopping ended the request
+	// timeout is the bound that timed the last attempt out (a Timeout), when
+	// Ctx's deadline had not passed: the client is told which one.
+	timeout error
 }
 
 // Forward passes j's request to its targets in turn until one answers, and
@@ -252,7 +259,9 @@ func Forward(w http.ResponseWriter, j *Job) Result {
 			if ctx.Err() != nil || j.Request.Context().Err() != nil || j.Body.ClientError() != nil {
 				break // the client's doing, or the deadline's: no target's fault
 			}
-			timedOut = timedOut || errors.Is(err, ErrTimeout)
+			if errors.Is(err, ErrTimeout) {
+				timedOut, res.timeout = true, err
+			}
 			j.failed(i, ae)
 			continue
 		}
@@ -276,6 +285,9 @@ func Forward(w http.ResponseWriter, j *Job) Result {
 	}
 	res.Err = lastErr
 	res.TimedOut = timedOut || errors.Is(ctx.Err(), context.DeadlineExceeded)
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		res.timeout = nil // the caller's own deadline: its message
+	}
 	res.ClientGone = j.Request.Context().Err() != nil && !shutdown(j.Request)
 	res.shutdown = shutdown(j.Request)
 	res.bodyErr = j.Body.ClientError()
@@ -307,8 +319,9 @@ func (j *Job) replace(w http.ResponseWriter, i int, a answer, buf []byte, ref *R
 // client went away (count CodeClientGone, write nothing). The client's own
 // body errors come first — a body that stalls past its read deadline also
 // cancels the request's context (net/http does on a read error), and the
-// client, still there, is owed its 408 — then 504 with timeout when the
-// request timed out, else failed (the caller's answer when every target
+// client, still there, is owed its 408 — then 504 when the request timed out
+// (naming the attempts' bound that fired, else with timeout: Ctx's deadline),
+// else failed (the caller's answer when every target
 // failed). Go's error text stays out.
 func (r *Result) Unserved(timeout string, failed *Refusal) *Refusal {
 	ref, bodyFailed := BodyError(r.bodyErr)
@@ -324,6 +337,8 @@ func (r *Result) Unserved(timeout string, failed *Refusal) *Refusal {
 		return nil
 	case bodyFailed:
 		return ref
+	case r.TimedOut && r.timeout != nil:
+		return &Refusal{Status: http.StatusGatewayTimeout, Type: openai.TypeServer, Message: "no endpoint answered in time: " + r.timeout.Error()}
 	case r.TimedOut:
 		return &Refusal{Status: http.StatusGatewayTimeout, Type: openai.TypeServer, Message: timeout}
 	}
@@ -393,7 +408,7 @@ func (j *Job) attempt(ctx context.Context, t Target, i int, body io.ReadCloser, 
 			}
 			a.n, a.err = readFirst(resp.Body, buf)
 			if late != nil && !late.Stop() && timedOut.Load() && a.n == 0 {
-				a.err = errFirstByte
+				a.err = j.firstByteError()
 			}
 		} else {
 			// A whole answer is read as far as the buffer goes before anything
@@ -629,7 +644,7 @@ func (j *Job) relay(ctx context.Context, w http.ResponseWriter, i int, a answer,
 		case res.TimedOut:
 			msg, status = midStreamTimeout, http.StatusGatewayTimeout
 		case idled.Load():
-			msg, status = "the model server sent nothing for "+j.IdleTimeout.String(), http.StatusGatewayTimeout
+			msg, status = "the model server sent nothing for "+j.IdleTimeout.String()+" (streamIdleTimeout)", http.StatusGatewayTimeout
 		case shutdown(j.Request):
 			msg, status = "the gateway is shutting down; retry", http.StatusServiceUnavailable
 		case errors.Is(err, errNoTerminator), errors.Is(err, errMalformedEvent):

@@ -115,6 +115,13 @@ var upstreams = map[string]http.HandlerFunc{
 		w.Header().Set("Content-Type", "text/event-stream")
 		_, _ = io.WriteString(w, event)
 	},
+	// silent: an event stream's headers, then nothing until the request ends.
+	"silent": func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(http.StatusOK)
+		w.(http.Flusher).Flush()
+		<-r.Context().Done()
+	},
 	// hangs: no answer until the request ends.
 	"hangs": func(_ http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
@@ -332,7 +339,8 @@ func TestForwardWatch(t *testing.T) {
 	t.Run("none in time", func(t *testing.T) {
 		b := newBench(t, []string{"hangs", "hangs"}, func(j *Job) { j.Watch = watch(50 * time.Millisecond) })
 		status, body, _ := b.send(context.Background())
-		if res := <-b.results; status != 504 || !strings.Contains(body, "timed out") || !res.TimedOut || res.Committed {
+		// The client is told which bound fired: the Watch's, not Ctx's.
+		if res := <-b.results; status != 504 || !strings.Contains(body, "no endpoint answered in time: no answer in 50ms") || !res.TimedOut || res.Committed {
 			t.Errorf("%d %q, result %+v", status, body, res)
 		}
 	})
@@ -422,6 +430,8 @@ func TestUnserved(t *testing.T) {
 		{"broken body, client gone", Result{ClientGone: true, bodyErr: syscall.ECONNRESET}, 0, ""},
 		{"broken body", Result{bodyErr: io.ErrUnexpectedEOF}, 400, "the request body could not be read to its end"},
 		{"timed out", Result{TimedOut: true}, 504, "late"},
+		{"an attempt's bound timed out", Result{TimedOut: true, timeout: (&Job{FirstByteTimeout: 20 * time.Second}).firstByteError()}, 504,
+			"no endpoint answered in time: no first event within 20s (firstByteTimeout)"},
 		{"failed", Result{Err: errors.New("dial tcp 10.0.0.1: refused")}, 502, "failed"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -491,4 +501,30 @@ func TestForwardTier1(t *testing.T) {
 			t.Errorf("%d %q, result %+v, failures %v", status, body, res, b.failures)
 		}
 	})
+}
+
+// TestForwardBoundNamed: a stall ends with a message that names the bound
+// that fired, with its value, before the answer and after it started.
+func TestForwardBoundNamed(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		upstream string
+		tune     func(*Job)
+		status   int
+		want     string
+	}{
+		{"first byte", "silent", func(j *Job) { j.WaitFirstByte, j.FirstByteTimeout = true, 50*time.Millisecond }, 504,
+			"no endpoint answered in time: no first event within 50ms (firstByteTimeout)"},
+		{"stream idle", "streams", func(j *Job) { j.IdleTimeout = 50 * time.Millisecond }, 200,
+			`data: {"error":{"message":"the model server sent nothing for 50ms (streamIdleTimeout)"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := newBench(t, []string{tc.upstream}, tc.tune)
+			status, body, _ := b.send(context.Background())
+			<-b.results
+			if status != tc.status || !strings.Contains(body, tc.want) {
+				t.Errorf("client got %d %q, want %d with %q", status, body, tc.status, tc.want)
+			}
+		})
+	}
 }
