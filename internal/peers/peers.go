@@ -191,6 +191,7 @@ type Mesh struct {
 // peer is what a replica knows of another.
 type peer struct {
 	seen     time.Time // last message or heartbeat
+	listed   bool      // it was among the members: gone once it no longer is
 	loads    map[string]Load
 	lag      time.Duration // of its last message, by the two clocks
 	messages uint64
@@ -773,9 +774,18 @@ func (m *Mesh) heartbeat(ctx context.Context) {
 	listed := map[string]bool{}
 	if err == nil {
 		m.setUp(true)
+		// A member whose last heartbeat (by Redis's clock) is this old is
+		// taken for gone now (3 missed of the default 5): checked once a
+		// heartbeat, a dead replica's loads then stop counting a heartbeat
+		// before the expiry of its last one, not one or two after it.
+		cutoff := max(m.cfg.Expiry-2*m.cfg.Heartbeat, m.cfg.Expiry/2).Milliseconds()
+		redisNow, _ := strconv.ParseInt(res[len(res)-1], 10, 64)
 		for i := 0; i+1 < len(res)-1; i += 2 {
 			id := res[i]
 			if id == m.cfg.Replica {
+				continue
+			}
+			if beat, perr := strconv.ParseFloat(res[i+1], 64); perr == nil && redisNow-int64(beat) > cutoff {
 				continue
 			}
 			listed[id] = true
@@ -784,15 +794,16 @@ func (m *Mesh) heartbeat(ctx context.Context) {
 				p = &peer{loads: map[string]Load{}}
 				m.peers[id] = p
 			}
-			p.seen = now
+			p.seen, p.listed = now, true
 		}
 	}
 	// A peer silent past the expiry (or every peer, with Redis away that
-	// long) is gone, and so is one that left the members (Close) and has
-	// sent nothing for a heartbeat: its loads no longer count.
+	// long) is gone, and so is one no longer among the members (it closed, or
+	// missed its heartbeats), or never among them and silent for a heartbeat:
+	// its loads no longer count.
 	gone := false
 	for id, p := range m.peers {
-		if now.Sub(p.seen) > m.cfg.Expiry || err == nil && !listed[id] && now.Sub(p.seen) > m.cfg.Heartbeat {
+		if now.Sub(p.seen) > m.cfg.Expiry || err == nil && !listed[id] && (p.listed || now.Sub(p.seen) > m.cfg.Heartbeat) {
 			delete(m.peers, id)
 			gone = true
 		}

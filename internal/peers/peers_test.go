@@ -135,6 +135,16 @@ func start(t *testing.T, r *redistest.Server, name string, st State) *Mesh {
 	return m
 }
 
+// pair runs replicas "a" and "b" on a Redis of their own until the test ends.
+func pair(t *testing.T) (a *Mesh, sa, sb *state) {
+	t.Helper()
+	r := redistest.Start(t)
+	sa, sb = newState(), newState()
+	a = start(t, r, "a", sa)
+	start(t, r, "b", sb)
+	return a, sa, sb
+}
+
 func hasDecision(ds []Decision, endpoint string, first uint64) bool {
 	return slices.ContainsFunc(ds, func(d Decision) bool {
 		return d.Endpoint == endpoint && len(d.Hashes) > 0 && d.Hashes[0] == first
@@ -345,10 +355,7 @@ func TestScrapeAssignment(t *testing.T) {
 // TestCompleteLoadsReplace: a peer's load on an endpoint it no longer has one
 // on is forgotten with its next complete set (every heartbeat).
 func TestCompleteLoadsReplace(t *testing.T) {
-	r := redistest.Start(t)
-	sa, sb := newState(), newState()
-	a := start(t, r, "a", sa)
-	start(t, r, "b", sb)
+	a, sa, sb := pair(t)
 	sa.setOwn("e1", Load{InFlight: 1})
 	sa.setOwn("e2", Load{InFlight: 2})
 	a.Touch()
@@ -394,5 +401,38 @@ func TestPendingBounded(t *testing.T) {
 	}
 	if v := m.View(); v.Pending != maxPending {
 		t.Fatalf("%d pending, want %d", v.Pending, maxPending)
+	}
+}
+
+// TestDeadReplicaForgotten: a replica that dies without leaving (killed: no
+// last call to Redis) holds its share of the in-flight limits only until the
+// expiry of its last heartbeat, with half a heartbeat to spare (the checks run
+// once a heartbeat, at any phase to the dead replica's).
+func TestDeadReplicaForgotten(t *testing.T) {
+	a, sa, sb := pair(t)
+	sa.setOwn("10.0.0.1:8000", Load{InFlight: 4})
+	a.Touch()
+	waittest.Until(t, 5*time.Second, "b to count a's load", func() bool { return sb.peerLoad("10.0.0.1:8000").InFlight == 4 })
+	// Killed: its goroutines stop, nothing leaves its name in Redis.
+	a.cancel()
+	a.done.Wait()
+	killed := time.Now()
+	// Its last heartbeat, by Redis's clock.
+	ctx := context.Background()
+	beat, err := a.rdb.ZScore(ctx, a.members, "a").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	now, err := a.rdb.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := time.Duration(now.UnixMilli()-int64(beat)) * time.Millisecond
+	waittest.Until(t, 5*time.Second, "b to forget a's load", func() bool { return sb.peerLoad("10.0.0.1:8000").InFlight == 0 })
+	took := before + time.Since(killed)
+	expiry := a.cfg.Expiry
+	t.Logf("a killed replica's load forgotten %v after its last heartbeat (expiry %v, heartbeat %v)", took.Round(time.Millisecond), expiry, a.cfg.Heartbeat)
+	if bound := expiry - a.cfg.Heartbeat/2; took > bound {
+		t.Errorf("a killed replica's load counted %v after its last heartbeat, past %v (the %v expiry less half a heartbeat)", took, bound, expiry)
 	}
 }
