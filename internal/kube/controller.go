@@ -652,6 +652,9 @@ func (r *Reconciler) writeStatus(ctx context.Context, obj *unstructured.Unstruct
 			r.Log.Debug("status update raced another write; retrying", "config", r.Target, "err", err)
 			return reconcile.Result{RequeueAfter: 100 * time.Millisecond}, nil
 		}
+		if ctx.Err() != nil {
+			return reconcile.Result{}, nil // stopping: nothing was refused
+		}
 		return r.statusRefused(obj, err)
 	}
 	r.refused = ""

@@ -173,7 +173,11 @@ func (c *countingGateway) Apply(cfg *v1alpha1.InferenceGatewayConfig) error {
 func endpointsOf(t *testing.T, g *host.Host, scheduler string) string {
 	t.Helper()
 	rec := httptest.NewRecorder()
-	g.AdminHandler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/debug/fleet", nil))
+	// As a reader on the pod itself: the admin listener's default answers
+	// /debug/* on loopback only.
+	req := httptest.NewRequest(http.MethodGet, "http://localhost/debug/fleet", nil)
+	req.RemoteAddr = "127.0.0.1:40000"
+	g.AdminHandler().ServeHTTP(rec, req)
 	var pools []struct {
 		Scheduler string `json:"scheduler"`
 		Endpoints []struct {
