@@ -34,9 +34,10 @@ burst-three-speeds, mixed-gpu-stable, uniform-steady) behind --replicas gateway 
 (default 1,2,4,8), each replica with its own picker, prefix index and dispatch accounting,
 clients spread over them as a Kubernetes Service spreads connections; each count above one
 with and without shared state. Shared, a replica
-applies its peers' decisions to its prefix index --sync-delay after they were made, and their
-loads on each endpoint, which each publishes every --sync-every (0: at each change), as they
-were --sync-delay earlier. It reports per count the prefix hit rate, TTFT P50/P95/P99 and the
+applies its peers' decisions to its prefix index --sync-delay after they were sent, and their
+loads on each endpoint, which each publishes every --sync-every (0: at each change, gathered
+within 2ms of its last send as kvgate's shared state gathers them), as they were --sync-delay
+earlier. It reports per count the prefix hit rate, TTFT P50/P95/P99 and the
 most requests one endpoint had in flight, against one replica, with --policies (default chat)
 and least-request at one replica for reference; at the most replicas, other delays, and on
 mixed fleets chat-fixed-speed, to tell what the delay costs from what is not shared.
@@ -75,7 +76,7 @@ Examples:
 	f.BoolVar(&cfg.SaveTraces, "save-traces", false, "write each scenario's trace to OUT/traces/<scenario>.jsonl")
 	f.IntSliceVar(&cfg.Replicas, "replicas", nil, "--suite replicas: gateway replica counts to run (default 1,2,4,8)")
 	f.DurationVar(&cfg.SyncDelay, "sync-delay", bench.DefaultSyncDelay, "--suite replicas: how late shared state reaches the other replicas")
-	f.DurationVar(&cfg.SyncEvery, "sync-every", bench.DefaultSyncEvery, "--suite replicas: how often a replica publishes its loads (0: at each change)")
+	f.DurationVar(&cfg.SyncEvery, "sync-every", bench.DefaultSyncEvery, "--suite replicas: how often a replica publishes its loads (0: at each change, gathered as the live replicas gather them)")
 	f.StringArrayVar(&cfg.Live.Targets, "target", nil, "live mode: NAME=URL of an OpenAI-compatible endpoint (repeatable; the first is the baseline)")
 	f.IntVar(&cfg.Live.Requests, "requests", 0, "live mode: send at most this many requests of the trace")
 	f.Float64Var(&cfg.Live.Rate, "rate", 0, "live mode: rescale the trace to this mean rate (requests/s)")

@@ -52,7 +52,7 @@ func TestBenchReplicasFlags(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"--suite replicas", "--replicas ints", "--sync-delay duration", "(default 1.5ms)", "--sync-every duration"} {
+	for _, want := range []string{"--suite replicas", "--replicas ints", "--sync-delay duration", "(default 500µs)", "--sync-every duration"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("bench --help: no %q\n%s", want, out)
 		}

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvgate/kvgate/internal/peers"
 	"github.com/kvgate/kvgate/internal/report"
 )
 
@@ -90,7 +91,7 @@ func (d replicasDoc) markdown() string {
 		"Clients are spread as a Kubernetes Service spreads connections: a request that names a client (shared-prefix's users) "+
 		"goes to the replica its client hashes to, any other to a replica drawn at random. **Unshared**, a replica knows only "+
 		"the requests it routed. **Shared**, each also applies its peers' state: their decisions, recorded in its prefix index "+
-		"%v after they were made, and their loads on each endpoint since its last scrape (dispatches, first tokens, "+
+		"%v after they were sent, and their loads on each endpoint since its last scrape (dispatches, first tokens, "+
 		"completions, prompts awaiting a first token), which each replica publishes %s and the others receive %v later, "+
 		"and what each answer taught a replica of its endpoint's speed (predictedLatency), as late. Error rates and sessions "+
 		"stay each replica's own. Max in "+
@@ -286,7 +287,7 @@ func sharing(v replicaVariant) string {
 // change (0).
 func publishing(every time.Duration) string {
 	if every == 0 {
-		return "as they change"
+		return fmt.Sprintf("as they change (a change within %v of a replica's last send waits for the next, as the shared state's sender gathers them)", peers.DefaultFlush)
 	}
 	return fmt.Sprintf("every %v", every)
 }

@@ -24,21 +24,20 @@ import (
 // its prefix index, and their loads on each endpoint since its last scrape,
 // added to its own (fleet.Fleet.SetPeerLoad).
 //
-// Loads are modelled as the live system is to share them: every replica
-// publishes its own loads every SyncEvery of virtual time (those that
-// changed; with SyncEvery 0, at each change), and each publication reaches the
-// peers SyncDelay later; a decision reaches them SyncDelay after it was made.
-// What each answer taught of its endpoint's speed reaches the peers too;
-// error rates and sessions stay each replica's own.
+// Sharing is modelled as the live system shares (peers.Mesh): with SyncEvery
+// 0, each replica sends what changed (its decisions, what its answers taught
+// of speeds, its loads) at the change, or, within peers.DefaultFlush of its
+// last send, gathered until then; each send reaches the peers SyncDelay
+// later. With SyncEvery above 0, decisions and answers go at once and loads
+// every SyncEvery. Error rates and sessions stay each replica's own.
 
-// The live system's sharing, as `kvgate bench` models it by default: each
-// change is published as it happens and reaches the other replicas
-// DefaultSyncDelay late, the propagation measured through Redis at 1,000
-// decisions a second, its gathering included (BenchmarkPropagation in
-// internal/peers: p50 1.3 ms, p99 3.4 ms; docs/scaling.md). The suite sweeps
-// longer delays beside it.
+// The live system's sharing, as `kvgate bench` models it by default: sends
+// gathered as the mesh gathers them, each reaching the other replicas
+// DefaultSyncDelay late, the propagation through Redis of a decision sent at
+// once (BenchmarkPropagation in internal/peers, sparse: p50 0.49 ms, p99 2.9
+// ms; docs/scaling.md). The suite sweeps longer delays beside it.
 const (
-	DefaultSyncDelay = 1500 * time.Microsecond
+	DefaultSyncDelay = 500 * time.Microsecond
 	DefaultSyncEvery = 0
 )
 
@@ -51,6 +50,12 @@ type replica struct {
 	published []fleet.Load
 	// peers holds the loads received from each peer, by endpoint.
 	peers [][]fleet.Load
+	// Gathering (peerSync.flush): the decisions and answers waiting for the
+	// replica's next send, when that is due (never: nothing waits), and when
+	// it last sent.
+	outbox   []syncMsg
+	sendAt   time.Duration
+	lastSend time.Duration
 }
 
 // newReplicas builds n routers on the run's clock, each with cfg applied and
@@ -123,6 +128,9 @@ type peerSync struct {
 	addrs        []string
 	byAddr       map[string]int
 	delay, every time.Duration
+	// flush is the least time between two sends of a replica (0: none):
+	// peers.DefaultFlush when each change is sent after a delay.
+	flush time.Duration
 	// until is the trace's last arrival: what would arrive later changes no
 	// decision, so it is not sent (a huge delay then costs nothing).
 	until time.Duration
@@ -158,6 +166,12 @@ func newPeerSync(reps []*replica, addrs []string, byAddr map[string]int, delay, 
 	p := &peerSync{reps: reps, addrs: addrs, byAddr: byAddr, delay: delay, every: every, until: until, loads: make([]fleet.Load, len(addrs))}
 	if every == 0 {
 		p.next = never // until something changes
+		if delay > 0 {
+			p.flush = peers.DefaultFlush
+		}
+	}
+	for _, r := range reps {
+		r.sendAt, r.lastSend = never, -p.flush
 	}
 	for k, r := range reps {
 		r.router.SetPeers(&link{p: p, k: k, now: now})
@@ -184,7 +198,7 @@ func (l *link) Touch() {
 	for e := range l.p.reps[l.k].dirty {
 		l.p.reps[l.k].dirty[e] = true
 	}
-	l.p.changes(l.now())
+	l.p.changes(l.now(), l.k)
 }
 
 // Every replica reads the same scrapes (the bench's), and ejections are not
@@ -197,14 +211,18 @@ func (*link) Ejected(string, time.Time)    {}
 func (l *link) Settled() time.Time { return epoch.Add(l.now() - l.p.delay) }
 
 // Answered shares what an answer taught the replica of an endpoint's speed.
-func (l *link) Answered(a peers.Answer) { l.p.send(l.now(), syncMsg{from: l.k, answer: &a}) }
+func (l *link) Answered(a peers.Answer) { l.p.post(l.now(), syncMsg{from: l.k, answer: &a}) }
 
 // due is the time of the next thing to do: a delivery or a publication.
 func (p *peerSync) due() (time.Duration, bool) {
-	if p.head < len(p.queue) {
-		return min(p.queue[p.head].at, p.next), true
+	next := p.next
+	for _, r := range p.reps {
+		next = min(next, r.sendAt)
 	}
-	return p.next, p.next <= p.until
+	if p.head < len(p.queue) {
+		return min(p.queue[p.head].at, next), true
+	}
+	return next, next <= p.until
 }
 
 // tick runs what is due at now: deliveries first, then a publication.
@@ -216,6 +234,17 @@ func (p *peerSync) tick(now time.Duration) {
 	}
 	if p.head == len(p.queue) {
 		p.queue, p.head = p.queue[:0], 0
+	}
+	for k, r := range p.reps {
+		if r.sendAt <= now {
+			for _, m := range r.outbox {
+				p.send(now, m)
+			}
+			clear(r.outbox)
+			r.outbox = r.outbox[:0]
+			p.publishOne(now, k)
+			r.sendAt, r.lastSend = never, now
+		}
 	}
 	if p.next <= now {
 		p.publish(now)
@@ -235,49 +264,78 @@ func (p *peerSync) send(now time.Duration, m syncMsg) {
 	p.queue = append(p.queue, m)
 }
 
+// post sends m from its replica at once, or, gathering, with the replica's
+// next send.
+func (p *peerSync) post(now time.Duration, m syncMsg) {
+	if p.flush == 0 {
+		p.send(now, m)
+		return
+	}
+	r := p.reps[m.from]
+	r.outbox = append(r.outbox, m)
+	p.sendSoon(now, m.from)
+}
+
+// sendSoon makes replica k send at now, or a flush after its last send.
+func (p *peerSync) sendSoon(now time.Duration, k int) {
+	if r := p.reps[k]; r.sendAt == never {
+		r.sendAt = max(now, r.lastSend+p.flush)
+	}
+}
+
 // decided shares replica from's decision: the prompt's block hashes it
 // recorded for addr in its prefix index, with that endpoint's capacity.
 func (p *peerSync) decided(now time.Duration, from int, addr string, hashes []uint64, capacity int) {
 	if len(hashes) > 0 {
-		p.send(now, syncMsg{from: from, addr: addr, hashes: hashes, capacity: capacity})
+		p.post(now, syncMsg{from: from, addr: addr, hashes: hashes, capacity: capacity})
 	}
 }
 
 // scraped marks endpoint ep's load as changed by a scrape at now, which every
 // replica observes.
 func (p *peerSync) scraped(now time.Duration, ep int) {
-	for _, r := range p.reps {
+	for k, r := range p.reps {
 		r.dirty[ep] = true
+		p.changes(now, k)
 	}
-	p.changes(now)
 }
 
-// changes makes a change at now published at once when every change is.
-func (p *peerSync) changes(now time.Duration) {
-	if p.every == 0 {
+// changes makes a change of replica k's at now published at once when every
+// change is, or with its next send when sends gather.
+func (p *peerSync) changes(now time.Duration, k int) {
+	switch {
+	case p.flush > 0:
+		p.sendSoon(now, k)
+	case p.every == 0:
 		p.next = min(p.next, now)
 	}
 }
 
 // publish sends each replica's loads that changed since its last publication.
 func (p *peerSync) publish(now time.Duration) {
-	for k, r := range p.reps {
-		if !slices.Contains(r.dirty, true) {
-			continue
+	for k := range p.reps {
+		p.publishOne(now, k)
+	}
+}
+
+// publishOne sends replica k's loads that changed since its last publication.
+func (p *peerSync) publishOne(now time.Duration, k int) {
+	r := p.reps[k]
+	if !slices.Contains(r.dirty, true) {
+		return
+	}
+	// EachLoad reports in no set order; the scratch is by endpoint.
+	r.router.EachLoad(func(addr string, l peers.Load) { p.loads[p.byAddr[addr]] = l.Load })
+	var out []endpointLoad
+	for e, d := range r.dirty {
+		if d && p.loads[e] != r.published[e] {
+			out = append(out, endpointLoad{ep: e, load: p.loads[e]})
+			r.published[e] = p.loads[e]
 		}
-		// EachLoad reports in no set order; the scratch is by endpoint.
-		r.router.EachLoad(func(addr string, l peers.Load) { p.loads[p.byAddr[addr]] = l.Load })
-		var out []endpointLoad
-		for e, d := range r.dirty {
-			if d && p.loads[e] != r.published[e] {
-				out = append(out, endpointLoad{ep: e, load: p.loads[e]})
-				r.published[e] = p.loads[e]
-			}
-			r.dirty[e] = false
-		}
-		if len(out) > 0 {
-			p.send(now, syncMsg{from: k, loads: out})
-		}
+		r.dirty[e] = false
+	}
+	if len(out) > 0 {
+		p.send(now, syncMsg{from: k, loads: out})
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/internal/engine"
+	"github.com/kvgate/kvgate/internal/peers"
 	"github.com/kvgate/kvgate/internal/report"
 	"github.com/kvgate/kvgate/internal/route"
 	"github.com/kvgate/kvgate/internal/workload"
@@ -142,73 +143,130 @@ func TestSpreadOver(t *testing.T) {
 // What one replica decides and dispatches reaches the other's prefix index
 // and load the sync delay later, not before, and never the sender's own
 // view twice.
-func TestPeerSyncDelivers(t *testing.T) {
-	const delay, every = 3 * time.Millisecond, 2 * time.Millisecond
+// syncRig is two shared replicas over two endpoints, linked by a peerSync
+// on a clock the test steps.
+type syncRig struct {
+	t      *testing.T
+	tr     workload.Trace
+	addrs  []string
+	byAddr map[string]int
+	reps   []*replica
+	p      *peerSync
+	now    time.Duration
+}
+
+func newSyncRig(t *testing.T, delay, every time.Duration) *syncRig {
 	_, tr := sharedPrefixTrace(t, 10)
-	addrs := []string{"sim-0:8000", "sim-1:8000"}
-	byAddr := map[string]int{addrs[0]: 0, addrs[1]: 1}
-	cfg, err := simConfig(SimOptions{Policy: "chat"}, tr, addrs)
+	g := &syncRig{t: t, tr: tr, addrs: []string{"sim-0:8000", "sim-1:8000"}}
+	g.byAddr = map[string]int{g.addrs[0]: 0, g.addrs[1]: 1}
+	cfg, err := simConfig(SimOptions{Policy: "chat"}, tr, g.addrs)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var now time.Duration
-	reps, err := newReplicas(SimOptions{Policy: "chat", ScrapeInterval: 50 * time.Millisecond, StaleAfter: 2 * time.Second}, cfg, 2, true,
-		func() time.Time { return epoch.Add(now) })
+	g.reps, err = newReplicas(SimOptions{Policy: "chat", ScrapeInterval: 50 * time.Millisecond, StaleAfter: 2 * time.Second}, cfg, 2, true,
+		func() time.Time { return epoch.Add(g.now) })
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer func() {
-		for _, r := range reps {
+	t.Cleanup(func() {
+		for _, r := range g.reps {
 			r.router.Close()
 		}
-	}()
+	})
 	m := engine.Metrics{NumBlocks: 1000, BlockSize: blockTokens}
-	for _, r := range reps {
-		for _, a := range addrs {
+	for _, r := range g.reps {
+		for _, a := range g.addrs {
 			r.router.Observe(a, m, engine.VLLM, epoch)
 		}
 	}
-	p := newPeerSync(reps, addrs, byAddr, delay, every, time.Hour, func() time.Duration { return now })
-	text := blockText(nil, workload.BlockIDs(nil, tr[0].Prompt, blockTokens)[:8])
-	step := func(to time.Duration) {
-		for {
-			at, ok := p.due()
-			if !ok || at > to {
-				break
-			}
-			now = at
-			p.tick(at)
+	g.p = newPeerSync(g.reps, g.addrs, g.byAddr, delay, every, time.Hour, func() time.Duration { return g.now })
+	return g
+}
+
+// step runs what falls due up to to.
+func (g *syncRig) step(to time.Duration) {
+	for {
+		at, ok := g.p.due()
+		if !ok || at > to {
+			break
 		}
-		now = to
+		g.now = at
+		g.p.tick(at)
 	}
-	// Replica 0 routes a request at 1 ms.
-	step(time.Millisecond)
-	rt, ref := reps[0].router.Route(context.Background(), route.Request{Model: tr[0].Model, Prompt: text, BodyBytes: 4000, Start: epoch.Add(now)})
+	g.now = to
+}
+
+// route has replica k route trace request i now.
+func (g *syncRig) route(k, i int) *route.Route {
+	text := blockText(nil, workload.BlockIDs(nil, g.tr[i].Prompt, blockTokens)[:8])
+	rt, ref := g.reps[k].router.Route(context.Background(), route.Request{Model: g.tr[i].Model, Prompt: text, BodyBytes: 4000, Start: epoch.Add(g.now)})
 	if ref != nil {
-		t.Fatal(ref.Message)
+		g.t.Fatal(ref.Message)
 	}
-	ep := byAddr[rt.Endpoints[0]]
-	pending := func(k int) int { return reps[k].router.Snapshot(addrs[ep : ep+1])[0].Pending }
-	step(time.Millisecond + delay - time.Microsecond)
-	if n := prefixBlocks(reps[1].router, rt.Endpoints[0]); n != 0 || pending(1) != 0 {
+	return rt
+}
+
+// pending is the requests replica k counts on the endpoint at addr.
+func (g *syncRig) pending(k int, addr string) int {
+	return g.reps[k].router.Snapshot([]string{addr})[0].Pending
+}
+
+func TestPeerSyncDelivers(t *testing.T) {
+	const delay, every = 3 * time.Millisecond, 2 * time.Millisecond
+	g := newSyncRig(t, delay, every)
+	// Replica 0 routes a request at 1 ms.
+	g.step(time.Millisecond)
+	rt := g.route(0, 0)
+	addr := rt.Endpoints[0]
+	pending := func(k int) int { return g.pending(k, addr) }
+	g.step(time.Millisecond + delay - time.Microsecond)
+	if n := prefixBlocks(g.reps[1].router, addr); n != 0 || pending(1) != 0 {
 		t.Fatalf("before the delay: the peer holds %d blocks and %d pending", n, pending(1))
 	}
 	// The decision is due at 4 ms; the load, published at 2 ms, at 5 ms.
-	step(time.Millisecond + delay)
-	if n := prefixBlocks(reps[1].router, rt.Endpoints[0]); n != 8 || pending(1) != 0 {
+	g.step(time.Millisecond + delay)
+	if n := prefixBlocks(g.reps[1].router, addr); n != 8 || pending(1) != 0 {
 		t.Fatalf("after the delay: the peer holds %d blocks, want 8, and %d pending before the load's publication arrives", n, pending(1))
 	}
-	step(every + delay)
+	g.step(every + delay)
 	if pending(1) != 1 || pending(0) != 1 {
 		t.Fatalf("pending: the peer reads %d, the sender %d; want 1 and 1", pending(1), pending(0))
 	}
 	// The request ends at 6 ms: the peer reads the endpoint free once the
 	// publication at 6 ms arrives.
-	step(6 * time.Millisecond)
+	g.step(6 * time.Millisecond)
 	rt.Finish(route.Outcome{Status: 200})
-	step(8*time.Millisecond + delay)
+	g.step(8*time.Millisecond + delay)
 	if pending(1) != 0 {
 		t.Fatalf("after the finish: the peer reads %d pending", pending(1))
+	}
+}
+
+// Sending at each change, a replica gathers what changes within
+// peers.DefaultFlush of its last send, as the mesh does: the first change
+// after a quiet spell goes at once, the next waits for the flush.
+func TestPeerSyncGathers(t *testing.T) {
+	const delay = 500 * time.Microsecond
+	g := newSyncRig(t, delay, 0)
+	total := func(k int) int { return g.pending(k, g.addrs[0]) + g.pending(k, g.addrs[1]) }
+	g.step(10 * time.Millisecond)
+	g.route(0, 0)
+	g.step(10*time.Millisecond + delay)
+	if n := total(1); n != 1 {
+		t.Fatalf("the first change after a quiet spell: the peer reads %d pending %v after it, want 1", n, delay)
+	}
+	// A second request 1 ms later, within the flush of the first send:
+	// it goes with the send at 12 ms.
+	g.step(11 * time.Millisecond)
+	g.route(0, 1)
+	sent := 10*time.Millisecond + peers.DefaultFlush
+	g.step(sent + delay - time.Microsecond)
+	if n := total(1); n != 1 {
+		t.Fatalf("before the gathered send arrives: the peer reads %d pending, want 1", n)
+	}
+	g.step(sent + delay)
+	if n, own := total(1), total(0); n != 2 || own != 2 {
+		t.Fatalf("once it arrives: the peer reads %d pending, the sender %d; want 2 and 2", n, own)
 	}
 }
 

@@ -76,7 +76,7 @@ func (c Config) withDefaults() Config {
 		c.Replica = host + "-" + hex.EncodeToString(b[:])
 	}
 	if c.Flush <= 0 {
-		c.Flush = 2 * time.Millisecond
+		c.Flush = DefaultFlush
 	}
 	if c.Heartbeat <= 0 {
 		c.Heartbeat = time.Second
@@ -98,6 +98,9 @@ func (c Config) withDefaults() Config {
 	}
 	return c
 }
+
+// DefaultFlush is Config.Flush's default.
+const DefaultFlush = 2 * time.Millisecond
 
 // State is the replica's routing state, as the router holds it.
 type State interface {
