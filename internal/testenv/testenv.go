@@ -6,6 +6,8 @@
 package testenv
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"os"
 	"os/exec"
@@ -97,13 +99,20 @@ var (
 )
 
 // Kvgate builds cmd/kvgate once per test binary and returns its path, for
-// tests that run kvgate as its own process. It goes to one path per user,
-// replaced by a rename, so that runs do not pile up binaries in the temp
-// directory and a run never executes another's half-written file.
+// tests that run kvgate as its own process. It goes to one path per user and
+// checkout, replaced by a rename, so that runs do not pile up binaries in the
+// temp directory, a run never executes another's half-written file, and runs
+// from two checkouts (worktrees of different branches) never execute each
+// other's build.
 func Kvgate(t testing.TB) string {
 	t.Helper()
 	buildOnce.Do(func() {
-		dir := filepath.Join(os.TempDir(), fmt.Sprintf("kvgate-test-%d", os.Getuid()))
+		root, err := moduleRoot()
+		if err != nil {
+			buildErr = err
+			return
+		}
+		dir := binDir(root)
 		if buildErr = os.MkdirAll(dir, 0o700); buildErr != nil {
 			return
 		}
@@ -126,4 +135,24 @@ func Kvgate(t testing.TB) string {
 		t.Fatal(buildErr)
 	}
 	return binPath
+}
+
+// moduleRoot is the directory of the go.mod the tests run in.
+func moduleRoot() (string, error) {
+	out, err := exec.Command("go", "env", "GOMOD").Output()
+	if err != nil {
+		return "", fmt.Errorf("go env GOMOD: %w", err)
+	}
+	mod := strings.TrimSpace(string(out))
+	if mod == "" || mod == os.DevNull {
+		return "", fmt.Errorf("go env GOMOD: the tests do not run inside a module")
+	}
+	return filepath.Dir(mod), nil
+}
+
+// binDir is where Kvgate builds the checkout at root: a folder per user and
+// checkout, named by a hash of the checkout's path.
+func binDir(root string) string {
+	sum := sha256.Sum256([]byte(root))
+	return filepath.Join(os.TempDir(), fmt.Sprintf("kvgate-test-%d", os.Getuid()), hex.EncodeToString(sum[:8]))
 }

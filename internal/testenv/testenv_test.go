@@ -75,3 +75,25 @@ func TestRequire(t *testing.T) {
 		})
 	}
 }
+
+// TestKvgatePerCheckout: the binary Kvgate builds lives in a folder of this
+// checkout's own, so that a run from another checkout (a worktree of another
+// branch, with other flags) cannot replace it under this run.
+func TestKvgatePerCheckout(t *testing.T) {
+	root, err := moduleRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(root, "cmd", "kvgate")); err != nil {
+		t.Fatalf("module root %s: %v", root, err)
+	}
+	bin := Kvgate(t)
+	if got, want := filepath.Dir(bin), binDir(root); got != want {
+		t.Errorf("Kvgate built %s, want it in %s", bin, want)
+	}
+	for _, other := range []string{filepath.Join(filepath.Dir(root), "other-worktree"), root + "-2", "/"} {
+		if binDir(other) == binDir(root) {
+			t.Errorf("checkouts %s and %s share %s", root, other, binDir(root))
+		}
+	}
+}
