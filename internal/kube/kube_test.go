@@ -18,10 +18,12 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -41,8 +43,13 @@ const model = "meta-llama/Llama-3.1-8B-Instruct"
 
 var quiet = slog.New(slog.DiscardHandler)
 
+// clientLogs holds what controller-runtime and client-go log at WARN and
+// above: their loggers are process-wide, and swapping them while informers
+// run is a race.
+var clientLogs = &logtest.Buffer{}
+
 func TestMain(m *testing.M) {
-	SetLoggers(quiet)
+	SetLoggers(slog.New(slog.NewTextHandler(clientLogs, &slog.HandlerOptions{Level: slog.LevelWarn})))
 	os.Exit(m.Run())
 }
 
@@ -430,28 +437,14 @@ func TestPodsBecomeEndpoints(t *testing.T) {
 // to the pods its selector picks, at its target port — through two gateway
 // replicas at once, each reconciling on its own (one of them writes status).
 func TestInferencePool(t *testing.T) {
-	k := startCluster(t)
 	const ns = "pools"
-	k.namespace(t, ns)
-	k.installPools(t)
-	ips, port := servers(t, 1)
+	k, want, _ := startPoolCluster(t, ns)
 	ctx := context.Background()
-	pool := &unstructured.Unstructured{Object: map[string]any{
-		"apiVersion": "inference.networking.k8s.io/v1", "kind": "InferencePool",
-		"metadata": map[string]any{"name": "llama-pool", "namespace": ns},
-		"spec": map[string]any{"selector": map[string]any{"matchLabels": map[string]any{"pool": "llama"}},
-			"targetPorts": []any{map[string]any{"number": int64(port)}}},
-	}}
-	if err := k.c.Create(ctx, pool); err != nil {
-		t.Fatal(err)
-	}
-	k.pod(t, ns, "p0", ips[0], true, map[string]string{"pool": "llama"})
 	_, base := gatewayUnderTest(t, k, types.NamespacedName{Namespace: ns, Name: "gw"})
 	_, base2 := gatewayUnderTest(t, k, types.NamespacedName{Namespace: ns, Name: "gw"})
 	if err := k.c.Create(ctx, igwc(ns, "gw", v1alpha1.SchedulerSpec{Name: "llama", ModelName: model, PoolRef: "llama-pool"})); err != nil {
 		t.Fatal(err)
 	}
-	want := fmt.Sprintf("%s:%d", ips[0], port)
 	for _, b := range []string{base, base2} {
 		waittest.Until(t, 10*time.Second, "traffic to the pool's pod through "+b, func() bool {
 			code, ep := post(t, b)
@@ -462,4 +455,91 @@ func TestInferencePool(t *testing.T) {
 		st := k.status(t, ns, "gw")
 		return condition(st, "Ready").Status == metav1.ConditionTrue && len(st.Schedulers) == 1 && st.Schedulers[0].Endpoints == 1
 	})
+}
+
+// startPoolCluster starts a cluster serving InferencePools with, in
+// namespace ns, the pool llama-pool of one ready pod: a model server at
+// endpoint, listening on port.
+func startPoolCluster(t *testing.T, ns string) (k *cluster, endpoint string, port int) {
+	t.Helper()
+	k = startCluster(t)
+	k.namespace(t, ns)
+	k.installPools(t)
+	ips, port := servers(t, 1)
+	k.llamaPool(t, ns, port)
+	k.pod(t, ns, "p0", ips[0], true, map[string]string{"pool": "llama"})
+	return k, fmt.Sprintf("%s:%d", ips[0], port), port
+}
+
+// llamaPool creates the InferencePool llama-pool: the pods labelled
+// pool=llama, at port.
+func (k *cluster) llamaPool(t *testing.T, ns string, port int) {
+	t.Helper()
+	pool := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "inference.networking.k8s.io/v1", "kind": "InferencePool",
+		"metadata": map[string]any{"name": "llama-pool", "namespace": ns},
+		"spec": map[string]any{"selector": map[string]any{"matchLabels": map[string]any{"pool": "llama"}},
+			"targetPorts": []any{map[string]any{"number": int64(port)}}},
+	}}
+	if err := k.c.Create(context.Background(), pool); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestInferencePoolCRDDeleted: deleting the InferencePool CRD under two
+// replicas costs each one WARN line and no ERROR (an informer left to fail
+// logged one per retry until the CRD returned); installed again, both
+// replicas route to the pool's pods within a bound (the failing informer's
+// backoff once made them recover seconds apart).
+func TestInferencePoolCRDDeleted(t *testing.T) {
+	const ns = "pools"
+	k, want, port := startPoolCluster(t, ns)
+	const poll = 500 * time.Millisecond
+	target := types.NamespacedName{Namespace: ns, Name: "gw"}
+	replicas := []*replica{startReplica(t, k, target, Options{PoolPollInterval: poll}), startReplica(t, k, target, Options{PoolPollInterval: poll})}
+	if err := k.c.Create(context.Background(), igwc(ns, "gw", v1alpha1.SchedulerSpec{Name: "llama", ModelName: model, PoolRef: "llama-pool"})); err != nil {
+		t.Fatal(err)
+	}
+	served := func(bound time.Duration) {
+		t.Helper()
+		for _, r := range replicas {
+			waittest.Until(t, bound, "traffic to the pool's pod through "+r.url, func() bool {
+				code, ep := post(t, r.url)
+				return code == http.StatusOK && ep == want
+			})
+		}
+	}
+	served(10 * time.Second)
+
+	mark := len(clientLogs.String())
+	if err := envtest.UninstallCRDs(k.cfg, envtest.CRDInstallOptions{Paths: []string{poolCRD}, ErrorIfPathMissing: true}); err != nil {
+		t.Fatal(err)
+	}
+	d := discovery.NewDiscoveryClientForConfigOrDie(k.cfg)
+	waittest.Until(t, 30*time.Second, "the InferencePool CRD gone", func() bool {
+		ok, err := poolsServed(d)
+		crd := &unstructured.Unstructured{}
+		crd.SetAPIVersion("apiextensions.k8s.io/v1")
+		crd.SetKind("CustomResourceDefinition")
+		return err == nil && !ok && apierrors.IsNotFound(k.c.Get(context.Background(), types.NamespacedName{Name: poolCRDName}, crd))
+	})
+	time.Sleep(5 * time.Second) // long enough for several of a failing informer's retries
+	if logged := clientLogs.String()[mark:]; strings.Contains(logged, "level=ERROR") {
+		t.Errorf("controller-runtime or client-go logged errors while the CRD was away:\n%s", logged)
+	}
+	const gone = "no longer serves the InferencePool resource"
+	for i, r := range replicas {
+		if n := strings.Count(r.logs.String(), gone); n != 1 {
+			t.Errorf("replica %d said %d times that the resource went, want once", i, n)
+		}
+		if strings.Contains(r.logs.String(), "level=ERROR") {
+			t.Errorf("replica %d logged an error while the CRD was away", i)
+		}
+	}
+
+	start := time.Now()
+	k.installPools(t)
+	k.llamaPool(t, ns, port)
+	served(3*poll + 2*time.Second)
+	t.Logf("both replicas served the pool again %v after its CRD was installed again", time.Since(start).Round(time.Millisecond))
 }

@@ -7,6 +7,7 @@ import (
 	"hash/fnv"
 	"log/slog"
 	"os"
+	"reflect"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -18,6 +19,7 @@ import (
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 	"k8s.io/klog/v2"
@@ -107,9 +109,11 @@ func SetLoggers(l *slog.Logger) {
 	klog.SetLogger(toLogr(l))
 }
 
-// PoolPollInterval is how often kvgate looks for the InferencePool resource
-// while the API server does not serve it, so that installing its CRD needs no
-// restart.
+// PoolPollInterval is how often kvgate asks discovery whether the API server
+// serves the InferencePool resource, so that installing its CRD needs no
+// restart and deleting it stops the watch (a failing pool watch also asks at
+// once). Replicas therefore pick a returned CRD up within this much of each
+// other.
 const PoolPollInterval = 5 * time.Second
 
 // Start runs the controller until ctx ends. Every replica watches and serves;
@@ -128,6 +132,8 @@ func Start(ctx context.Context, cfg *rest.Config, o Options) error {
 	if cfg.QPS == 0 {
 		cfg.QPS, cfg.Burst = 50, 100 // client-go's 5 QPS would throttle a rollout's pod events
 	}
+	// A failing InferencePool watch asks watchPools to look at discovery now.
+	recheck := make(chan struct{}, 1)
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                 scheme,
 		Metrics:                metricsserver.Options{BindAddress: "0"}, // kvgate serves its own
@@ -135,7 +141,8 @@ func Start(ctx context.Context, cfg *rest.Config, o Options) error {
 		// Only the target's namespace is watched: least privilege, and a cache no
 		// larger than the namespace's pods. The InferenceGatewayConfig is read
 		// as an unstructured object, from the cache too.
-		Cache:      cache.Options{DefaultNamespaces: map[string]cache.Config{o.Target.Namespace: {}}},
+		Cache: cache.Options{DefaultNamespaces: map[string]cache.Config{o.Target.Namespace: {}},
+			DefaultWatchErrorHandler: poolWatchErrors(recheck)},
 		Client:     client.Options{Cache: &client.CacheOptions{Unstructured: true}},
 		Controller: config.Controller{SkipNameValidation: ptr(true)},
 	})
@@ -194,20 +201,31 @@ func Start(ctx context.Context, cfg *rest.Config, o Options) error {
 	if err != nil {
 		return err
 	}
-	if !installed {
-		interval := o.PoolPollInterval
-		if interval <= 0 {
-			interval = PoolPollInterval
-		}
-		go watchPools(ctx, cs.Discovery(), interval, o.Log, func() error {
+	interval := o.PoolPollInterval
+	if interval <= 0 {
+		interval = PoolPollInterval
+	}
+	go watchPools(ctx, cs.Discovery(), interval, recheck, installed, o.Log, poolWatch{
+		found: func() error {
 			if err := c.Watch(source.Kind[client.Object](mgr.GetCache(), &poolv1.InferencePool{}, r.toTarget())); err != nil {
 				return err
 			}
 			pools.Store(true)
 			poke(kick)
 			return nil
-		})
-	}
+		},
+		lost: func() error {
+			// Under the reconcile lock, so that no reconcile reads pools from
+			// the cache after the flag is down: a read would start the
+			// informer again.
+			r.mu.Lock()
+			pools.Store(false)
+			err := mgr.GetCache().RemoveInformer(ctx, &poolv1.InferencePool{})
+			r.mu.Unlock()
+			poke(kick)
+			return err
+		},
+	})
 	o.Log.Info("watching the cluster", "config", o.Target, "inferencePools", installed, "leaderElection", o.LeaderElection, "leaseDuration", o.LeaseDuration)
 	return mgr.Start(ctx)
 }
@@ -229,9 +247,18 @@ func poolsServed(d discovery.DiscoveryInterface) (bool, error) {
 	return false, nil
 }
 
-// watchPools polls discovery until the InferencePool resource is served, then
-// calls found (which starts its watch) and returns.
-func watchPools(ctx context.Context, d discovery.DiscoveryInterface, every time.Duration, log *slog.Logger, found func() error) {
+// poolWatch starts and stops the InferencePool watch.
+type poolWatch struct {
+	found func() error // the resource appeared: watch it
+	lost  func() error // the resource went: stop watching it
+}
+
+// watchPools follows the InferencePool resource through discovery until ctx
+// ends, every interval and whenever recheck fires: it starts the watch when
+// the resource appears and stops it when the resource goes (its CRD deleted),
+// so that a missing resource costs one WARN line rather than an informer
+// failing, and logging, until the CRD returns.
+func watchPools(ctx context.Context, d discovery.DiscoveryInterface, every time.Duration, recheck <-chan struct{}, served bool, log *slog.Logger, w poolWatch) {
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
@@ -239,17 +266,47 @@ func watchPools(ctx context.Context, d discovery.DiscoveryInterface, every time.
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		case <-recheck:
 		}
 		ok, err := poolsServed(d)
-		if err != nil || !ok {
+		if err != nil {
+			log.Debug("looking up the InferencePool resource", "err", err)
 			continue
 		}
-		if err := found(); err != nil {
-			log.Warn("the InferencePool resource appeared but cannot be watched; retrying", "err", err)
-			continue
+		switch {
+		case ok && !served:
+			if err := w.found(); err != nil {
+				log.Warn("the InferencePool resource appeared but cannot be watched; retrying", "err", err)
+				continue
+			}
+			served = true
+			log.Info("the InferencePool resource is installed; watching InferencePools")
+		case !ok && served:
+			served = false
+			log.Warn("the API server no longer serves the InferencePool resource (its CRD was deleted): schedulers with a poolRef have no endpoints until it returns",
+				"recheckEvery", every)
+			if err := w.lost(); err != nil {
+				log.Warn("stopping the InferencePool watch", "err", err)
+			}
 		}
-		log.Info("the InferencePool resource is installed; watching InferencePools")
-		return
+	}
+}
+
+// poolWatchErrors is the cache's watch error handler. A pool watch refused
+// as not found means the resource went: watchPools is asked to confirm it
+// through discovery and stop the watch, instead of each retry logging an
+// error. Every other error is client-go's to log.
+func poolWatchErrors(recheck chan<- struct{}) toolscache.WatchErrorHandlerWithContext {
+	poolType := reflect.TypeOf(&poolv1.InferencePool{}).String() // what the reflector names it
+	return func(ctx context.Context, r *toolscache.Reflector, err error) {
+		if r.TypeDescription() == poolType && apierrors.IsNotFound(err) {
+			select {
+			case recheck <- struct{}{}:
+			default:
+			}
+			return
+		}
+		toolscache.DefaultWatchErrorHandler(ctx, r, err)
 	}
 }
 
