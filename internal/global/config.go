@@ -130,11 +130,12 @@ type Routing struct {
 	// FirstByteTimeout bounds the wait for the first byte of a member's answer
 	// (its headers and the first bytes of its body) while the member stays
 	// healthy; past it the member is given up on for that request and the next
-	// one tried (default 60s; 0: no bound). A member whose heartbeat stops is
-	// given up on sooner.
+	// one tried (default 15s, as kvgate serve's; 0: no bound). A member whose
+	// heartbeat stops is given up on sooner.
 	FirstByteTimeout *metav1.Duration `json:"firstByteTimeout,omitempty"`
 	// StreamIdleTimeout ends a stream that sends nothing for this long once
-	// it started, with an error event (default 60s; 0: no bound).
+	// it started, with an error event (default 30s, as kvgate serve's; 0: no
+	// bound).
 	StreamIdleTimeout *metav1.Duration `json:"streamIdleTimeout,omitempty"`
 	// MaxBodyBytes bounds a request body, which is held whole so that it can be
 	// sent to another member (default 32 MiB).
@@ -178,8 +179,10 @@ func (r Routing) settings() settings {
 		rampUp:           v1alpha1.DurationOr(r.RampUp, 30*time.Second),
 		defaultSLO:       v1alpha1.DurationOr(r.DefaultTTFTSLO, 2*time.Second),
 		crossRegion:      v1alpha1.DurationOr(r.CrossRegionLatency, 50*time.Millisecond),
-		firstByteTimeout: v1alpha1.DurationOr(r.FirstByteTimeout, time.Minute),
-		streamIdle:       v1alpha1.DurationOr(r.StreamIdleTimeout, time.Minute),
+		// Below the 60 s after which common proxies (nginx, AWS's load
+		// balancers) cut a silent connection, as tier 1's (docs/configuration.md).
+		firstByteTimeout: v1alpha1.DurationOr(r.FirstByteTimeout, v1alpha1.DefaultFirstByteTimeout),
+		streamIdle:       v1alpha1.DurationOr(r.StreamIdleTimeout, v1alpha1.DefaultStreamIdleTimeout),
 		maxErrorRate:     0.25,
 		regionHeader:     "X-Kvgate-Region",
 		maxAttempts:      3,

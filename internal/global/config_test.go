@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvgate/kvgate/api/v1alpha1"
 	"github.com/kvgate/kvgate/internal/auth"
 	"github.com/kvgate/kvgate/internal/authtest"
 	"github.com/kvgate/kvgate/internal/logtest"
@@ -168,5 +169,26 @@ func TestReloadWarnsDeprecated(t *testing.T) {
 	r.reload("g.yaml", doc("jwksURI"), nil, dp)
 	if n := strings.Count(logged.String(), warning); n != 1 {
 		t.Fatalf("the warning logged %d times after a file without the former name, want once: %s", n, logged.String())
+	}
+}
+
+// TestStallBoundDefaults: tier 2's stall bounds default to tier 1's (15 s and
+// 30 s, below the 60 s after which common proxies cut a silent connection).
+func TestStallBoundDefaults(t *testing.T) {
+	for _, tc := range []struct {
+		name                  string
+		routing               Routing
+		firstByte, streamIdle time.Duration
+	}{
+		{name: "defaults", firstByte: v1alpha1.DefaultFirstByteTimeout, streamIdle: v1alpha1.DefaultStreamIdleTimeout},
+		{name: "set", routing: Routing{FirstByteTimeout: d(2 * time.Minute), StreamIdleTimeout: d(90 * time.Second)}, firstByte: 2 * time.Minute, streamIdle: 90 * time.Second},
+		{name: "off", routing: Routing{FirstByteTimeout: d(0), StreamIdleTimeout: d(0)}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := tc.routing.settings()
+			if s.firstByteTimeout != tc.firstByte || s.streamIdle != tc.streamIdle {
+				t.Errorf("firstByteTimeout %v, streamIdleTimeout %v; want %v, %v", s.firstByteTimeout, s.streamIdle, tc.firstByte, tc.streamIdle)
+			}
+		})
 	}
 }

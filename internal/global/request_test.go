@@ -221,9 +221,18 @@ func TestSlowMember(t *testing.T) {
 			lim = &recordingLimiter{}
 			_, base = startRouter(t, routerConfig(routing, tc.slow.member("slow", 1)), Options{Limiter: lim})
 			resp, body = send(t, base, "", stream)
-			var e struct{ Error struct{ Code int } }
+			var e struct {
+				Error struct {
+					Code    int
+					Message string
+				}
+			}
 			if resp.StatusCode != http.StatusGatewayTimeout || json.Unmarshal(body, &e) != nil || e.Error.Code != http.StatusGatewayTimeout {
 				t.Fatalf("the only member silent: %d %s, want a 504 OpenAI error", resp.StatusCode, body)
+			}
+			// The client is told which bound fired, as tier 1 tells it.
+			if want := "no first event within 300ms (firstByteTimeout)"; !strings.Contains(e.Error.Message, want) {
+				t.Errorf("504 message %q, want it to name the bound: %q", e.Error.Message, want)
 			}
 			if rec, c := lim.settled(); len(rec) != 0 || c != 1 {
 				t.Errorf("settled %v, cancels %d: want the reservation given back", rec, c)
@@ -357,6 +366,9 @@ func TestRefusalsAndSettlement(t *testing.T) {
 		raw, err := readAll(resp)
 		if err != nil || resp.StatusCode != http.StatusBadGateway || !strings.Contains(string(raw), `"error"`) || strings.Contains(string(raw), "127.0.0.1") {
 			t.Fatalf("a member that cut its JSON answer: %d %s (%v)", resp.StatusCode, raw, err)
+		}
+		if got := resp.Header.Get("Retry-After"); got != "1" {
+			t.Errorf("the 502 no member could serve: Retry-After %q, want 1 as tier 1's refusals", got)
 		}
 		waittest.Until(t, 10*time.Second, "the request settled", func() bool { rec, c := lim.settled(); return len(rec)+c == 1 })
 	})

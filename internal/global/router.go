@@ -671,7 +671,7 @@ func (r *Router) forward(w http.ResponseWriter, req *http.Request, g *generation
 			}
 			// A slow member is not a dead one: a timeout counts toward ejection
 			// as a server error does; anything else ejects at once.
-			m.failed(time.Now(), !errors.Is(err, errFirstByteTimeout), r.health())
+			m.failed(time.Now(), !errors.Is(err, firstByteTimeout(timeout)), r.health())
 			r.observe(m)
 			r.log.Warn("member failed before answering; trying the next", "request_id", rid, "member", m.cfg.Name, "err", err.Err)
 		},
@@ -705,7 +705,8 @@ func (r *Router) forward(w http.ResponseWriter, req *http.Request, g *generation
 	served(tr, targets, &res)
 	if !res.Committed {
 		ref := res.Unserved("no member answered in time; retry later",
-			&proxy.Refusal{Status: http.StatusBadGateway, Type: openai.TypeServer, Message: "no member could serve the request; retry later"})
+			// Worth a retry soon, as tier 1's 503 for a pool it cannot serve.
+			&proxy.Refusal{Status: http.StatusBadGateway, Type: openai.TypeServer, Message: "no member could serve the request; retry later", RetryAfter: 1})
 		if ref == nil {
 			name := ""
 			if res.Target >= 0 {
@@ -751,12 +752,16 @@ func (r *Router) settle(m *member, price float64, start time.Time, res proxy.Res
 	r.m.Duration.WithLabelValues(m.cfg.Name).Observe(time.Since(start).Seconds())
 }
 
-// Reasons a request gives up on its member before the first byte. A timeout
-// is a proxy.ErrTimeout: a request only slow members failed is answered 504.
-var (
-	errMemberLost                     = errors.New("lost (heartbeat gone) before answering")
-	errFirstByteTimeout proxy.Timeout = "no answer within routing.firstByteTimeout"
-)
+// errMemberLost gives up on a member whose heartbeat went stale while a
+// request waited for its first byte.
+var errMemberLost = errors.New("lost (heartbeat gone) before answering")
+
+// firstByteTimeout gives up on a member that kept a stream waiting d for its
+// first event. It is a proxy.ErrTimeout, so a request only slow members
+// failed is answered 504, and names its bound, as tier 1's does.
+func firstByteTimeout(d time.Duration) proxy.Timeout {
+	return proxy.Timeout(fmt.Sprintf("no first event within %v (firstByteTimeout)", d))
+}
 
 // watch calls giveUp when the member's heartbeat goes stale, or timeout (when
 // not 0) passes, before ctx ends (the answer came). An ejected member whose
@@ -777,7 +782,7 @@ func (r *Router) watch(ctx context.Context, m *member, heartbeat, timeout time.D
 		case <-ctx.Done():
 			return
 		case <-expired:
-			giveUp(errFirstByteTimeout)
+			giveUp(firstByteTimeout(timeout))
 			return
 		case <-t.C:
 			// A draining member finishes what it holds; only a lost one is
