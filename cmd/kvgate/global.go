@@ -16,7 +16,9 @@ func newGlobalCmd() *cobra.Command {
 		o                   global.ServerOptions
 		path                string
 		logLevel, logFormat string
+		kubeconfig          string
 		obs                 observeFlags
+		admin               adminFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "global",
@@ -28,7 +30,7 @@ predicted time to first token stays inside the SLO (spilling to dearer members a
 fails over to the next member when one fails before streaming, ramps returning members up
 gradually, authenticates API keys or JWTs, and enforces per-tenant and per-model limits shared by
 all replicas through Redis. Metrics, health, /debug/members and /debug/config are on
---admin-listen. The configuration reloads on SIGHUP and when its file changes: members keep their
+--admin-listen, the debug pages behind --admin-auth as kvgate serve's. The configuration reloads on SIGHUP and when its file changes: members keep their
 health across a reload unless their URLs change, requests under way finish under the configuration
 they started with, and a file that fails validation is reported while the previous one keeps
 serving.`,
@@ -37,6 +39,10 @@ serving.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.ConfigPath = path
 			o.Router.Logger = newLoggerFormat(logLevel, logFormat)
+			var err error
+			if o.Router.Admin, err = admin.options(kubeconfig, o.Router.Logger); err != nil {
+				return err
+			}
 			tp, al, stop, err := obs.setup(cmd.Context(), "kvgate-global", logFormat, o.Router.Logger)
 			if err != nil {
 				return err
@@ -54,11 +60,13 @@ serving.`,
 	f.StringVar(&path, "config", "", "GlobalRouterConfig file (required)")
 	_ = cmd.MarkFlagRequired("config")
 	f.StringVar(&o.Listen, "listen", ":8080", "address of the OpenAI API")
-	f.StringVar(&o.AdminListen, "admin-listen", ":9090", "address of /metrics, /healthz, /readyz and /debug/members")
+	f.StringVar(&o.AdminListen, "admin-listen", ":9090", "address of /metrics, /healthz, /readyz, /debug/config and /debug/members")
 	f.DurationVar(&o.DrainTimeout, "drain-timeout", 30*time.Second, "how long in-flight requests may finish after a stop signal (then they end with an explicit error)")
 	f.DurationVar(&o.PreStop, "pre-stop", 5*time.Second, "after a stop signal, how long the API keeps accepting (with /readyz failing) before the drain")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	f.StringVar(&logFormat, "log-format", "text", "text or json")
+	f.StringVar(&kubeconfig, "kubeconfig", "", "with --admin-auth kubernetes: kubeconfig file (default: in-cluster, then $KUBECONFIG)")
+	admin.register(f)
 	obs.register(f, true)
 	return cmd
 }

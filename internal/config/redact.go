@@ -43,13 +43,23 @@ func Redacted(cfg *v1alpha1.InferenceGatewayConfig) *v1alpha1.InferenceGatewayCo
 	}
 	out := cfg.DeepCopy()
 	out.Annotations, out.ManagedFields = nil, nil
-	if a := out.Spec.Auth; a != nil {
-		if a.JWT != nil {
-			a.JWT.JWKSURI = RedactURL(a.JWT.JWKSURI)
-		}
-		for i := range a.APIKeys {
-			a.APIKeys[i].Hash = redactedValue
-		}
+	out.Spec.Auth = RedactedAuth(out.Spec.Auth)
+	return out
+}
+
+// RedactedAuth is a copy of a without its secrets: the JWKS URL's
+// credentials redacted and the API key hashes replaced (kvgate serve's and
+// kvgate global's spec.auth alike).
+func RedactedAuth(a *v1alpha1.AuthSpec) *v1alpha1.AuthSpec {
+	if a == nil {
+		return nil
+	}
+	out := a.DeepCopy()
+	if out.JWT != nil {
+		out.JWT.JWKSURI = RedactURL(out.JWT.JWKSURI)
+	}
+	for i := range out.APIKeys {
+		out.APIKeys[i].Hash = redactedValue
 	}
 	return out
 }

@@ -27,6 +27,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/internal/auth"
+	"github.com/kvgate/kvgate/internal/host"
 	"github.com/kvgate/kvgate/internal/openai"
 	"github.com/kvgate/kvgate/internal/proxy"
 	"github.com/kvgate/kvgate/internal/tracing"
@@ -70,6 +71,9 @@ type Options struct {
 	// line per request (nil: none).
 	Tracing   *tracing.Provider
 	AccessLog *tracing.AccessLog
+	// Admin says who reads /debug/* on the admin listener: kvgate serve's
+	// modes (loopback clients only by default).
+	Admin host.AdminOptions
 }
 
 // Router is the global router's data plane.
@@ -88,6 +92,10 @@ type Router struct {
 	active   *Config
 	loadedAt time.Time
 	loadErr  error
+	// admin guards the admin listener's pages; adminErr is why Options.Admin
+	// did not hold (Run refuses to start).
+	admin    *host.AdminGate
+	adminErr error
 }
 
 // generation is one configuration in force: its settings, members and SLOs,
@@ -193,6 +201,7 @@ func New(cfg *Config, opts Options) *Router {
 	}
 	r := &Router{opts: opts, log: opts.Logger, m: opts.Metrics,
 		client: &http.Client{Transport: &http.Transport{DialContext: (&net.Dialer{Timeout: time.Second}).DialContext, MaxIdleConnsPerHost: 4}}}
+	r.admin, r.adminErr = host.NewAdminGate(opts.Admin, opts.Logger)
 	r.Apply(cfg, opts.Auth, opts.Limiter, nil)
 	return r
 }

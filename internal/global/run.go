@@ -11,6 +11,7 @@ import (
 	"os"
 	"reflect"
 	"runtime"
+	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -19,6 +20,8 @@ import (
 
 	"github.com/kvgate/kvgate/api/v1alpha1"
 	"github.com/kvgate/kvgate/internal/auth"
+	"github.com/kvgate/kvgate/internal/config"
+	"github.com/kvgate/kvgate/internal/host"
 	"github.com/kvgate/kvgate/internal/ratelimit"
 	"github.com/kvgate/kvgate/internal/reload"
 	"github.com/kvgate/kvgate/internal/serving"
@@ -78,6 +81,9 @@ func Run(ctx context.Context, o ServerOptions) error {
 		return err
 	}
 	r := New(o.Config, o.Router)
+	if r.adminErr != nil {
+		return r.adminErr
+	}
 	r.Start(hbCtx)
 	r.recordLoad(o.Config, nil)
 	warnDeprecated(log, o.Config)
@@ -288,77 +294,108 @@ func Dependencies(ctx context.Context, cfg *Config, o *Options) (func(), error) 
 }
 
 // AdminHandler serves /metrics, /healthz, /readyz (ready while a member is
-// healthy) and /debug/members.
+// healthy), /debug/config and /debug/members: health answers everyone, the
+// debug pages only whom Options.Admin admits, as kvgate serve's do.
 func (r *Router) AdminHandler() http.Handler {
-	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", promhttp.HandlerFor(r.m.Registry, promhttp.HandlerOpts{}))
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
-		r.mu.Lock()
-		draining := r.draining
-		r.mu.Unlock()
-		if draining {
-			http.Error(w, "draining", http.StatusServiceUnavailable)
+	return r.admin.Mux(host.AdminPages{
+		Metrics: promhttp.HandlerFor(r.m.Registry, promhttp.HandlerOpts{}),
+		Open: map[string]http.HandlerFunc{
+			"GET /healthz": func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) },
+			"GET /readyz":  r.serveReadyz,
+		},
+		Protected: map[string]http.HandlerFunc{
+			"GET /debug/config":  r.serveDebugConfig,
+			"GET /debug/members": r.serveDebugMembers,
+		},
+	})
+}
+
+func (r *Router) serveReadyz(w http.ResponseWriter, _ *http.Request) {
+	r.mu.Lock()
+	draining := r.draining
+	r.mu.Unlock()
+	if draining {
+		http.Error(w, "draining", http.StatusServiceUnavailable)
+		return
+	}
+	g := r.gen.Load()
+	if g.auth != nil {
+		if err := g.auth.Ready(); err != nil {
+			http.Error(w, "authentication not ready: "+err.Error(), http.StatusServiceUnavailable)
 			return
 		}
-		g := r.gen.Load()
-		if g.auth != nil {
-			if err := g.auth.Ready(); err != nil {
-				http.Error(w, "authentication not ready: "+err.Error(), http.StatusServiceUnavailable)
-				return
-			}
+	}
+	now := time.Now()
+	for _, m := range g.members {
+		if m.evaluate(now, g.s).healthy {
+			_, _ = w.Write([]byte("ok\n"))
+			return
 		}
-		now := time.Now()
-		for _, m := range g.members {
-			if m.evaluate(now, g.s).healthy {
-				_, _ = w.Write([]byte("ok\n"))
-				return
-			}
+	}
+	http.Error(w, "no healthy member", http.StatusServiceUnavailable)
+}
+
+// serveDebugConfig shows the configuration in force, without its secrets,
+// and the outcome of the last load.
+func (r *Router) serveDebugConfig(w http.ResponseWriter, _ *http.Request) {
+	r.mu.Lock()
+	cfg, when, lerr := r.active, r.loadedAt, r.loadErr
+	r.mu.Unlock()
+	out := map[string]any{"lastReload": when.UTC().Format(time.RFC3339Nano), "lastReloadAccepted": lerr == nil}
+	if lerr != nil {
+		out["lastReloadError"] = lerr.Error()
+	}
+	if cfg != nil {
+		if y, err := yaml.Marshal(redacted(cfg)); err == nil {
+			out["active"] = string(y)
 		}
-		http.Error(w, "no healthy member", http.StatusServiceUnavailable)
-	})
-	mux.HandleFunc("GET /debug/config", func(w http.ResponseWriter, _ *http.Request) {
-		r.mu.Lock()
-		cfg, when, lerr := r.active, r.loadedAt, r.loadErr
-		r.mu.Unlock()
-		out := map[string]any{"lastReload": when.UTC().Format(time.RFC3339Nano), "lastReloadAccepted": lerr == nil}
-		if lerr != nil {
-			out["lastReloadError"] = lerr.Error()
-		}
-		if cfg != nil {
-			if y, err := yaml.Marshal(cfg); err == nil {
-				out["active"] = string(y)
-			}
-		}
-		w.Header().Set("Content-Type", "application/json")
-		enc := json.NewEncoder(w)
-		enc.SetIndent("", "  ")
-		_ = enc.Encode(out)
-	})
-	mux.HandleFunc("GET /debug/members", func(w http.ResponseWriter, _ *http.Request) {
-		type out struct {
-			Name, Region, URL string
-			Price, Weight     float64
-			Healthy           bool
-			Ramp              float64
-			InFlight          int64
-			LastHeartbeat     time.Time
-			LastError         string `json:",omitempty"`
-			Summary           any
-		}
-		var list []out
-		now := time.Now()
-		g := r.gen.Load()
-		for _, m := range g.members {
-			v := m.evaluate(now, g.s)
-			pol := m.policy.Load()
-			list = append(list, out{Name: m.cfg.Name, Region: pol.region, URL: m.cfg.URL, Price: pol.price, Weight: pol.weight, Healthy: v.healthy,
-				Ramp: v.ramp, InFlight: m.inFlight.Load(), LastHeartbeat: v.lastOK, LastError: v.lastErr, Summary: v.summary})
-		}
-		w.Header().Set("Content-Type", "application/json")
-		enc := json.NewEncoder(w)
-		enc.SetIndent("", "  ")
-		_ = enc.Encode(list)
-	})
-	return mux
+	}
+	writeJSON(w, out)
+}
+
+func (r *Router) serveDebugMembers(w http.ResponseWriter, _ *http.Request) {
+	type out struct {
+		Name, Region, URL string
+		Price, Weight     float64
+		Healthy           bool
+		Ramp              float64
+		InFlight          int64
+		LastHeartbeat     time.Time
+		LastError         string `json:",omitempty"`
+		Summary           any
+	}
+	var list []out
+	now := time.Now()
+	g := r.gen.Load()
+	for _, m := range g.members {
+		v := m.evaluate(now, g.s)
+		pol := m.policy.Load()
+		list = append(list, out{Name: m.cfg.Name, Region: pol.region, URL: config.RedactURL(m.cfg.URL), Price: pol.price, Weight: pol.weight, Healthy: v.healthy,
+			Ramp: v.ramp, InFlight: m.inFlight.Load(), LastHeartbeat: v.lastOK, LastError: v.lastErr, Summary: v.summary})
+	}
+	writeJSON(w, list)
+}
+
+func writeJSON(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v)
+}
+
+// redacted is a copy of cfg that holds no secret, for /debug/config, as
+// kvgate serve's: URL credentials redacted, API key hashes replaced,
+// annotations and managed fields (a whole copy of the document, for one)
+// dropped.
+func redacted(cfg *Config) *Config {
+	out := *cfg
+	out.Metadata = *cfg.Metadata.DeepCopy()
+	out.Metadata.Annotations, out.Metadata.ManagedFields = nil, nil
+	out.Spec.Members = slices.Clone(cfg.Spec.Members)
+	for i := range out.Spec.Members {
+		m := &out.Spec.Members[i]
+		m.URL, m.AdminURL = config.RedactURL(m.URL), config.RedactURL(m.AdminURL)
+	}
+	out.Spec.Auth = config.RedactedAuth(cfg.Spec.Auth)
+	return &out
 }

@@ -18,28 +18,52 @@ import (
 // everyone; /debug/* only whom AdminOptions.Auth admits, under a Host a
 // browser cannot be tricked into (adminauth.go).
 func (h *Host) AdminHandler() http.Handler {
-	g := h.admin
-	if g == nil {
-		// The options did not hold (Run refuses them): protected pages
-		// answer why.
-		g = &adminGate{opts: AdminOptions{Auth: AdminAuthToken}, broken: h.adminErr}
-	}
+	mux := h.admin.Mux(AdminPages{
+		Metrics: promhttp.HandlerFor(h.Metrics().Registry, promhttp.HandlerOpts{}),
+		Open: map[string]http.HandlerFunc{
+			"GET /healthz": func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) },
+			"GET /readyz":  h.serveReadyz,
+			"GET /summary": func(w http.ResponseWriter, _ *http.Request) {
+				w.Header().Set("Cache-Control", "no-store")
+				openai.WriteJSON(w, h.core.Summary())
+			},
+		},
+		Protected: map[string]http.HandlerFunc{
+			"GET /debug/config":   h.serveDebugConfig,
+			"GET /debug/fleet":    h.serveDebugFleet,
+			"GET /debug/replicas": h.serveDebugReplicas,
+		},
+	})
+	h.routeUI(mux, h.admin)
+	return mux
+}
+
+// AdminPages are what an admin listener serves: kvgate serve's and kvgate
+// global's differ in these only.
+type AdminPages struct {
+	Metrics   http.Handler                // /metrics
+	Open      map[string]http.HandlerFunc // health and heartbeats: everyone, by pattern
+	Protected map[string]http.HandlerFunc // configuration, fleet: whom the gate admits, by pattern
+}
+
+// Mux serves p behind the gate: open pages to everyone, /metrics to everyone
+// unless AdminOptions.Metrics puts it behind the authentication, protected
+// pages and Go's profiler (when AdminOptions.Pprof) to whom the
+// authentication admits, under a Host a browser cannot be tricked into.
+func (g *AdminGate) Mux(p AdminPages) *http.ServeMux {
 	mux := http.NewServeMux()
-	metrics := promhttp.HandlerFor(h.Metrics().Registry, promhttp.HandlerOpts{})
+	metrics := p.Metrics
 	if g.opts.Metrics && g.opts.Auth != AdminAuthNone {
 		metrics = g.authenticated(metrics)
 	}
 	mux.Handle("GET /metrics", metrics)
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
-	mux.HandleFunc("GET /readyz", h.serveReadyz)
-	mux.HandleFunc("GET /summary", func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Cache-Control", "no-store")
-		openai.WriteJSON(w, h.core.Summary())
-	})
+	for pattern, f := range p.Open {
+		mux.Handle(pattern, f)
+	}
 	protect := func(pattern string, f http.HandlerFunc) { mux.Handle(pattern, g.protected(f)) }
-	protect("GET /debug/config", h.serveDebugConfig)
-	protect("GET /debug/fleet", h.serveDebugFleet)
-	protect("GET /debug/replicas", h.serveDebugReplicas)
+	for pattern, f := range p.Protected {
+		protect(pattern, f)
+	}
 	if g.opts.Pprof {
 		// Go's profiler: CPU profiles and execution traces on demand, so
 		// only when asked for.
@@ -47,7 +71,6 @@ func (h *Host) AdminHandler() http.Handler {
 		protect("GET /debug/pprof/profile", pprof.Profile)
 		protect("GET /debug/pprof/trace", pprof.Trace)
 	}
-	h.routeUI(mux, g)
 	return mux
 }
 

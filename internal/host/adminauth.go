@@ -71,8 +71,8 @@ const (
 	tokenFileRecheck = time.Second
 )
 
-// adminGate decides who reads the admin listener's protected pages.
-type adminGate struct {
+// AdminGate decides who reads an admin listener's protected pages.
+type AdminGate struct {
 	opts  AdminOptions
 	log   *slog.Logger
 	token *tokenFile
@@ -82,8 +82,19 @@ type adminGate struct {
 	broken error
 }
 
-func newAdminGate(o AdminOptions, log *slog.Logger) (*adminGate, error) {
-	g := &adminGate{opts: o, log: log, hosts: map[string]bool{}}
+// NewAdminGate is the gate o describes. When o does not hold, it returns why
+// and a gate that admits nobody to protected pages, saying why (the caller
+// refuses to start).
+func NewAdminGate(o AdminOptions, log *slog.Logger) (*AdminGate, error) {
+	g, err := newAdminGate(o, log)
+	if err != nil {
+		return &AdminGate{opts: AdminOptions{Auth: AdminAuthToken}, broken: err}, err
+	}
+	return g, nil
+}
+
+func newAdminGate(o AdminOptions, log *slog.Logger) (*AdminGate, error) {
+	g := &AdminGate{opts: o, log: log, hosts: map[string]bool{}}
 	for _, h := range o.Hosts {
 		g.hosts[strings.ToLower(strings.TrimSuffix(h, "."))] = true
 	}
@@ -116,7 +127,7 @@ func newAdminGate(o AdminOptions, log *slog.Logger) (*adminGate, error) {
 // browsable wraps a page a browser may open: its Host must be this machine's,
 // an address or a configured name (DNS rebinding would otherwise let any web
 // page a local user visits read it).
-func (g *adminGate) browsable(next http.Handler) http.Handler {
+func (g *AdminGate) browsable(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !g.hostAllowed(r.Host) {
 			http.Error(w, "kvgate admin: host "+r.Host+" not allowed (add it with --admin-host)", http.StatusForbidden)
@@ -128,13 +139,13 @@ func (g *adminGate) browsable(next http.Handler) http.Handler {
 
 // protected wraps a page that shows the configuration, the fleet or
 // profiles: browsable, and read only by whom the authentication mode admits.
-func (g *adminGate) protected(next http.Handler) http.Handler {
+func (g *AdminGate) protected(next http.Handler) http.Handler {
 	return g.browsable(g.authenticated(next))
 }
 
 // authenticated wraps a handler in the authentication mode (for /metrics,
 // which machines read by address, without the Host check).
-func (g *adminGate) authenticated(next http.Handler) http.Handler {
+func (g *AdminGate) authenticated(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Cache-Control", "no-store")
 		if status, msg := g.admit(r); status != http.StatusOK {
@@ -150,7 +161,7 @@ func (g *adminGate) authenticated(next http.Handler) http.Handler {
 
 // admit is the authentication mode's answer: 200 or the status to refuse
 // with and why.
-func (g *adminGate) admit(r *http.Request) (int, string) {
+func (g *AdminGate) admit(r *http.Request) (int, string) {
 	if g.broken != nil {
 		return http.StatusServiceUnavailable, g.broken.Error()
 	}
@@ -179,7 +190,7 @@ func (g *adminGate) admit(r *http.Request) (int, string) {
 
 // hostAllowed reports whether a Host header names this machine, an address
 // or a configured name.
-func (g *adminGate) hostAllowed(hostport string) bool {
+func (g *AdminGate) hostAllowed(hostport string) bool {
 	host := hostport
 	if h, _, err := net.SplitHostPort(hostport); err == nil {
 		host = h

@@ -63,7 +63,7 @@ type Host struct {
 	// admin guards the admin listener's pages; adminErr is why it could not
 	// be set up, which Run reports (AdminHandler then refuses every
 	// protected page).
-	admin    *adminGate
+	admin    *AdminGate
 	adminErr error
 }
 
@@ -86,7 +86,7 @@ func New(opts CoreOptions) *Host {
 	if opts.ListenerTLS {
 		h.serveTLS()
 	}
-	h.admin, h.adminErr = newAdminGate(opts.Admin, opts.Logger)
+	h.admin, h.adminErr = NewAdminGate(opts.Admin, opts.Logger)
 	return h
 }
 

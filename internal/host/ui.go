@@ -25,7 +25,7 @@ const uiPolicy = "default-src 'self'; img-src 'self' data:; object-src 'none'; b
 // the binary's, the same for everyone, and a browser's navigation carries no
 // bearer token: they answer without authentication (under the Host check),
 // and the page sends the token the user gives it with its reads of /debug/*.
-func (h *Host) routeUI(mux *http.ServeMux, g *adminGate) {
+func (h *Host) routeUI(mux *http.ServeMux, g *AdminGate) {
 	mux.Handle("GET /ui/", g.browsable(uiHandler()))
 	mux.Handle("GET /ui", g.browsable(http.RedirectHandler("/ui/", http.StatusFound)))
 	mux.Handle("GET /{$}", g.browsable(http.RedirectHandler("/ui/", http.StatusFound)))
