@@ -12,6 +12,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"slices"
 	"strings"
 	"sync"
@@ -171,6 +172,11 @@ func (s *keySource) fetch(ctx context.Context) (*jose.JSONWebKeySet, []string, s
 	req.Header.Set("Accept", "application/jwk-set+json, application/json")
 	resp, err := s.client.Do(req)
 	if err != nil {
+		// The client's error quotes the URL with its query, which may sign
+		// the request: logs and status get the redacted one.
+		if ue := (*url.Error)(nil); errors.As(err, &ue) {
+			ue.URL = s.logURL
+		}
 		return nil, nil, refreshFetchError, fmt.Errorf("fetching JWKS: %w", err)
 	}
 	defer resp.Body.Close()

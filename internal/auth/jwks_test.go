@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/json"
 	"log/slog"
+	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -267,5 +268,31 @@ func TestClose(t *testing.T) {
 	case <-done:
 	case <-time.After(5 * time.Second):
 		t.Fatal("Close did not return")
+	}
+}
+
+// A JWKS URL's password and query (a signed URL's token) stay out of what the
+// authenticator reports when the fetch fails before any answer.
+func TestJWKSFetchErrorRedacted(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // nothing listens: the fetch fails with the client's error
+	cfg := apiKeyConfig()
+	cfg.JWT = &v1alpha1.JWTSpec{JWKSURI: "http://user:s3cret@" + addr + "/jwks?sig=t0ken", Issuer: testIssuer, Audiences: []string{testAudience}}
+	a, _ := newAuth(t, cfg, newClock())
+	err = a.Ready()
+	if err == nil {
+		t.Fatal("Ready: nil, want the failed fetch")
+	}
+	for _, secret := range []string{"s3cret", "t0ken"} {
+		if strings.Contains(err.Error(), secret) {
+			t.Errorf("Ready = %q, shows %q", err, secret)
+		}
+	}
+	if !strings.Contains(err.Error(), addr) {
+		t.Errorf("Ready = %q, want the host named", err)
 	}
 }
