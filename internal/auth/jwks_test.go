@@ -279,7 +279,7 @@ func TestJWKSFetchErrorRedacted(t *testing.T) {
 		t.Fatal(err)
 	}
 	addr := ln.Addr().String()
-	ln.Close() // nothing listens: the fetch fails with the client's error
+	_ = ln.Close() // nothing listens: the fetch fails with the client's error
 	cfg := apiKeyConfig()
 	cfg.JWT = &v1alpha1.JWTSpec{JWKSURI: "http://user:s3cret@" + addr + "/jwks?sig=t0ken", Issuer: testIssuer, Audiences: []string{testAudience}}
 	a, _ := newAuth(t, cfg, newClock())

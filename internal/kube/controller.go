@@ -653,7 +653,7 @@ func (r *Reconciler) writeStatus(ctx context.Context, obj *unstructured.Unstruct
 			return reconcile.Result{RequeueAfter: 100 * time.Millisecond}, nil
 		}
 		if ctx.Err() != nil {
-			return reconcile.Result{}, nil // stopping: nothing was refused
+			return reconcile.Result{}, nil //nolint:nilerr // stopping: nothing was refused, and an error would log as one
 		}
 		return r.statusRefused(obj, err)
 	}
