@@ -6,12 +6,15 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -311,4 +314,84 @@ func TestRedisDown(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestSlowDialToRedis: a Redis that is slow to accept connections, as a busy
+// single-threaded one is when a burst dials many at once (its accept queue
+// full, so the kernel drops the SYNs and the client resends them a second or
+// more later), delays the limiter's decision but does not fail it: the
+// request is admitted, not refused with 503.
+func TestSlowDialToRedis(t *testing.T) {
+	rd := redistest.Start(t)
+	addr := slowAcceptProxy(t, rd.Addr(), 1500*time.Millisecond)
+	f := startFake(t, func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":1}}`))
+	})
+	_, urls := startLimited(t, f.member("only", 1), addr, "closed", []Tenant{{Name: "acme", Limits: []TenantLimit{{Model: "*", Limits: Limits{RequestsPerMinute: 60}}}}}, 1)
+	start := time.Now()
+	resp, body := send(t, urls[0], "sk-acme", chatBody(""))
+	if resp.StatusCode != 200 {
+		t.Fatalf("after %v: %d %s", time.Since(start).Round(time.Millisecond), resp.StatusCode, body)
+	}
+	if n, err := rd.Client(t).Keys(context.Background(), "*").Result(); err != nil || len(n) == 0 {
+		t.Errorf("Redis holds keys %v (%v): the decision was not Redis's", n, err)
+	}
+}
+
+// slowAcceptProxy forwards connections to addr from a loopback listener whose
+// accept queue holds one connection, filled at once, and which accepts none
+// for the first wait: the SYNs of dials meanwhile are dropped, as by a server
+// too busy to accept, and succeed only on the client's resend.
+func slowAcceptProxy(t *testing.T, addr string, wait time.Duration) string {
+	t.Helper()
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	file := os.NewFile(uintptr(fd), "listener")
+	defer func() { _ = file.Close() }()
+	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Listen(fd, 0); err != nil { // a backlog of 0 queues one
+		t.Fatal(err)
+	}
+	ln, err := net.FileListener(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	filler, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	t.Cleanup(func() { _ = ln.Close(); _ = filler.Close(); wg.Wait() })
+	wg.Go(func() {
+		time.Sleep(wait)
+		for {
+			in, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Go(func() { forward(in, addr) })
+		}
+	})
+	return ln.Addr().String()
+}
+
+// forward copies between in and a new connection to addr until either side
+// closes.
+func forward(in net.Conn, addr string) {
+	defer func() { _ = in.Close() }()
+	out, err := net.Dial("tcp", addr)
+	if err != nil {
+		return
+	}
+	defer func() { _ = out.Close() }()
+	done := make(chan struct{}, 2)
+	for _, p := range [][2]net.Conn{{out, in}, {in, out}} {
+		go func() { _, _ = io.Copy(p[0], p[1]); done <- struct{}{} }()
+	}
+	<-done
 }

@@ -262,8 +262,16 @@ func (d *deps) limiter(c *RateLimit) (*ratelimit.Limiter, func(), error) {
 	// limiter decides what a failure means and probes again itself. A pool
 	// larger than go-redis's 10 per CPU: every admitted request makes a call,
 	// and on a busy node calls last long enough to queue for a connection.
-	client := redis.NewClient(&redis.Options{Addr: c.Redis, DialTimeout: time.Second, ReadTimeout: 2 * time.Second,
-		WriteTimeout: 2 * time.Second, MaxRetries: -1, DialerRetries: 1, PoolSize: 64 * runtime.GOMAXPROCS(0)})
+	// A dial's error goes to the request that asked for it, so a dial that
+	// times out is a 503 (fail-closed) although a connection freed meanwhile
+	// would have served it. A burst dials many connections at once, which a
+	// busy single-threaded Redis is slow to accept: Linux resends a dropped
+	// SYN after 1 s and 3 s, so the dial waits 5 s (go-redis's default) —
+	// the limiter's own wait, not the dial's, bounds the request. A few
+	// connections dialled ahead serve the first burst without dialling.
+	client := redis.NewClient(&redis.Options{Addr: c.Redis, DialTimeout: 5 * time.Second, ReadTimeout: 2 * time.Second,
+		WriteTimeout: 2 * time.Second, MaxRetries: -1, DialerRetries: 1, PoolSize: 64 * runtime.GOMAXPROCS(0),
+		MinIdleConns: 4 * runtime.GOMAXPROCS(0)})
 	// 200 ms, not the limiter's 50: under load a slow answer is not an outage,
 	// and in fail-closed mode an outage refuses everyone.
 	ro := ratelimit.Options{FailMode: mode, Logger: d.log, Metrics: d.rlm, Timeout: 200 * time.Millisecond}
