@@ -441,12 +441,12 @@ func TestProcessFaults(t *testing.T) {
 		name string
 		pods int
 		// Each request's client timeout; past it the request is a hang. Over
-		// the default streamIdleTimeout (60s) where a pod freezes.
+		// freezeFor where a pod freezes.
 		timeout time.Duration
 		run     func(t *testing.T, e *procEnv) []outcome
 	}{
 		{"pod killed mid-burst", 3, 30 * time.Second, podKilledMidBurst},
-		{"pod frozen 60s", 3, 90 * time.Second, podFrozen},
+		{"pod frozen past streamIdleTimeout", 3, 90 * time.Second, podFrozen},
 		{"whole pool frozen", 2, 90 * time.Second, poolFrozen},
 		{"pod cutting 30% of streams", 3, 30 * time.Second, podCuttingStreams},
 	} {
@@ -525,7 +525,7 @@ func podKilledMidBurst(t *testing.T, e *procEnv) []outcome {
 // the streams caught on it.
 const freezeFor = v1alpha1.DefaultStreamIdleTimeout + 3*time.Second
 
-// podFrozen: one pod SIGSTOPped for a minute under steady load. Its streams
+// podFrozen: one pod SIGSTOPped for freezeFor under steady load. Its streams
 // end with an error event within streamIdleTimeout; requests waiting for its
 // first byte are retried elsewhere once the fleet reads it stale; thawed, it
 // serves again.
