@@ -3,6 +3,7 @@ package global
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -14,6 +15,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kvgate/kvgate/internal/config"
 	"github.com/kvgate/kvgate/internal/route"
 )
 
@@ -206,24 +208,32 @@ func (m *member) poll(ctx context.Context, client *http.Client, s settings, log 
 	}
 }
 
-func fetchSummary(ctx context.Context, client *http.Client, url string, timeout time.Duration) (route.Summary, error) {
+// fetchSummary reads a member's summary. Its errors name the URL redacted:
+// they show on /debug/members and in the log, and a signed admin URL carries
+// its token in the query.
+func fetchSummary(ctx context.Context, client *http.Client, target string, timeout time.Duration) (route.Summary, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	var s route.Summary
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	shown := config.RedactURL(target)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, target, nil)
 	if err != nil {
-		return s, err
+		return s, fmt.Errorf("GET %s: the URL does not parse", shown)
 	}
 	resp, err := client.Do(req)
 	if err != nil {
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			ue.URL = shown
+		}
 		return s, err
 	}
 	defer func() { _ = resp.Body.Close() }()
 	if resp.StatusCode != http.StatusOK {
-		return s, fmt.Errorf("GET %s: %s", url, resp.Status)
+		return s, fmt.Errorf("GET %s: %s", shown, resp.Status)
 	}
 	if err := json.NewDecoder(io.LimitReader(resp.Body, 4<<20)).Decode(&s); err != nil {
-		return s, fmt.Errorf("GET %s: %w", url, err)
+		return s, fmt.Errorf("GET %s: %w", shown, err)
 	}
 	return s, nil
 }

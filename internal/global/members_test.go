@@ -1,10 +1,15 @@
 package global
 
 import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/kvgate/kvgate/internal/route"
+	"github.com/kvgate/kvgate/internal/waittest"
 )
 
 // TestMemberHealth: the heartbeat, draining, ejection and ramp rules, on a
@@ -67,5 +72,58 @@ func TestMemberHealth(t *testing.T) {
 	late.heartbeat(t0.Add(time.Minute), up, nil)
 	if v := late.evaluate(t0.Add(time.Minute), s); !v.healthy || v.ramp > 0.11 {
 		t.Errorf("a member first seen a minute after start: %+v, want a ramp", v)
+	}
+}
+
+// TestHeartbeatErrorRedacted: /debug/members shows why a member's heartbeat
+// failed, naming its admin URL without the URL's password or query values (a
+// signed URL's token travels there), however the heartbeat failed.
+func TestHeartbeatErrorRedacted(t *testing.T) {
+	const password, token = "admin-password", "sig-value"
+	closed := httptest.NewServer(http.NotFoundHandler())
+	closed.Close()
+	serve := func(h http.HandlerFunc) string {
+		srv := httptest.NewServer(h)
+		t.Cleanup(srv.Close)
+		return srv.URL
+	}
+	for _, tc := range []struct {
+		name  string
+		admin string // the member's admin server
+		want  string // in the error shown
+	}{
+		{"unreachable", closed.URL, "connection refused"},
+		{"status", serve(func(w http.ResponseWriter, _ *http.Request) {
+			http.Error(w, "no", http.StatusInternalServerError)
+		}), "500 Internal Server Error"},
+		{"not JSON", serve(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("<html>")) }), "invalid character"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			admin := strings.Replace(tc.admin, "http://", "http://gw:"+password+"@", 1) + "/?token=" + token
+			cfg := routerConfig(Routing{HeartbeatInterval: d(20 * time.Millisecond), HeartbeatTimeout: d(time.Second)},
+				Member{Name: "a", URL: "http://127.0.0.1:1", AdminURL: admin})
+			if err := cfg.Validate(); err != nil {
+				t.Fatal(err)
+			}
+			r := New(cfg, Options{Logger: quiet})
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			r.Start(ctx)
+			var body string
+			waittest.Until(t, 5*time.Second, "the heartbeat's error shown", func() bool {
+				rec := httptest.NewRecorder()
+				req := httptest.NewRequest(http.MethodGet, "/debug/members", nil)
+				req.RemoteAddr, req.Host = "127.0.0.1:1", "localhost"
+				r.AdminHandler().ServeHTTP(rec, req)
+				body = rec.Body.String()
+				return strings.Contains(body, `"LastError"`)
+			})
+			if strings.Contains(body, password) || strings.Contains(body, token) {
+				t.Errorf("/debug/members shows a secret: %s", body)
+			}
+			if host := strings.TrimPrefix(tc.admin, "http://"); !strings.Contains(body, host) || !strings.Contains(body, tc.want) {
+				t.Errorf("/debug/members does not say which URL failed (%s) and why (%s): %s", host, tc.want, body)
+			}
+		})
 	}
 }
